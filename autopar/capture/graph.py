@@ -1,0 +1,146 @@
+"""The traced fx graph as a networkx DiGraph, grouped into layers, with the bytes crossing every cut.
+
+One graph node per fx node with: op, module path, layer index, output bytes per sample and fixed,
+FLOPs, memory-bound bytes, saved-activation bytes, parameter bytes. A node inside no layer (top-level
+glue such as ``tok + pos`` or the loss) joins the most recent layer before it in execution order.
+A cut after layer i is crossed by every edge from a node of layers ≤ i to a node of layers > i, skip
+connections included; each producing tensor counts once however many consumers it has.
+Parameters, buffers and the batch inputs never cross a cut: every stage holds its own weights and the
+data loader hands inputs (and labels) to the stages that read them, as Megatron does.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+import torch.fx
+
+from autopar.capture.measure import NodeCost, op_name
+
+ROOT = "model"  # TrainingForward's attribute holding the user's model
+
+
+@dataclasses.dataclass
+class Layer:
+    index: int
+    units: list[str]  # module paths merged into this layer (one unless calls interleave)
+    nodes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.units)
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """Innermost module path of a node, relative to the user's model ('' for top-level glue)."""
+    if node.op == "call_module":
+        path = str(node.target)
+    else:
+        stack = node.meta.get("nn_module_stack") or {}
+        path = ""
+        for value in stack.values():
+            candidate = value[0] if isinstance(value, tuple) else str(value)
+            if isinstance(candidate, str) and (candidate == ROOT or candidate.startswith(ROOT + ".")):
+                path = candidate
+    if path == ROOT or not path.startswith(ROOT + "."):
+        return ""
+    return path[len(ROOT) + 1:]
+
+
+def _unit_of(path: str, units: list[str]) -> str | None:
+    best = None
+    for unit in units:
+        if (path == unit or path.startswith(unit + ".")) and (best is None or len(unit) > len(best)):
+            best = unit
+    return best
+
+
+def group_layers(gm: torch.fx.GraphModule, units: list[str]) -> tuple[list[Layer], dict[str, int]]:
+    """Layers in execution order and the layer index of every non-placeholder node."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    unit_of = {n.name: _unit_of(module_path(n), units) for n in nodes}
+    spans: dict[str, list[int]] = {}
+    for pos, n in enumerate(nodes):
+        unit = unit_of[n.name]
+        if unit is not None:
+            spans.setdefault(unit, [pos, pos])[1] = pos
+    # Units whose calls interleave (a module called twice around another) cannot be cut apart: merge.
+    layers: list[Layer] = []
+    last_end = -1
+    for unit, (first, last) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        if layers and first < last_end:
+            layers[-1].units.append(unit)
+            last_end = max(last_end, last)
+        else:
+            layers.append(Layer(len(layers), [unit]))
+            last_end = last
+    if not layers:
+        layers = [Layer(0, ["<model>"])]
+    layer_of_unit = {u: layer.index for layer in layers for u in layer.units}
+    assignment: dict[str, int] = {}
+    current = 0
+    for n in nodes:
+        unit = unit_of[n.name]
+        if unit is not None:
+            current = layer_of_unit[unit]
+        assignment[n.name] = current
+        layers[current].nodes.append(n.name)
+    return layers, assignment
+
+
+def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dict[str, str],
+                cost1: dict[str, NodeCost], cost2: dict[str, NodeCost], batch2: int) -> nx.DiGraph:
+    """networkx view of the fx graph. ``cost1``/``cost2`` are costs at batch 1 and ``batch2`` (or the
+    same run twice when the graph only runs at one batch size; then everything counts per sample)."""
+    g = nx.DiGraph()
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            continue
+        c1, c2 = cost1.get(n.name, NodeCost()), cost2.get(n.name, NodeCost())
+        val = n.meta.get("val", n.meta.get("tensor_meta"))
+        attrs = {
+            "op": op_name(n), "fx_op": n.op, "module": module_path(n), "kind": kinds.get(n.name, "activation"),
+            "layer": assignment.get(n.name), "shape": tuple(getattr(val, "shape", ()) or ()),
+            "dtype": str(getattr(val, "dtype", "")).replace("torch.", ""),
+        }
+        for field in ("out_bytes", "flops", "matmul_flops", "memory_bytes", "saved_bytes"):
+            per_sample, fixed = split(getattr(c1, field), getattr(c2, field), batch2, cost1 is cost2)
+            attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
+        attrs["param_bytes"] = c2.out_bytes if attrs["kind"] == "param" else 0
+        g.add_node(n.name, **attrs)
+        for src in n.all_input_nodes:
+            g.add_edge(src.name, n.name)
+    return g
+
+
+def split(v1: float, v2: float, batch2: int, one_run: bool) -> tuple[float, float]:
+    """(per_sample, fixed) from values at batch 1 and batch ``batch2``: v(b) = per_sample·b + fixed."""
+    if one_run:
+        return v2 / batch2, 0.0
+    per_sample = (v2 - v1) / (batch2 - 1)
+    return per_sample, v1 - per_sample
+
+
+def cut_bytes(g: nx.DiGraph, n_layers: int) -> list[tuple[float, float]]:
+    """(per_sample, fixed) activation bytes crossing the cut after each layer but the last."""
+    by_layer: list[list[str]] = [[] for _ in range(n_layers)]
+    for name, data in g.nodes(data=True):
+        if data["kind"] == "activation" and data["layer"] is not None:
+            by_layer[data["layer"]].append(name)
+    out = []
+    before: list[str] = []
+    for i in range(n_layers - 1):
+        before += by_layer[i]
+        after = [n for layer in by_layer[i + 1:] for n in layer]
+        producers = {u for u, _ in nx.edge_boundary(g, before, after)}
+        out.append((sum(g.nodes[u]["out_bytes_per_sample"] for u in producers),
+                    sum(g.nodes[u]["out_bytes_fixed"] for u in producers)))
+    return out
+
+
+def layer_inputs(g: nx.DiGraph, layer: int) -> float:
+    """Per-sample bytes of activations and batch inputs that a layer reads from outside itself."""
+    members = [n for n, d in g.nodes(data=True) if d["layer"] == layer and d["kind"] == "activation"]
+    outside = {v for _, v in nx.edge_boundary(g.reverse(copy=False), members)} if members else set()
+    return sum(g.nodes[u]["out_bytes_per_sample"] for u in outside
+               if g.nodes[u]["kind"] in ("activation", "input"))

@@ -1,0 +1,230 @@
+"""Load a model input: a Python model file or a Hugging Face config.json.
+
+A model file defines ``build_model(**kwargs) -> nn.Module`` and ``example_inputs(batch_size, seq_len)``
+(which may also take any ``build_model`` keyword, e.g. ``vocab_size``), and optionally
+``loss_fn(output, *inputs)`` and a ``TRAINING`` dict of defaults (``seq_len``, ``global_batch``, ``dtype``).
+``--set key=value`` overrides ``build_model`` keywords, typed from its signature.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autopar.errors import AutoparError
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """Everything capture needs to build and run a model, whatever its source."""
+
+    name: str
+    source: str
+    build: Callable[[], nn.Module]
+    example_inputs: Callable[[int, int], tuple]
+    loss_fn: Callable[..., torch.Tensor]
+    kwargs: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> ModelSpec:
+    path = Path(source)
+    if not path.exists():
+        raise AutoparError(f"model file not found: {path} (pass a model .py file or a Hugging Face config.json)")
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.exists():
+            raise AutoparError(f"{source} is a folder without config.json: pass a model .py file or a config.json")
+    if path.suffix == ".py":
+        return _load_python(path, overrides or {})
+    if path.suffix == ".json":
+        return _load_hf(path, overrides or {})
+    raise AutoparError(f"{path}: unknown model input type '{path.suffix}' (expected a .py model file or a .json config)")
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``["n_layer=4", "bias=false"]`` → ``{"n_layer": "4", "bias": "false"}``."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise AutoparError(f"--set {item!r}: expected key=value, e.g. --set n_layer=4")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# -- Python model files ------------------------------------------------------------------------
+def _load_python(path: Path, overrides: dict[str, str]) -> ModelSpec:
+    module = _import_file(path)
+    build = getattr(module, "build_model", None)
+    if not callable(build):
+        raise AutoparError(f"{path} defines no build_model(**kwargs) function: add one that returns the nn.Module")
+    inputs_fn = getattr(module, "example_inputs", None)
+    if not callable(inputs_fn):
+        raise AutoparError(f"{path} defines no example_inputs(batch_size, seq_len) function: add one that returns "
+                           "the model's positional inputs as a tuple of tensors")
+    kwargs = _typed_overrides(build, overrides, path)
+    defaults = dict(getattr(module, "TRAINING", {}) or {})
+    loss = getattr(module, "loss_fn", None) or _default_loss
+    input_params = inspect.signature(inputs_fn).parameters
+    full_kwargs = {**_defaults_of(build), **kwargs}
+    extra = {k: v for k, v in full_kwargs.items() if k in input_params and k not in ("batch_size", "seq_len")}
+
+    def make_inputs(batch_size: int, seq_len: int) -> tuple:
+        out = inputs_fn(batch_size, seq_len, **extra)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults)
+
+
+def _import_file(path: Path) -> Any:
+    name = f"autopar_user_model_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise AutoparError(f"cannot import {path} as Python: check the file name ends in .py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise AutoparError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # the user's module-level code failed
+        raise AutoparError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    return module
+
+
+def _defaults_of(fn: Callable) -> dict[str, Any]:
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _typed_overrides(build: Callable, overrides: dict[str, str], path: Path) -> dict[str, Any]:
+    params = inspect.signature(build).parameters
+    hints = typing.get_type_hints(build)
+    takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    out: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key not in params and not takes_var_kw:
+            known = ", ".join(n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD)
+            raise AutoparError(f"--set {key}: build_model in {path.name} has no parameter '{key}' (it takes: {known})")
+        p = params.get(key)
+        kind = hints.get(key) or (type(p.default) if p is not None and p.default not in (inspect.Parameter.empty, None)
+                                  else None)
+        out[key] = _convert(key, raw, kind)
+    return out
+
+
+def _convert(key: str, raw: str, kind: Any) -> Any:
+    if kind is None:
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    # Optional[X] / X | None
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if args and type(None) in typing.get_args(kind):
+        if raw.lower() in ("none", "null"):
+            return None
+        kind = args[0]
+    try:
+        if kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind in (int, float, str):
+            return kind(raw)
+        return json.loads(raw)
+    except (ValueError, json.JSONDecodeError):
+        name = getattr(kind, "__name__", str(kind))
+        raise AutoparError(f"--set {key}={raw}: expected {name} (e.g. --set {key}={_example(kind)})") from None
+
+
+def _example(kind: Any) -> str:
+    return {int: "4", float: "0.1", bool: "true", str: "text"}.get(kind, "[1, 2]")
+
+
+def _default_loss(output: Any, *inputs: torch.Tensor) -> torch.Tensor:
+    """Without a loss_fn: a scalar output is the loss, else the mean of the (first) output tensor."""
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    return out if out.dim() == 0 else out.float().mean()
+
+
+# -- Hugging Face configs ----------------------------------------------------------------------
+def _load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise AutoparError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise AutoparError(f"{path} has no 'model_type': pass a Hugging Face config.json or a model .py file")
+    try:
+        import transformers
+    except ImportError:
+        raise AutoparError("Hugging Face configs need transformers: pip install transformers") from None
+    for key, value in overrides.items():
+        if key not in raw:
+            raise AutoparError(f"--set {key}: {path.name} has no key '{key}'")
+        kind = type(raw[key]) if raw[key] is not None else None
+        raw[key] = _convert(key, value, kind)
+    config_dict = {k: v for k, v in raw.items() if k not in ("auto_map", "transformers_version")}
+    try:
+        config = transformers.AutoConfig.for_model(**config_dict)
+    except (ValueError, KeyError) as e:
+        raise AutoparError(f"{path}: transformers cannot read this config ({e})") from None
+    model_class = _hf_model_class(transformers, config, raw.get("architectures") or [])
+    vocab = int(getattr(config, "vocab_size", 32000))
+    is_causal = "CausalLM" in model_class.__name__ or "LMHead" in model_class.__name__
+
+    def build() -> nn.Module:
+        config._attn_implementation = "sdpa"
+        config.dtype = torch.get_default_dtype()  # the training dtype, not the config's torch_dtype
+        model = model_class(config)
+        model.config.use_cache = False
+        return _HFLogits(model)
+
+    def make_inputs(batch_size: int, seq_len: int) -> tuple:
+        return (torch.randint(0, vocab, (batch_size, seq_len)),)
+
+    def loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        if is_causal:  # next-token prediction, as HF's causal LM loss
+            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
+        return F.cross_entropy(logits.flatten(0, 1).float(), input_ids.flatten())  # masked-LM style
+
+    defaults = {"seq_len": int(getattr(config, "max_position_embeddings", 0) or 2048)}
+    name = (raw.get("_name_or_path") or path.stem).split("/")[-1]
+    return ModelSpec(name, str(path), build, make_inputs, loss, dict(overrides), defaults)
+
+
+def _hf_model_class(transformers: Any, config: Any, architectures: list[str]) -> Any:
+    """The config's own architecture class if transformers has it, else the causal/masked LM auto class."""
+    for name in architectures:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, nn.Module):
+            return cls
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModel):
+        if type(config) in auto._model_mapping:
+            return auto._model_mapping[type(config)]
+    raise AutoparError(f"transformers has no model class for model_type '{config.model_type}'")
+
+
+class _HFLogits(nn.Module):
+    """Wraps a Hugging Face model so that forward(input_ids) returns the logits tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.hf = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.hf(input_ids=input_ids)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state

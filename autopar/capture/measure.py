@@ -1,0 +1,129 @@
+"""Run the traced graph node by node on meta tensors and measure what each node costs.
+
+Per fx node: output bytes, FLOPs (torch.utils.flop_counter), bytes moved by memory-bound ops, and the
+activation bytes autograd saves for backward (saved-tensor hooks, deduplicated by storage, parameters
+and buffers excluded). Everything is measured at two batch sizes so that per-sample and fixed parts
+separate exactly: value(b) = per_sample * b + fixed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from autopar.capture.trace import Traced, default_dtype, meta_inputs
+from autopar.capture.loader import ModelSpec
+
+aten = torch.ops.aten
+# Ops that only re-describe memory (no kernel, no traffic).
+_VIEW_OPS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "unbind", "split", "chunk",
+             "expand", "unsqueeze", "squeeze", "slice", "select", "getitem", "flatten", "unflatten",
+             "sym_size", "sym_numel", "sym_stride", "_assert_tensor_metadata", "alias", "detach",
+             "split_with_sizes", "as_strided", "narrow", "contiguous", "lift_fresh_copy", "size"}
+
+
+@dataclasses.dataclass
+class NodeCost:
+    out_bytes: int = 0
+    flops: float = 0.0
+    matmul_flops: float = 0.0
+    memory_bytes: float = 0.0
+    saved_bytes: int = 0
+
+
+def op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if node.op == "call_module":
+        return str(target)
+    name = getattr(target, "__name__", str(target))
+    return name.split(".")[0] if node.op == "call_function" else name
+
+
+def tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+class _Meter(torch.fx.Interpreter):
+    """fx Interpreter that records the cost of every node it runs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int]):
+        super().__init__(gm)
+        self.costs: dict[str, NodeCost] = {}
+        self._excluded = excluded_storages
+        self._seen: set[int] = set()
+        self._current: NodeCost | None = None
+        self._flops = FlopCounterMode(display=False)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage()._cdata
+        if self._current is not None and key not in self._excluded and key not in self._seen:
+            self._seen.add(key)
+            self._current.saved_bytes += t.untyped_storage().nbytes()
+        return t
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        cost = self._current = NodeCost()
+        before = self._flops.get_total_flops()
+        result = super().run_node(n)
+        cost.flops += self._flops.get_total_flops() - before
+        cost.out_bytes = tensor_bytes(result)
+        n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own
+        if cost.flops > 0:
+            cost.matmul_flops = cost.flops
+        elif n.op in ("call_function", "call_method", "call_module") and op_name(n) not in _VIEW_OPS:
+            inputs = [self.env[a] for a in n.all_input_nodes if a in self.env]
+            cost.memory_bytes = float(sum(tensor_bytes(v) for v in inputs) + cost.out_bytes)
+        self.costs[n.name] = cost
+        self._current = None
+        return result
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target is aten.scaled_dot_product_attention.default:
+            return self._flash_attention(*args, **kwargs)
+        return super().call_function(target, args, kwargs)
+
+    def _flash_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                         dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+                         enable_gqa: bool = False) -> torch.Tensor:
+        """Run attention as the fused (flash) kernel that CUDA and CPU use in training, not the math
+        path meta would pick: the fused kernel saves q, k, v, out and logsumexp, never the S×S scores.
+        FLOPs as torch.utils.flop_counter counts the fused kernels (it has no CPU-flash entry)."""
+        if enable_gqa and k.shape[-3] != q.shape[-3]:
+            groups = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+        assert self._current is not None
+        self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
+        out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return out
+
+
+def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int, seq_len: int,
+            dtype: torch.dtype) -> dict[str, NodeCost]:
+    """Costs of every node for one forward of ``batch_size`` samples (meta device: nothing allocated)."""
+    state = dict(wrapper.named_parameters(remove_duplicate=False))
+    buffers = dict(wrapper.named_buffers(remove_duplicate=False))
+    inputs = meta_inputs(spec, batch_size, seq_len, dtype)
+    args: list[Any] = []
+    for kind, key in traced.placeholders:
+        if kind == "param":
+            args.append(state[key])
+        elif kind == "buffer":
+            args.append(buffers[key])
+        elif kind == "constant":
+            args.append(traced.constants[key])
+        else:
+            args.append(inputs[key])
+    excluded = {t.untyped_storage()._cdata for t in list(state.values()) + list(buffers.values())}
+    meter = _Meter(traced.graph_module, excluded)
+    with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        meter.run(*args)
+    return meter.costs

@@ -1,0 +1,185 @@
+"""Build a model on the meta device and trace one training forward (model + loss) to a torch.fx graph.
+
+torch.export (non-strict, batch dimension dynamic) is tried first: its graph keeps high-level ATen ops
+(linear, layer_norm, scaled_dot_product_attention) with ``nn_module_stack`` on every node. If export
+cannot trace the model, torch.fx.symbolic_trace is tried; if neither can, the user gets one line naming
+the construct and the line of their file that stops tracing.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import linecache
+import logging
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+from autopar.capture.loader import ModelSpec
+from autopar.errors import AutoparError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TRACE_BATCH = 2  # not 0 or 1, which torch.export would specialise
+
+
+class TrainingForward(nn.Module):
+    """model + loss as one module, so the loss (and its saved activations) is part of the graph."""
+
+    def __init__(self, model: nn.Module, spec: ModelSpec):
+        super().__init__()
+        self.model = model
+        self._loss = spec.loss_fn
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._loss(self.model(*inputs), *inputs)
+
+
+@dataclasses.dataclass
+class Traced:
+    graph_module: torch.fx.GraphModule
+    method: str
+    # for each placeholder of the graph: ("param" | "buffer" | "constant" | "input", fqn or input index)
+    placeholders: list[tuple[str, Any]]
+    constants: dict[str, Any]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def build_on_meta(spec: ModelSpec, dtype: torch.dtype) -> nn.Module:
+    """Build the model with no weights allocated (meta device), parameters in the training dtype."""
+    with default_dtype(dtype), torch.device("meta"):
+        try:
+            model = spec.build()
+        except AutoparError:
+            raise
+        except Exception as e:
+            raise AutoparError(f"build_model({_kwargs(spec)}) failed: {type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise AutoparError(f"build_model in {spec.source} returned {type(model).__name__}, not a torch.nn.Module")
+    return model.train()
+
+
+def meta_inputs(spec: ModelSpec, batch_size: int, seq_len: int, dtype: torch.dtype) -> tuple:
+    with default_dtype(dtype), torch.device("meta"):
+        try:
+            inputs = spec.example_inputs(batch_size, seq_len)
+        except Exception as e:
+            raise AutoparError(f"example_inputs({batch_size}, {seq_len}) in {spec.source} failed: "
+                               f"{type(e).__name__}: {_first_line(e)}") from None
+    if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise AutoparError(f"example_inputs in {spec.source} must return a tuple of tensors "
+                           f"(got {type(inputs).__name__})")
+    return inputs
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """torch.export logs its failed guesses and prints whole graphs to stderr when it fails; the user
+    gets our one line instead."""
+    loggers = [logging.getLogger(name) for name in ("torch", "torch.fx", "torch._dynamo", "torch.export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def trace(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dtype) -> Traced:
+    wrapper = TrainingForward(model, spec)
+    inputs = meta_inputs(spec, TRACE_BATCH, seq_len, dtype)
+    try:
+        with quiet_torch_logs():
+            return _export(wrapper, inputs)
+    except Exception as export_error:  # fall back, keep the first error for the message
+        try:
+            return _symbolic(wrapper)
+        except Exception:
+            raise AutoparError(untraceable_message(spec, export_error)) from None
+
+
+def _export(wrapper: TrainingForward, inputs: tuple) -> Traced:
+    dynamic = tuple({0: torch.export.Dim.AUTO} for _ in inputs)
+    with default_dtype(inputs[0].dtype if inputs[0].is_floating_point() else torch.get_default_dtype()):
+        ep = torch.export.export(wrapper, inputs, dynamic_shapes=(dynamic,), strict=False)  # (*inputs,)
+    kinds = {"PARAMETER": "param", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant", "USER_INPUT": "input"}
+    placeholders: list[tuple[str, Any]] = []
+    n_inputs = 0
+    for spec in ep.graph_signature.input_specs:
+        kind = kinds.get(spec.kind.name)
+        if kind is None:
+            raise NotImplementedError(f"export input kind {spec.kind.name}")
+        if kind == "input":
+            placeholders.append(("input", n_inputs))
+            n_inputs += 1
+        else:
+            placeholders.append((kind, spec.target))
+    return Traced(ep.graph_module, "torch.export", placeholders, dict(ep.constants))
+
+
+def _symbolic(wrapper: TrainingForward) -> Traced:
+    gm = torch.fx.symbolic_trace(wrapper)
+    placeholders = [("input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    return Traced(gm, "torch.fx.symbolic_trace", placeholders, {})
+
+
+# -- one-line errors for models that cannot be traced -----------------------------------------
+_CONSTRUCTS = [
+    ("data-dependent", "data-dependent control flow or shape (a Python `if`/loop on tensor values)"),
+    ("guard on", "data-dependent control flow or shape (a Python `if`/loop on tensor values)"),
+    (".item()", "a tensor read back to Python with .item()"),
+    ("tolist", "a tensor read back to Python with .tolist()"),
+    ("meta tensors", "an operation that needs real tensor data (it cannot run on the meta device)"),
+    ("numpy", "a conversion to numpy"),
+]
+
+
+def untraceable_message(spec: ModelSpec, error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    construct = next((what for key, what in _CONSTRUCTS if key in text.lower()),
+                     f"an unsupported construct ({type(error).__name__}: {_first_line(error)})")
+    where = _user_frame(error, spec.source)
+    return f"cannot trace {spec.name}: {construct}{where}; rewrite it with tensor ops (torch.where, masks) " \
+           "or move it out of forward"
+
+
+def _user_frame(error: BaseException, source: str) -> str:
+    """' at file:line `code`' for the deepest frame in the user's file (or outside torch)."""
+    frames = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # the whole chain: torch re-raises with `from`
+        seen.add(id(error))
+        frames = traceback.extract_tb(error.__traceback__) + frames
+        error = error.__cause__ or error.__context__
+    src = str(Path(source).resolve())
+    ours = [f for f in frames if str(Path(f.filename).resolve()) == src]
+    if not ours:
+        return ""
+    f = ours[-1]
+    code = (f.line or linecache.getline(f.filename, f.lineno or 0)).strip()
+    return f" at {Path(f.filename).name}:{f.lineno} `{code}`"
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[0].strip() if lines else type(e).__name__
+
+
+def _kwargs(spec: ModelSpec) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items())

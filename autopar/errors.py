@@ -1,0 +1,5 @@
+"""User-facing errors: one line that says what is wrong and what to do (the CLI prints it, exits 2)."""
+
+
+class AutoparError(Exception):
+    """Bad user input or a model autopar cannot handle. The message is shown as-is, without traceback."""

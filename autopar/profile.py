@@ -1,0 +1,134 @@
+"""ModelProfile: what capture measured about a model, as plain data (the capture/planner boundary).
+
+Everything here is JSON-serialisable and torch-free, so a saved profile can be re-planned without torch.
+Quantities that scale with the batch are stored *per sample* next to a *fixed* part that does not
+(rotary tables, masks, positions): at micro-batch b a layer saves ``saved_bytes_per_sample * b +
+saved_bytes_fixed``. Both parts are measured (meta runs at batch 1 and 2), never assumed.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LayerKind = Literal["embedding", "block", "norm", "head", "other"]
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TPPair(_Frozen):
+    """A Megatron column→row pair: the column-parallel linears feed the row-parallel one with no
+    reduction in between, so the pair needs one all-reduce forward and one backward (Shoeybi 2019)."""
+
+    kind: Literal["attention", "mlp"]
+    columnwise: list[str] = Field(description="module paths (relative to the layer) split by output features")
+    rowwise: str = Field(description="module path (relative to the layer) split by input features")
+    inner_features: int = Field(description="total output features of the column-parallel linears")
+    heads: int | None = None
+    kv_heads: int | None = None
+
+
+class TPPattern(_Frozen):
+    """How tensor parallelism applies to one layer, and which degrees it admits."""
+
+    pairs: list[TPPair] = []
+    plan: dict[str, TPStyle] = Field(
+        default={}, description="module path (relative to the layer) → style, for parallelize_module")
+    divisors: list[int] = Field(default=[], description="the tp degree must divide every one of these")
+    reason: str = Field(default="", description="why a layer has no tensor-parallel pattern")
+
+    def allows(self, tp: int) -> bool:
+        if tp == 1:
+            return True
+        return bool(self.plan) and all(d % tp == 0 for d in self.divisors)
+
+
+class LayerProfile(_Frozen):
+    index: int
+    name: str = Field(description="module path, e.g. 'h.3'; merged layers join paths with '+'")
+    kind: LayerKind
+    module_type: str
+    block_id: str = Field(description="layers with equal block_id are identical and were profiled once")
+    params: int = Field(description="parameters first used by this layer (tied ones count in the first user)")
+    tied_params: int = Field(default=0, description="parameters this layer uses but an earlier layer owns")
+    param_bytes: int
+    fwd_flops_per_sample: float = Field(description="forward FLOPs counted by torch.utils.flop_counter")
+    fwd_flops_fixed: float = 0.0
+    fwd_matmul_flops_per_sample: float = Field(description="of which matmul / attention (tensor-core) FLOPs")
+    fwd_memory_bytes_per_sample: float = Field(
+        description="bytes read + written by the memory-bound (non-matmul) ops of the forward")
+    fwd_memory_bytes_fixed: float = 0.0
+    saved_bytes_per_sample: int = Field(description="activation bytes autograd saves for backward")
+    saved_bytes_fixed: int = 0
+    input_bytes_per_sample: int = Field(description="bytes of the layer's external activation inputs")
+    cut_bytes_per_sample: int = Field(description="activation bytes crossing the cut after this layer")
+    cut_bytes_fixed: int = 0
+    tp: TPPattern = TPPattern()
+
+
+class CaptureInfo(_Frozen):
+    method: Literal["torch.export", "torch.fx.symbolic_trace"]
+    graph_nodes: int = Field(description="fx nodes of the traced graph (repeated blocks traced 3 times)")
+    traced_layers: int
+    reduced_blocks: dict[str, int] = Field(default={}, description="ModuleList path → blocks it really has")
+    wall_s: float
+
+
+class ModelProfile(_Frozen):
+    """A model, layer by layer, at one sequence length and dtype. Layers are in execution order;
+    a pipeline may cut after any layer except the last."""
+
+    name: str
+    source: str
+    model_kwargs: dict[str, object] = {}
+    dtype: Literal["fp32", "bf16", "fp16"]
+    seq_len: int
+    global_batch: int | None = Field(default=None, description="the model file's default, if any")
+    params: int
+    param_bytes: int
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    vocab_size: int | None = None
+    layers: list[LayerProfile]
+    capture: CaptureInfo
+
+    # -- derived totals (per sample unless said otherwise) -------------------------------------
+    @property
+    def fwd_flops_per_sample(self) -> float:
+        return sum(layer.fwd_flops_per_sample for layer in self.layers)
+
+    @property
+    def saved_bytes_per_sample(self) -> int:
+        return sum(layer.saved_bytes_per_sample for layer in self.layers)
+
+    def saved_bytes(self, batch: int) -> int:
+        return sum(layer.saved_bytes_per_sample * batch + layer.saved_bytes_fixed for layer in self.layers)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        write_atomic(Path(path), self.model_dump_json(indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelProfile":
+        return cls.model_validate_json(Path(path).read_text())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+

@@ -1,0 +1,1 @@
+"""Terminal tables and plots of profiles and plans."""
