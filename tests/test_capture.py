@@ -173,3 +173,22 @@ def test_untraceable_model_names_the_construct(tmp_path: Path) -> None:
         capture_model(str(path))
     message = str(err.value)
     assert "\n" not in message and "data-dependent control flow" in message and "dd.py:9" in message
+
+
+def test_symbolic_trace_fallback_measures_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    path = tmp_path / "skip.py"
+    path.write_text(SKIP_MODEL)
+    exported = capture_model(str(path), dtype="fp32")
+
+    def export_fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("torch.export unavailable")
+
+    monkeypatch.setattr(sys.modules["autopar.capture.trace"], "_export", export_fails)
+    symbolic = capture_model(str(path), dtype="fp32")
+    assert symbolic.capture.method == "torch.fx.symbolic_trace"
+    fields = ("name", "params", "fwd_flops_per_sample", "saved_bytes_per_sample", "cut_bytes_per_sample",
+              "fwd_memory_bytes_per_sample")
+    assert [[getattr(lp, f) for f in fields] for lp in symbolic.layers] == \
+        [[getattr(lp, f) for f in fields] for lp in exported.layers]

@@ -18,7 +18,7 @@ from autopar.capture.layers import Reduced, Stack, expand, find_stacks, layer_un
 from autopar.capture.loader import ModelSpec, load_spec, parse_set
 from autopar.capture.measure import measure
 from autopar.capture.tp import tp_pattern
-from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace
+from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile
 
@@ -70,7 +70,7 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
              dtype: str, batch_size: int) -> ModelGraph:
     with Reduced(model, stacks):
         wrapper = TrainingForward(model, spec)
-        traced = trace(model, spec, seq, torch_dtype)
+        traced = trace_model(model, spec, seq, torch_dtype)
         gm = traced.graph_module
         reduced_units = [path for path, _, _ in layer_units(model)]
         layers, assignment = group_layers(gm, reduced_units)

@@ -155,9 +155,10 @@ def _example(kind: Any) -> str:
 
 
 def _default_loss(output: Any, *inputs: torch.Tensor) -> torch.Tensor:
-    """Without a loss_fn: a scalar output is the loss, else the mean of the (first) output tensor."""
+    """Without a loss_fn: the mean of the (first) output tensor — a scalar output is its own mean.
+    Branch-free, so that torch.fx.symbolic_trace can trace it too."""
     out = output[0] if isinstance(output, (tuple, list)) else output
-    return out if out.dim() == 0 else out.float().mean()
+    return out.float().mean()
 
 
 # -- Hugging Face configs ----------------------------------------------------------------------

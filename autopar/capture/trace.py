@@ -101,7 +101,7 @@ def quiet_torch_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def trace(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dtype) -> Traced:
+def trace_model(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dtype) -> Traced:
     wrapper = TrainingForward(model, spec)
     inputs = meta_inputs(spec, TRACE_BATCH, seq_len, dtype)
     try:
@@ -109,7 +109,7 @@ def trace(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dtype) -
             return _export(wrapper, inputs)
     except Exception as export_error:  # fall back, keep the first error for the message
         try:
-            return _symbolic(wrapper)
+            return _symbolic(model, spec, len(inputs))
         except Exception:
             raise AutoparError(untraceable_message(spec, export_error)) from None
 
@@ -133,8 +133,26 @@ def _export(wrapper: TrainingForward, inputs: tuple) -> Traced:
     return Traced(ep.graph_module, "torch.export", placeholders, dict(ep.constants))
 
 
-def _symbolic(wrapper: TrainingForward) -> Traced:
-    gm = torch.fx.symbolic_trace(wrapper)
+class _Forward1(TrainingForward):
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x0)
+
+
+class _Forward2(TrainingForward):
+    def forward(self, x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x0, x1)
+
+
+class _Forward3(TrainingForward):
+    def forward(self, x0: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x0, x1, x2)
+
+
+def _symbolic(model: nn.Module, spec: ModelSpec, n_inputs: int) -> Traced:
+    """symbolic_trace makes one placeholder per named argument; it cannot trace ``*inputs``."""
+    if not 1 <= n_inputs <= 3:
+        raise NotImplementedError("the symbolic_trace fallback takes 1 to 3 inputs")
+    gm = torch.fx.symbolic_trace((_Forward1, _Forward2, _Forward3)[n_inputs - 1](model, spec))
     placeholders = [("input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
     return Traced(gm, "torch.fx.symbolic_trace", placeholders, {})
 
