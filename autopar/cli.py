@@ -55,6 +55,8 @@ def trace(
 
 
 # -- commands from other modules --
+from autopar.commands.estimate import estimate_command  # noqa: E402
+app.command("estimate")(estimate_command)
 
 
 def main() -> None:

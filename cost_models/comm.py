@@ -1,0 +1,127 @@
+"""Communication time: alpha–beta collectives on the link a process group spans.
+
+Sources:
+- Ring collectives (Patarasuk & Yuan 2009; NCCL's "bus bandwidth", nccl-tests/doc/PERFORMANCE.md):
+  all-reduce moves 2(n−1)/n·S per rank in 2(n−1) steps; all-gather and reduce-scatter (n−1)/n·S in n−1
+  steps (S = the full, unsharded size). Time = steps·α + bytes / (bandwidth × efficiency(S)).
+- Rank order (Megatron-LM ``initialize_model_parallel``): tp innermost (consecutive ranks), then dp,
+  then pp. A group of stride ``k`` has min(n, gpus_per_node / k) members per node.
+- A group inside one node runs on NVLink. A group spanning nodes runs one ring per local member, each
+  through its own NIC (NCCL rail rings), so its bandwidth is min(NVLink, members per node × NIC share
+  per GPU): a dp group under tp=8 gets one NIC, a dp group of 8 consecutive GPUs per node gets all 8.
+- Tensor parallelism (Shoeybi et al. 2019, Megatron-LM §3): one all-reduce of the layer's activations
+  per column→row pair in forward and one in backward; with sequence parallelism a reduce-scatter plus
+  an all-gather of the same total size (Korthikanti et al. 2022 §4.2.2: same time as the all-reduce).
+- Data parallelism: gradient all-reduce per step; ZeRO-1/2 reduce-scatter + parameter all-gather (same
+  volume, Rajbhandari et al. 2020 §7); ZeRO-3 adds a parameter all-gather before forward and before
+  backward and reduce-scatters gradients every micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.hardware import HardwareProfile
+from cost_models.model import LayerLike, cut_bytes, input_bytes, is_tp_sharded
+
+
+@dataclass(frozen=True)
+class Link:
+    """The slowest link a group's ring crosses: bytes/s per direction, latency per ring step."""
+
+    bytes_per_s: float
+    latency_s: float
+    inter_node: bool
+
+
+def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) -> Link:
+    """Link used by a process group of ``size`` ranks spaced ``stride`` apart (Megatron rank order)."""
+    per_node = 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
+    if size <= per_node:
+        return Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    bandwidth = min(hw.intra_node_bytes_per_s, per_node * hw.inter_node_bytes_per_s)
+    return Link(bandwidth, hw.inter_node_latency_s, inter_node=True)
+
+
+def _transfer(nbytes: float, link: Link, hw: HardwareProfile) -> float:
+    return nbytes / (link.bytes_per_s * hw.collective_efficiency(nbytes)) if nbytes > 0 else 0.0
+
+
+def all_reduce_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n−1)·α + 2(n−1)/n·S/(B·eff)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * link.latency_s + _transfer(2 * (n - 1) / n * nbytes, link, hw)
+
+
+def all_gather_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
+    """Ring all-gather producing ``nbytes`` (the full tensor) on each of ``n`` ranks: (n−1)·α + (n−1)/n·S/(B·eff)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw)
+
+
+def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
+    """Ring reduce-scatter of a ``nbytes`` tensor: same volume and steps as all-gather."""
+    return all_gather_time(nbytes, n, link, hw)
+
+
+def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
+    """One send/recv between neighbouring pipeline stages: α + S/(B·eff)."""
+    return link.latency_s + _transfer(nbytes, link, hw) if nbytes > 0 else 0.0
+
+
+# -- tensor parallel --------------------------------------------------------------------------------
+def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link,
+                  hw: HardwareProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of tensor-parallel collectives for one micro-batch of ``layer``.
+
+    Per column→row pair: one all-reduce of the layer's input-width activation each way. A layer with a
+    plan but no pair: a vocab-parallel embedding all-reduces its output in forward; a vocab-parallel
+    LM head all-reduces its input gradient in backward, plus the parallel cross-entropy's three small
+    all-reduces (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``).
+    With SP the all-reduces become reduce-scatter + all-gather of the same size: same time."""
+    if not is_tp_sharded(layer, tp):
+        return 0.0, 0.0
+    if layer.tp.pairs:
+        one = all_reduce_time(input_bytes(layer, b), tp, link, hw)
+        n = len(layer.tp.pairs)
+        return n * one, n * one
+    styles = set(layer.tp.plan.values())
+    if "rowwise" in styles:
+        return all_reduce_time(cut_bytes(layer, b), tp, link, hw), 0.0
+    if "colwise" in styles:
+        fwd = 3 * all_reduce_time(4 * b * seq_len, tp, link, hw)
+        return fwd, all_reduce_time(input_bytes(layer, b), tp, link, hw)
+    return 0.0, 0.0
+
+
+# -- data parallel and ZeRO ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DPComm:
+    """Per GPU: once-per-step gradient sync split into the part that can hide behind the last backward
+    and the part that cannot, plus ZeRO-3 traffic per micro-batch (which can hide behind compute)."""
+
+    step_overlappable_s: float
+    step_exposed_s: float
+    per_microbatch_s: float
+
+
+def dp_comm(params_per_gpu: float, *, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int,
+            link: Link, hw: HardwareProfile) -> DPComm:
+    """Data-parallel traffic of one stage's parameters (already divided by tp).
+
+    ZeRO-0: all-reduce of gradients, overlappable with backward (DDP buckets, Li et al. 2020).
+    ZeRO-1/2: reduce-scatter of gradients (overlappable) + all-gather of updated parameters after the
+    optimizer (exposed: "AG and OA operations do not overlap with compute", SageMaker, seed 002).
+    ZeRO-3: per micro-batch all-gather before forward and before backward, reduce-scatter after
+    backward (Rajbhandari et al. 2020: 1.5× the ZeRO-0 volume per micro-batch)."""
+    if dp <= 1:
+        return DPComm(0.0, 0.0, 0.0)
+    grads = params_per_gpu * grad_bytes
+    weights = params_per_gpu * param_bytes
+    if zero_stage == 0:
+        return DPComm(all_reduce_time(grads, dp, link, hw), 0.0, 0.0)
+    if zero_stage in (1, 2):
+        return DPComm(reduce_scatter_time(grads, dp, link, hw), all_gather_time(weights, dp, link, hw), 0.0)
+    per_mb = 2 * all_gather_time(weights, dp, link, hw) + reduce_scatter_time(grads, dp, link, hw)
+    return DPComm(0.0, 0.0, per_mb)

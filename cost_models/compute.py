@@ -1,0 +1,104 @@
+"""Compute time of one layer for one micro-batch on one GPU: a roofline summed over op classes.
+
+Source: the roofline model (Williams et al. 2009) applied per op class, as Calculon (Isaev et al. 2023)
+and llm-analysis do: tensor-core work (matmuls and attention, FLOPs counted by torch.utils.flop_counter
+during capture) runs at ``peak × gemm efficiency``; memory-bound ops (norms, activations, adds; bytes
+read + written measured during capture, unfused) run at ``HBM bandwidth × memory efficiency``. The two
+classes are different kernels, so their times add.
+
+Assumptions, each stated where it is used:
+- backward = 2 × forward, for both classes (a matmul's backward is two matmuls of the same size, an
+  elementwise op's backward reads the output grad and writes the input grad) — DESIGN.md, Narayanan 2021 §5.1;
+- recomputation re-runs the forward (full: the whole layer; selective: only the attention core);
+- tensor parallelism divides matmul FLOPs by tp; memory-bound traffic divides by tp except, without
+  sequence parallelism, one norm + one residual add per column→row pair, which every tp rank repeats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.hardware import HardwareProfile
+from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample,
+                               attention_scores_per_sample, fwd_flops, fwd_matmul_flops, fwd_memory_bytes,
+                               input_bytes, is_tp_sharded, unfused_attention_traffic_per_score)
+
+# Per column→row pair, the ops outside the pair act on the layer's input width: a norm (read x,
+# write y: 2 passes) and a residual add (read 2, write 1: 3 passes). Megatron-style pre-norm block.
+REPLICATED_PASSES_PER_PAIR = 5
+BACKWARD_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Per GPU, one micro-batch. Times in seconds, FLOPs executed on this GPU."""
+
+    fwd_s: float
+    bwd_s: float           # backward incl. any recomputation
+    fwd_flops: float       # one forward, this GPU's share
+    executed_flops: float  # forward + backward + recomputation, this GPU's share
+
+
+def gemm_time(flops: float, flops_per_token: float, rows: int, hw: HardwareProfile, dtype: str) -> float:
+    """Seconds for ``flops`` of matmul work: FLOPs / (peak(dtype) × eff(work per token) × eff(rows)).
+
+    GEMM efficiency grows with the weight matrices' size (the K·N of a GEMM, proxied by the layer's
+    matmul FLOPs per token on this GPU = 2·ΣK·N) and with the rows M (tokens per micro-batch): small
+    GEMMs leave SMs idle (wave quantisation) and pay launch and epilogue costs (NVIDIA, "Matrix
+    Multiplication Background User's Guide"). Tables live in the hardware profile."""
+    if flops <= 0:
+        return 0.0
+    eff = hw.gemm_efficiency(flops_per_token) * hw.gemm_rows_efficiency(rows)
+    return flops / (hw.peak(dtype) * eff)
+
+
+def memory_time(nbytes: float, hw: HardwareProfile) -> float:
+    """Seconds to stream ``nbytes`` through HBM at the achievable fraction of peak bandwidth."""
+    return nbytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) if nbytes > 0 else 0.0
+
+
+def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) -> float:
+    """Memory-bound bytes one tp rank moves in one forward. Without SP the norms and residual adds
+    outside the column→row pairs are replicated (Korthikanti et al. 2022 §4.2.2 make the same split for
+    activations); with SP every elementwise op works on 1/tp of the sequence."""
+    total = fwd_memory_bytes(layer, b)
+    if not is_tp_sharded(layer, tp):
+        return total / tp if (sequence_parallel and layer.tp.plan and tp > 1) else total
+    if sequence_parallel:
+        return total / tp
+    replicated = min(total, REPLICATED_PASSES_PER_PAIR * len(layer.tp.pairs) * input_bytes(layer, b))
+    return replicated + (total - replicated) / tp
+
+
+def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_parallel: bool,
+                  recompute: str, hw: HardwareProfile, dtype: str, attention_kernel: str = "fused",
+                  attention_dropout: bool = False) -> LayerCompute:
+    """Forward and backward compute time of ``layer`` for a micro-batch of ``b`` samples on one GPU.
+
+    ``recompute`` is the layer's own mode (step.py applies the model-wide mode to blocks only, as
+    Megatron checkpoints transformer layers): "full" adds one forward to the backward; "selective"
+    adds the attention core's FLOPs (Korthikanti et al. 2022, "selective activation recomputation").
+    An unfused attention kernel adds the S×S score traffic (model.unfused_attention_traffic_per_score),
+    split by tp with the heads; capture traces the fused kernel, which never writes the scores."""
+    split = tp if is_tp_sharded(layer, tp) else 1
+    matmul = fwd_matmul_flops(layer, b) / split
+    per_token = matmul / max(1, b * seq_len)
+    rows = b * seq_len
+    t_matmul = gemm_time(matmul, per_token, rows, hw, dtype)
+    t_memory = memory_time(tp_memory_bytes(layer, b, tp, sequence_parallel), hw)
+    t_scores = 0.0
+    if attention_kernel == "unfused":
+        scores = attention_scores_per_sample(layer, seq_len) * b / split
+        t_scores = memory_time(scores * unfused_attention_traffic_per_score(DTYPE_BYTES[dtype],
+                                                                            attention_dropout), hw)
+    fwd = t_matmul + t_memory + t_scores
+    bwd = BACKWARD_FACTOR * fwd
+    counted = fwd_flops(layer, b) / split
+    executed = (1.0 + BACKWARD_FACTOR) * counted
+    if recompute == "full":
+        bwd += fwd
+        executed += counted
+    elif recompute == "selective":
+        core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
+        bwd += gemm_time(core, per_token, rows, hw, dtype) + t_scores
+        executed += core
+    return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed)

@@ -1,0 +1,176 @@
+"""One parallel configuration (degrees, batch, ZeRO, recomputation, schedule) and the precision recipe
+that fixes bytes per parameter. Validation raises ConfigError with a one-line reason.
+
+Megatron's conventions (seed 003): ``N = dp × pp × tp``, ``dp = N / (pp × tp)``; global batch
+``B = micro_batch × dp × num_microbatches`` (NeMo/BioNeMo formula, seed 000); under pipelining the
+micro-batches are the gradient-accumulation steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cost_models.errors import ConfigError
+from cost_models.model import ModelLike, is_tp_sharded
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "gpipe", "interleaved"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter held by training, by role (Adam optimizer).
+
+    Presets reproduce two published breakdowns:
+    - ``amp-fp16`` = SageMaker's 20 bytes (seed 002): fp16 param 2 + fp16 grad 2 + fp32 Adam m,v 8
+      + fp32 master param 4 + fp32 master grad 4. Equals Megatron's "fp16 param, fp16 grads" row (20)
+      in Megatron-LM docs/distrib_optimizer.md.
+    - ``megatron-bf16`` = Megatron's default for bf16 (18): bf16 param 2 + fp32 main grad 4 (grads
+      accumulate and all-reduce in fp32, no separate copy) + fp32 main param 4 + Adam 8.
+    - ``fp32`` = 16: fp32 param 4 + fp32 grad 4 + Adam 8 (Megatron's "fp32 param, fp32 grads" row,
+      and plain torch.optim.Adam on CPU).
+    ZeRO sharding (memory.py) splits master copies and Adam state at stage 1 (Megatron's distributed
+    optimizer: bf16 → 6 + 12/d, fp16 → 4 + 16/d), grads at 2, params at 3.
+    """
+
+    name: str
+    param_bytes: int
+    grad_bytes: int
+    master_param_bytes: int
+    master_grad_bytes: int
+    optimizer_state_bytes: int
+
+    @property
+    def bytes_per_param(self) -> int:
+        return (self.param_bytes + self.grad_bytes + self.master_param_bytes + self.master_grad_bytes
+                + self.optimizer_state_bytes)
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes the optimizer owns per parameter (sharded from ZeRO-1 on)."""
+        return self.master_param_bytes + self.master_grad_bytes + self.optimizer_state_bytes
+
+    @property
+    def optimizer_traffic_bytes(self) -> int:
+        """HBM bytes one fused Adam step moves per parameter: read+write master param and both moments,
+        read the gradient (fp32 copy when there is one), write the working param (if separate)."""
+        grad_read = self.master_grad_bytes or self.grad_bytes
+        master = self.master_param_bytes or self.param_bytes
+        working = self.param_bytes if self.master_param_bytes else 0
+        return 2 * master + 2 * self.optimizer_state_bytes + grad_read + working
+
+
+PRECISIONS: dict[str, Precision] = {
+    "amp-fp16": Precision("amp-fp16", 2, 2, 4, 4, 8),
+    "megatron-bf16": Precision("megatron-bf16", 2, 4, 4, 0, 8),
+    "fp32": Precision("fp32", 4, 4, 0, 0, 8),
+}
+
+
+def default_precision(dtype: str) -> Precision:
+    """Megatron's default recipe for a training dtype: bf16 → 18 B, fp16 → 20 B, fp32 → 16 B."""
+    return {"bf16": PRECISIONS["megatron-bf16"], "fp16": PRECISIONS["amp-fp16"],
+            "fp32": PRECISIONS["fp32"]}[dtype]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Everything that decides how one training step runs. ``stage_layers``: layers per model chunk,
+    pp × virtual_stages entries in execution order (None: Megatron's even split, partition.py)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    num_microbatches: int
+    zero_stage: int = 0
+    recompute: Recompute = "full"
+    sequence_parallel: bool = False
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    offload_activations: bool = False
+    gpus_per_node: int | None = None          # None: the hardware profile's
+    dp_overlap: float = 1.0                   # share of the last backward that can hide the grad sync
+    zero3_overlap: float = 1.0                # share of a micro-batch's compute that hides ZeRO-3 traffic
+    precision: Precision | None = None        # None: default_precision(model dtype)
+    # The attention kernel the run uses: "fused" (flash / SDPA, what capture traces) or "unfused"
+    # (materialised S×S scores, e.g. Megatron-LM before FlashAttention), with or without attention dropout.
+    attention_kernel: Literal["fused", "unfused"] = "fused"
+    attention_dropout: bool = False
+    stage_layers: tuple[int, ...] | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.dp * self.num_microbatches
+
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.virtual_stages
+
+    def validate(self, model: ModelLike) -> None:
+        """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
+        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero_stage})")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)} (got '{self.recompute}')")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)} (got '{self.schedule}')")
+        if self.attention_kernel not in ("fused", "unfused"):
+            raise ConfigError(f"attention kernel must be fused or unfused (got '{self.attention_kernel}')")
+        if not (0.0 <= self.dp_overlap <= 1.0 and 0.0 <= self.zero3_overlap <= 1.0):
+            raise ConfigError("overlap fractions must lie in [0, 1]")
+        if self.schedule != "interleaved" and self.virtual_stages != 1:
+            raise ConfigError(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved")
+        if self.schedule == "interleaved":
+            if self.pp < 2:
+                raise ConfigError("the interleaved schedule needs pp ≥ 2; use --schedule 1f1b")
+            if self.num_microbatches % self.pp:
+                raise ConfigError(f"interleaved 1F1B needs the number of micro-batches ({self.num_microbatches}) "
+                                  f"to be a multiple of pp ({self.pp}) (Megatron); change --global-batch")
+        n_layers = len(model.layers)
+        if self.chunks > n_layers:
+            raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "
+                              "lower --pp or --virtual-stages")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.chunks or any(n < 1 for n in self.stage_layers) \
+                    or sum(self.stage_layers) != n_layers:
+                raise ConfigError(f"stage_layers must give {self.chunks} positive counts summing to {n_layers}")
+        if self.tp > 1:
+            for layer in model.layers:
+                if layer.tp.pairs and not is_tp_sharded(layer, self.tp):
+                    heads = sorted({p.heads for p in layer.tp.pairs if p.heads})
+                    what = f"the {heads[0]} attention heads" if heads else f"{list(layer.tp.divisors)}"
+                    ok = [t for t in range(1, 65) if all(d % t == 0 for d in layer.tp.divisors)]
+                    raise ConfigError(f"tp={self.tp} does not divide {what} of layer {layer.name}; "
+                                      f"use a tp among {', '.join(map(str, ok))}")
+
+
+def make_config(gpus: int, *, tp: int, pp: int, micro_batch: int, global_batch: int, dp: int | None = None,
+                **options: object) -> ParallelConfig:
+    """Derive dp and the number of micro-batches the way Megatron does, checking every divisibility."""
+    if tp < 1 or pp < 1 or gpus < 1:
+        raise ConfigError(f"gpus, tp and pp must be at least 1 (got gpus={gpus}, tp={tp}, pp={pp})")
+    if dp is None:
+        if gpus % (tp * pp):
+            raise ConfigError(f"tp({tp}) × pp({pp}) = {tp * pp} does not divide gpus({gpus}); "
+                              "pick degrees whose product divides the GPU count")
+        dp = gpus // (tp * pp)
+    if dp * tp * pp != gpus:
+        raise ConfigError(f"dp({dp}) × tp({tp}) × pp({pp}) = {dp * tp * pp} != gpus({gpus}); "
+                          "fix --dp or leave it out to derive it")
+    if micro_batch < 1 or global_batch < 1:
+        raise ConfigError("micro-batch and global batch must be at least 1")
+    if global_batch % (micro_batch * dp):
+        raise ConfigError(f"global batch {global_batch} is not divisible by micro-batch({micro_batch}) × "
+                          f"dp({dp}) = {micro_batch * dp}; change --global-batch or --micro-batch")
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+                          num_microbatches=global_batch // (micro_batch * dp), **options)  # type: ignore[arg-type]

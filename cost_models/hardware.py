@@ -1,0 +1,133 @@
+"""Hardware profiles: what one accelerator and its links can do, as data.
+
+Profiles are JSON files (built-ins in ``cost_models/profiles/``, or a user's own file, e.g. written by
+calibration). Every field carries its unit in its name (``hbm_bandwidth_gbytes_per_s``); ``load_hardware``
+converts them once into SI units (FLOP/s, bytes/s, seconds, bytes) so nothing downstream converts again
+(Calculon / llm-analysis convention). Efficiencies are lookup tables interpolated in log-space, never a
+single fudge factor: GEMM efficiency by work per token, collective efficiency by message size.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from cost_models.errors import ConfigError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+GIB = 1024**3
+_DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class EfficiencyTable:
+    """Piecewise-linear in log10(x), clamped at both ends. ``points`` are (x, fraction of peak), x ascending."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        xs = [x for x, _ in self.points]
+        if not self.points or xs != sorted(xs) or any(x <= 0 for x in xs):
+            raise ConfigError("efficiency table needs points [[x, efficiency], ...] with x > 0 ascending")
+        if any(not 0.0 < e <= 1.0 for _, e in self.points):
+            raise ConfigError("efficiencies must lie in (0, 1]; fix the hardware profile")
+
+    def __call__(self, x: float) -> float:
+        pts = self.points
+        if x <= pts[0][0]:
+            return pts[0][1]
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        i = bisect.bisect_right([p[0] for p in pts], x)
+        (x0, e0), (x1, e1) = pts[i - 1], pts[i]
+        w = (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+        return e0 + w * (e1 - e0)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator model in SI units. Bandwidths are per GPU and per direction."""
+
+    name: str
+    description: str
+    peak_flops: Mapping[str, float]           # dense FLOP/s by dtype (bf16, fp16, fp32)
+    memory_bytes: int                          # HBM capacity
+    memory_reserve_bytes: int                  # CUDA context, allocator workspace, fragmentation
+    hbm_bytes_per_s: float
+    gpus_per_node: int
+    intra_node_bytes_per_s: float              # NVLink/NVSwitch, one direction
+    intra_node_latency_s: float                # per ring step
+    inter_node_bytes_per_s: float              # this GPU's share of the node's NICs, one direction
+    inter_node_latency_s: float                # per ring step
+    host_link_bytes_per_s: float               # PCIe to host memory (activation offload)
+    gemm_efficiency: EfficiencyTable           # by matmul FLOPs per token of one layer on one GPU
+    gemm_rows_efficiency: EfficiencyTable      # by rows (tokens) of one micro-batch's GEMMs
+    memory_efficiency: float                   # achieved / peak HBM bandwidth for elementwise kernels
+    collective_efficiency: EfficiencyTable     # by message bytes: achieved bus bandwidth / link bandwidth
+    sources: Mapping[str, str]
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise ConfigError(f"hardware '{self.name}' has no peak FLOP/s for {dtype}; add it to the profile")
+        return self.peak_flops[dtype]
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareProfile:
+    """A built-in profile by name (``a100-80gb``) or a JSON file path; units converted here, once."""
+    path = Path(name_or_path)
+    if not path.suffix == ".json":
+        path = PROFILE_DIR / f"{str(name_or_path).lower()}.json"
+        if not path.exists():
+            raise ConfigError(f"unknown hardware '{name_or_path}'; use one of {', '.join(builtin_names())} "
+                              "or pass a profile file with --hardware")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read hardware profile {path}: {err}") from err
+    return hardware_from_dict(raw, default_name=path.stem)
+
+
+def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> HardwareProfile:
+    """Convert a profile dict with units in its field names into a HardwareProfile (SI units)."""
+    try:
+        gpus_per_node = int(raw["gpus_per_node"])
+        nic_bytes = raw["nic_bandwidth_gbits_per_s"] * 1e9 / 8 * raw["nics_per_node"] / gpus_per_node
+        return HardwareProfile(
+            name=str(raw.get("name", default_name)),
+            description=str(raw.get("description", "")),
+            peak_flops={k: float(raw["peak_dense_tflops"][k]) * 1e12 for k in _DTYPES
+                        if k in raw["peak_dense_tflops"]},
+            memory_bytes=int(raw["memory_gib"] * GIB),
+            memory_reserve_bytes=int(raw["memory_reserve_gib"] * GIB),
+            hbm_bytes_per_s=raw["hbm_bandwidth_gbytes_per_s"] * 1e9,
+            gpus_per_node=gpus_per_node,
+            # NVLink is quoted as the sum of both directions; one direction is half of it.
+            intra_node_bytes_per_s=raw["nvlink_bandwidth_bidirectional_gbytes_per_s"] * 1e9 / 2,
+            intra_node_latency_s=raw["intra_node_latency_us"] * 1e-6,
+            inter_node_bytes_per_s=nic_bytes,
+            inter_node_latency_s=raw["inter_node_latency_us"] * 1e-6,
+            host_link_bytes_per_s=raw["host_link_bandwidth_gbytes_per_s"] * 1e9,
+            gemm_efficiency=_table(raw["gemm_efficiency_by_mflop_per_token"], scale=1e6),
+            gemm_rows_efficiency=_table(raw["gemm_efficiency_by_rows"], scale=1.0),
+            memory_efficiency=float(raw["memory_bandwidth_efficiency"]),
+            collective_efficiency=_table(raw["collective_efficiency_by_mbytes"], scale=1e6),
+            sources=dict(raw.get("sources", {})),
+        )
+    except KeyError as err:
+        raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
+                          "copy a built-in profile from cost_models/profiles/ and edit it") from err
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' has a bad value: {err}") from err
+
+
+def _table(points: list[list[float]], scale: float) -> EfficiencyTable:
+    return EfficiencyTable(tuple((float(x) * scale, float(e)) for x, e in points))

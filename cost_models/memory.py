@@ -1,0 +1,131 @@
+"""Memory of one GPU of one pipeline stage: model states, activations in flight, buffers, reserve.
+
+Sources:
+- Bytes per parameter by role: config.Precision (SageMaker's 20-byte breakdown, seed 002; Megatron-LM
+  docs/distrib_optimizer.md for the bf16 and fp32 rows and for the distributed optimizer).
+- ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer state (incl. fp32 master copies) over dp,
+  stage 2 also gradients, stage 3 also parameters, and needs the gathered parameters of the layer
+  running (plus one prefetched).
+- Activations: the bytes autograd saves, measured during capture with saved-tensor hooks (never a
+  closed form). Tensor parallelism splits them except, without sequence parallelism, what every tp rank
+  holds in full: per column→row pair the norm's input and the pair's input (Korthikanti et al. 2022,
+  Eq. 2: the 10·sbh of 34·sbh that tp does not divide, dropout masks aside); with SP all of it is split.
+- Recomputation (Chen et al. 2016; Korthikanti 2022): "full" keeps only each layer's input and
+  rematerialises one layer at a time in backward; "selective" drops the attention kernel's own saves.
+- Micro-batches in flight (Narayanan et al. 2021): GPipe holds all m; 1F1B stage s of p holds
+  min(p − s, m); interleaved 1F1B holds Megatron's warm-up count + 1 model-chunk micro-batches.
+- Offload (SageMaker "activation offloading", seed 002): kept activations go to host memory; the GPU
+  holds the micro-batch being produced or consumed and the one in transfer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.config import Precision
+from cost_models.model import (LayerLike, attention_core_saved_bytes_per_sample, attention_scores_per_sample,
+                               input_bytes, is_tp_sharded, saved_bytes, unfused_attention_saved_per_score)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on one GPU of a stage at its peak (the start of the steady state / first backward)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    reserve: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.reserve
+
+
+def model_state_bytes(params_per_gpu: float, precision: Precision, *, dp: int,
+                      zero_stage: int) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes on one GPU for ``params_per_gpu`` parameters (already / tp).
+    Optimizer = master params + master grads + Adam moments: sharded from ZeRO-1, grads from 2, params at 3."""
+    shard = max(1, dp)
+    params = params_per_gpu * precision.param_bytes / (shard if zero_stage >= 3 else 1)
+    grads = params_per_gpu * precision.grad_bytes / (shard if zero_stage >= 2 else 1)
+    optimizer = params_per_gpu * precision.optimizer_bytes / (shard if zero_stage >= 1 else 1)
+    return params, grads, optimizer
+
+
+def tp_saved_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) -> float:
+    """Activation bytes one tp rank saves for ``layer`` (no recomputation)."""
+    total = float(saved_bytes(layer, b))
+    if tp == 1 or not layer.tp.plan:
+        return total
+    if sequence_parallel:
+        return total / tp
+    if not is_tp_sharded(layer, tp):
+        return total
+    replicated = min(total, max(1, 2 * len(layer.tp.pairs)) * input_bytes(layer, b))
+    return replicated + (total - replicated) / tp
+
+
+def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype_bytes: int,
+                       attention_kernel: str, attention_dropout: bool) -> float:
+    """Extra bytes an unfused attention saves (the S×S softmax output, dropout mask and output), split
+    by tp with the heads; zero for the fused kernel capture traced."""
+    if attention_kernel != "unfused":
+        return 0.0
+    split = tp if is_tp_sharded(layer, tp) else 1
+    return attention_scores_per_sample(layer, seq_len) * b / split * \
+        unfused_attention_saved_per_score(dtype_bytes, attention_dropout)
+
+
+def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
+                          seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
+                          attention_dropout: bool = False) -> float:
+    """Bytes one micro-batch of ``layer`` keeps on one GPU from its forward until its backward.
+
+    ``recompute`` is this layer's mode. Full recomputation keeps the layer's input (split by tp under
+    SP, as Megatron does); it never keeps more than the layer would save without recomputation."""
+    scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
+                                attention_kernel=attention_kernel, attention_dropout=attention_dropout)
+    saved = tp_saved_bytes(layer, b, tp, sequence_parallel) + scores
+    if recompute == "full":
+        kept = input_bytes(layer, b) / (tp if sequence_parallel and tp > 1 else 1)
+        return min(saved, kept)
+    if recompute == "selective":
+        split = tp if is_tp_sharded(layer, tp) else 1
+        core = attention_core_saved_bytes_per_sample(layer, seq_len, dtype_bytes) * b / split
+        return max(0.0, saved - core - scores)
+    return saved
+
+
+def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
+                     seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
+                     attention_dropout: bool = False) -> float:
+    """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch)."""
+    if recompute == "none":
+        return 0.0
+    kw = dict(b=b, tp=tp, sequence_parallel=sequence_parallel, seq_len=seq_len, dtype_bytes=dtype_bytes,
+              attention_kernel=attention_kernel, attention_dropout=attention_dropout)
+    return kept_activation_bytes(layer, recompute="none", **kw) - kept_activation_bytes(layer, recompute=recompute, **kw)
+
+
+def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedule: str,
+                           virtual_stages: int = 1) -> float:
+    """How many micro-batches' worth of one device's activations are alive at its peak.
+
+    GPipe: all m forwards precede the backwards. 1F1B (PipeDream-Flush): stage s runs p − s warm-up
+    forwards, so it holds min(p − s, m). Interleaved (Megatron ``forward_backward_pipelining_with_interleaving``):
+    (p − s − 1)·2 + (v − 1)·p warm-up model-chunk forwards, + 1; each chunk holds 1/v of the device's
+    layers, so the count is returned in units of whole devices (divided by v)."""
+    m = num_microbatches
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and virtual_stages > 1:
+        v = virtual_stages
+        warmup = (pp - stage - 1) * 2 + (v - 1) * pp
+        return min(warmup + 1, m * v) / v
+    return float(min(pp - stage, m))
+
+
+def offload_resident(in_flight: float) -> float:
+    """Micro-batches of activations still on the GPU under activation offload (current + in transfer)."""
+    return min(in_flight, 2.0)

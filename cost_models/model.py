@@ -1,0 +1,136 @@
+"""What cost_models reads from a model: the field names of ``autopar.profile.ModelProfile``, as Protocols.
+
+cost_models never imports autopar (one direction), so a ModelProfile (or any object with these
+attributes, e.g. a test's hand-built one) is passed in directly. Quantities that grow with the batch
+are ``per_sample * b + fixed`` (see autopar/profile.py); the helpers below evaluate them at a
+micro-batch ``b`` so no other module repeats that arithmetic.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class TPPairLike(Protocol):
+    kind: str                 # "attention" | "mlp"
+    inner_features: int       # output features of the column-parallel linears, summed
+    heads: int | None
+    kv_heads: int | None
+
+
+class TPPatternLike(Protocol):
+    pairs: Sequence[TPPairLike]
+    plan: Mapping[str, str]   # module path → colwise | rowwise | sequence_parallel
+    divisors: Sequence[int]
+
+
+class LayerLike(Protocol):
+    index: int
+    name: str
+    kind: str                 # embedding | block | norm | head | other
+    block_id: str             # equal block_id ⇒ identical layer (costs computed once)
+    params: int
+    tied_params: int
+    param_bytes: int
+    fwd_flops_per_sample: float
+    fwd_flops_fixed: float
+    fwd_matmul_flops_per_sample: float
+    fwd_memory_bytes_per_sample: float
+    fwd_memory_bytes_fixed: float
+    saved_bytes_per_sample: int
+    saved_bytes_fixed: int
+    input_bytes_per_sample: int
+    cut_bytes_per_sample: int
+    cut_bytes_fixed: int
+    tp: TPPatternLike
+
+
+class ModelLike(Protocol):
+    name: str
+    dtype: str                # fp32 | bf16 | fp16
+    seq_len: int
+    params: int
+    layers: Sequence[LayerLike]
+
+
+# -- a layer's quantities at micro-batch b (whole layer, before any tensor-parallel split) -----------
+def fwd_flops(layer: LayerLike, b: int) -> float:
+    return layer.fwd_flops_per_sample * b + layer.fwd_flops_fixed
+
+
+def fwd_matmul_flops(layer: LayerLike, b: int) -> float:
+    """torch.utils.flop_counter only counts matmul-like ops (mm, bmm, addmm, attention), so the fixed
+    FLOPs, when any, are matmul FLOPs too."""
+    return layer.fwd_matmul_flops_per_sample * b + layer.fwd_flops_fixed
+
+
+def fwd_memory_bytes(layer: LayerLike, b: int) -> float:
+    return layer.fwd_memory_bytes_per_sample * b + layer.fwd_memory_bytes_fixed
+
+
+def saved_bytes(layer: LayerLike, b: int) -> int:
+    return layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
+
+
+def input_bytes(layer: LayerLike, b: int) -> int:
+    return layer.input_bytes_per_sample * b
+
+
+def cut_bytes(layer: LayerLike, b: int) -> int:
+    return layer.cut_bytes_per_sample * b + layer.cut_bytes_fixed
+
+
+def is_tp_sharded(layer: LayerLike, tp: int) -> bool:
+    """Whether the layer's weights and work are split ``tp`` ways. Layers without a plan (or whose
+    divisors ``tp`` does not divide, e.g. an unpadded vocabulary) run replicated on every tp rank."""
+    if tp == 1 or not layer.tp.plan:
+        return False
+    if set(layer.tp.plan.values()) == {"sequence_parallel"}:
+        return False  # a norm: replicated weights; only its activations split, and only under SP
+    return all(d % tp == 0 for d in layer.tp.divisors)
+
+
+def attention_core_fwd_flops_per_sample(layer: LayerLike, seq_len: int) -> float:
+    """FLOPs of QKᵀ and AV for one sample, as torch's flop counter counts SDPA (full S×S, causal or not):
+    4·S²·heads·head_dim. heads·head_dim is recovered from the fused q+k+v width:
+    inner = (heads + 2·kv_heads)·head_dim."""
+    total = 0.0
+    for pair in layer.tp.pairs:
+        if pair.kind == "attention" and pair.heads:
+            kv = pair.kv_heads or pair.heads
+            q_features = pair.inner_features * pair.heads / (pair.heads + 2 * kv)
+            total += 4.0 * seq_len * seq_len * q_features
+    return total
+
+
+def attention_core_saved_bytes_per_sample(layer: LayerLike, seq_len: int, dtype_bytes: int) -> int:
+    """What a fused (flash) attention kernel itself saves beyond its q, k, v inputs: the output
+    (S·heads·head_dim elements) and the fp32 log-sum-exp (S·heads). Selective recomputation
+    (Korthikanti et al. 2022) drops exactly these and re-runs the kernel in backward."""
+    total = 0
+    for pair in layer.tp.pairs:
+        if pair.kind == "attention" and pair.heads:
+            kv = pair.kv_heads or pair.heads
+            q_features = pair.inner_features * pair.heads // (pair.heads + 2 * kv)
+            total += seq_len * (q_features * dtype_bytes + pair.heads * 4)
+    return total
+
+
+def attention_scores_per_sample(layer: LayerLike, seq_len: int) -> float:
+    """S×S attention-score elements of one sample, summed over heads (heads·S²): what an unfused
+    attention (Megatron-LM 2021: baddbmm, FusedScaleMaskSoftmax, dropout, bmm) materialises."""
+    return float(sum(pair.heads * seq_len * seq_len for pair in layer.tp.pairs
+                     if pair.kind == "attention" and pair.heads))
+
+
+def unfused_attention_traffic_per_score(dtype_bytes: int, dropout: bool) -> int:
+    """HBM bytes per score element of one unfused attention forward: QKᵀ writes it, softmax reads and
+    writes it, AV reads it (4 accesses); dropout reads, writes and stores a 1-byte mask."""
+    return 4 * dtype_bytes + ((2 * dtype_bytes + 1) if dropout else 0)
+
+
+def unfused_attention_saved_per_score(dtype_bytes: int, dropout: bool) -> int:
+    """Bytes per score element autograd keeps for an unfused attention: the softmax output, plus the
+    dropout mask and dropout output (Korthikanti et al. 2022 Eq. 1: 5·a·s²·b bytes with dropout)."""
+    return dtype_bytes + ((1 + dtype_bytes) if dropout else 0)

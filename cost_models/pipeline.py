@@ -1,0 +1,48 @@
+"""Pipeline schedules: step time from per-device, per-micro-batch times, and the bubble.
+
+Sources:
+- GPipe (Huang et al. 2019) and 1F1B / PipeDream-Flush (Narayanan et al. 2021 §2.2) have the same
+  bubble: with per-device time t_d (forward + backward of one micro-batch, communication included) and
+  m micro-batches, the step takes Σ_d t_d + (m − 1)·max_d t_d (Alpa, Zheng et al. 2022, Eq. 2). For
+  equal stages this is (m + p − 1)·t: bubble fraction (p − 1)/m of the ideal time.
+- Interleaved 1F1B with v model chunks per device (Narayanan et al. 2021 §2.2.2): the bubble shrinks
+  by v: m·max_d t_d + (Σ_d t_d − max_d t_d)/v, i.e. (p − 1)/(v·m) for equal stages; point-to-point
+  traffic grows by v (every chunk boundary is a transfer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    total_s: float        # first forward to last backward
+    steady_s: float       # m × the slowest device's per-micro-batch time
+    bubble_s: float       # total − steady
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of the pipeline time the slowest device idles."""
+        return self.bubble_s / self.total_s if self.total_s > 0 else 0.0
+
+
+def pipeline_time(device_times: Sequence[float], *, num_microbatches: int, schedule: str,
+                  virtual_stages: int = 1) -> PipelineTime:
+    """Time of the pipelined part of a step; ``device_times[d]``: device d's forward + backward time for
+    one micro-batch (all its chunks, communication included)."""
+    if not device_times:
+        raise ValueError("a pipeline needs at least one stage")
+    m = num_microbatches
+    slowest = max(device_times)
+    v = virtual_stages if schedule == "interleaved" else 1
+    steady = m * slowest
+    bubble = (sum(device_times) - slowest) / v
+    return PipelineTime(total_s=steady + bubble, steady_s=steady, bubble_s=bubble)
+
+
+def ideal_bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
+    """(p − 1) / (v·m + p − 1): the bubble's share of the step for equal stages (Narayanan 2021 Eq. 1
+    and §2.2.2, expressed as a share of the total rather than of the ideal time)."""
+    v, m = virtual_stages, num_microbatches
+    return (pp - 1) / (v * m + pp - 1)

@@ -1,0 +1,97 @@
+"""Monotonic sanity of the cost model over grids of configurations (a small traced GPT, A100 profile)."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from cost_models import CostModel, ParallelConfig, load_hardware
+
+EX = Path(__file__).resolve().parents[1] / "examples"
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+@pytest.fixture(scope="module")
+def cost_model() -> CostModel:
+    from autopar.capture import capture_model
+
+    profile = capture_model(str(EX / "gpt.py"), overrides={"n_layer": "8", "n_embd": "256", "n_head": "8",
+                                                           "vocab_size": "1024", "block_size": "256"},
+                            seq_len=256, dtype="bf16")
+    return CostModel(profile, load_hardware("a100-80gb"))
+
+
+def configs(**fixed):
+    grid = dict(tp=(1, 2, 4), pp=(1, 2, 4), micro_batch=(1, 4), sequence_parallel=(False, True),
+                attention_kernel=("fused", "unfused"))
+    grid.update({k: (v,) for k, v in fixed.items()})
+    for values in itertools.product(*grid.values()):
+        yield dict(zip(grid, values))
+
+
+def run(cm: CostModel, **kw):
+    kw.setdefault("dp", 2)
+    kw.setdefault("num_microbatches", 8)
+    return cm.evaluate(ParallelConfig(**kw))
+
+
+def test_more_recomputation_never_more_memory_and_never_faster(cost_model: CostModel) -> None:
+    for kw in configs():
+        ests = [run(cost_model, recompute=mode, **kw) for mode in RECOMPUTE_ORDER]
+        for less, more in zip(ests, ests[1:]):
+            for a, b in zip(less.devices, more.devices):
+                assert b.memory.total <= a.memory.total + 1e-6, kw
+            assert more.step_time_s >= less.step_time_s - 1e-12, kw
+            assert more.executed_flops >= less.executed_flops
+
+
+def test_more_microbatches_never_a_larger_bubble_fraction(cost_model: CostModel) -> None:
+    for pp, schedule, v in [(2, "1f1b", 1), (4, "1f1b", 1), (4, "gpipe", 1), (4, "interleaved", 2)]:
+        fractions = [run(cost_model, tp=1, pp=pp, micro_batch=1, num_microbatches=m, schedule=schedule,
+                         virtual_stages=v).bubble_fraction for m in range(pp, 33, pp)]
+        assert all(b <= a + 1e-12 for a, b in zip(fractions, fractions[1:])), (pp, schedule, fractions)
+
+
+def test_interleaving_shrinks_the_bubble(cost_model: CostModel) -> None:
+    plain = run(cost_model, tp=1, pp=4, micro_batch=1)
+    inter = run(cost_model, tp=1, pp=4, micro_batch=1, schedule="interleaved", virtual_stages=2)
+    assert inter.pipeline.bubble_s < plain.pipeline.bubble_s
+    assert inter.breakdown_s["pp_comm"] > plain.breakdown_s["pp_comm"]    # v× the transfers
+
+
+def test_gpipe_holds_more_activations_than_1f1b(cost_model: CostModel) -> None:
+    for kw in configs(pp=4):
+        gpipe = run(cost_model, schedule="gpipe", recompute="none", **kw)
+        onefb = run(cost_model, schedule="1f1b", recompute="none", **kw)
+        for g, o in zip(gpipe.devices, onefb.devices):
+            assert g.memory.activations >= o.memory.activations
+
+
+def test_sharding_never_adds_memory(cost_model: CostModel) -> None:
+    for kw in configs(pp=1):
+        totals = [run(cost_model, zero_stage=z, **kw).devices[0].memory for z in range(4)]
+        states = [m.params + m.grads + m.optimizer for m in totals]
+        assert all(b <= a for a, b in zip(states, states[1:])), kw
+    for pp in (1, 2):
+        per_gpu = [run(cost_model, tp=tp, pp=pp, micro_batch=2).peak_memory_bytes for tp in (1, 2, 4, 8)]
+        assert all(b <= a for a, b in zip(per_gpu, per_gpu[1:]))
+        bigger_batch = [run(cost_model, tp=1, pp=pp, micro_batch=b, recompute="none").peak_memory_bytes
+                        for b in (1, 2, 4, 8)]
+        assert bigger_batch == sorted(bigger_batch)
+
+
+def test_offload_trades_memory_for_time(cost_model: CostModel) -> None:
+    for kw in configs(pp=4):
+        base = run(cost_model, recompute="none", **kw)
+        off = run(cost_model, recompute="none", offload_activations=True, **kw)
+        assert off.peak_memory_bytes <= base.peak_memory_bytes
+        assert off.step_time_s >= base.step_time_s
+
+
+def test_breakdown_adds_up(cost_model: CostModel) -> None:
+    for kw in configs(micro_batch=2):
+        for zero in (0, 1, 3):
+            est = run(cost_model, zero_stage=zero, **kw)
+            assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s)
+            assert 0.0 < est.mfu < 1.0 and est.tflops_per_gpu * 1e12 <= 312e12

@@ -1,0 +1,251 @@
+"""Each cost term against numbers computed by hand (round hardware numbers so the arithmetic is visible)."""
+from __future__ import annotations
+
+import pytest
+
+from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
+from cost_models import ConfigError, CostModel, ParallelConfig, hardware_from_dict, load_hardware, make_config
+from cost_models.comm import Link, all_gather_time, all_reduce_time, dp_comm, group_link, p2p_time, tp_layer_comm
+from cost_models.compute import layer_compute
+from cost_models.config import PRECISIONS, default_precision
+from cost_models.memory import (kept_activation_bytes, microbatches_in_flight, model_state_bytes,
+                                remat_peak_bytes, tp_saved_bytes)
+from cost_models.pipeline import ideal_bubble_fraction, pipeline_time
+
+ROUND_HW = {
+    "name": "round", "peak_dense_tflops": {"bf16": 100, "fp32": 10}, "memory_gib": 10, "memory_reserve_gib": 1,
+    "hbm_bandwidth_gbytes_per_s": 1000, "gpus_per_node": 8, "nvlink_bandwidth_bidirectional_gbytes_per_s": 200,
+    "intra_node_latency_us": 1, "nic_bandwidth_gbits_per_s": 80, "nics_per_node": 8, "inter_node_latency_us": 10,
+    "host_link_bandwidth_gbytes_per_s": 10, "gemm_efficiency_by_mflop_per_token": [[1, 0.5]],
+    "gemm_efficiency_by_rows": [[1, 1.0]], "memory_bandwidth_efficiency": 1.0,
+    "collective_efficiency_by_mbytes": [[1, 1.0]],
+}
+HW = hardware_from_dict(ROUND_HW)
+BLOCK_TP = TPPattern(pairs=[TPPair(kind="attention", columnwise=["qkv"], rowwise="proj", inner_features=3 * 64,
+                                   heads=4, kv_heads=4),
+                            TPPair(kind="mlp", columnwise=["fc"], rowwise="out", inner_features=256)],
+                     plan={"qkv": "colwise", "proj": "rowwise", "fc": "colwise", "out": "rowwise"}, divisors=[4, 256])
+
+
+def layer(index: int = 0, *, kind: str = "block", block_id: str = "blk", params: int = 1000, matmul: float = 1e12,
+          memory: float = 1e9, saved: int = 100_000_000, inp: int = 1_000_000, cut: int = 1_000_000,
+          tp: TPPattern = BLOCK_TP, tied: int = 0) -> LayerProfile:
+    return LayerProfile(index=index, name=f"l{index}", kind=kind, module_type="X", block_id=block_id, params=params,
+                        tied_params=tied, param_bytes=2 * params, fwd_flops_per_sample=matmul,
+                        fwd_matmul_flops_per_sample=matmul, fwd_memory_bytes_per_sample=memory,
+                        saved_bytes_per_sample=saved, input_bytes_per_sample=inp, cut_bytes_per_sample=cut, tp=tp)
+
+
+def model(layers: list[LayerProfile], seq_len: int = 1000) -> ModelProfile:
+    return ModelProfile(name="toy", source="hand", dtype="bf16", seq_len=seq_len, params=sum(x.params for x in layers),
+                        param_bytes=2 * sum(x.params for x in layers), layers=layers,
+                        capture=CaptureInfo(method="torch.export", graph_nodes=0, traced_layers=len(layers), wall_s=0))
+
+
+# -- hardware ------------------------------------------------------------------------------------
+def test_a100_profile_units_are_converted_once() -> None:
+    a100 = load_hardware("a100-80gb")
+    assert a100.peak("bf16") == 312e12 and a100.peak("fp32") == 19.5e12
+    assert a100.memory_bytes == 80 * 2**30
+    assert a100.hbm_bytes_per_s == 2039e9
+    assert a100.intra_node_bytes_per_s == 300e9            # 600 GB/s NVLink counts both directions
+    assert a100.inter_node_bytes_per_s == 25e9             # 8 × 200 Gb/s HDR over 8 GPUs
+    h100 = load_hardware("h100-80gb")
+    assert h100.intra_node_bytes_per_s == 450e9 and h100.inter_node_bytes_per_s == 50e9
+    for name in ("v100-32gb", "a100-40gb", "h200-141gb", "cpu"):
+        assert load_hardware(name).sources  # every built-in cites its numbers
+
+
+def test_efficiency_table_interpolates_in_log_space() -> None:
+    hw = hardware_from_dict({**ROUND_HW, "gemm_efficiency_by_mflop_per_token": [[1, 0.2], [100, 0.6]]})
+    assert hw.gemm_efficiency(1e6) == pytest.approx(0.2)
+    assert hw.gemm_efficiency(10e6) == pytest.approx(0.4)   # halfway in log10
+    assert hw.gemm_efficiency(1e12) == pytest.approx(0.6)   # clamped
+
+
+def test_bad_hardware_input_says_what_to_do(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="unknown hardware 'tpu'.*a100-80gb"):
+        load_hardware("tpu")
+    bad = tmp_path / "mine.json"
+    bad.write_text('{"name": "mine"}')
+    with pytest.raises(ConfigError, match="lacks field"):
+        load_hardware(bad)
+    with pytest.raises(ConfigError, match="no peak FLOP/s for bf16"):
+        load_hardware("v100-32gb").peak("bf16")
+
+
+# -- compute -------------------------------------------------------------------------------------
+def test_layer_compute_roofline() -> None:
+    # b=2: matmul 2e12 FLOP / (100e12 × 0.5) = 0.04 s; memory 2e9 B / 1e12 B/s = 0.002 s.
+    c = layer_compute(layer(), b=2, seq_len=1000, tp=1, sequence_parallel=False, recompute="none", hw=HW, dtype="bf16")
+    assert c.fwd_s == pytest.approx(0.042)
+    assert c.bwd_s == pytest.approx(0.084)                  # backward = 2 × forward
+    assert c.executed_flops == pytest.approx(6e12)
+    full = layer_compute(layer(), b=2, seq_len=1000, tp=1, sequence_parallel=False, recompute="full", hw=HW,
+                         dtype="bf16")
+    assert full.bwd_s == pytest.approx(0.126) and full.executed_flops == pytest.approx(8e12)
+
+
+def test_layer_compute_tensor_parallel_split() -> None:
+    # tp=2: matmul 2e12/2 → 0.02 s. Memory: 2 pairs × 5 passes × input 2e6 B = 2e7 B replicated,
+    # the rest (2e9 − 2e7)/2 = 9.9e8 B split → 1.01e9 B → 0.00101 s. With SP all of it splits: 1e9 B.
+    c = layer_compute(layer(), b=2, seq_len=1000, tp=2, sequence_parallel=False, recompute="none", hw=HW, dtype="bf16")
+    assert c.fwd_s == pytest.approx(0.02 + 0.00101)
+    sp = layer_compute(layer(), b=2, seq_len=1000, tp=2, sequence_parallel=True, recompute="none", hw=HW, dtype="bf16")
+    assert sp.fwd_s == pytest.approx(0.02 + 0.001)
+
+
+def test_selective_recompute_adds_attention_core_flops() -> None:
+    # Attention core = 4·S²·heads·head_dim = 4 × 1000² × 64 = 2.56e8 FLOP per sample (q width = 192·4/12 = 64).
+    c = layer_compute(layer(), b=1, seq_len=1000, tp=1, sequence_parallel=False, recompute="selective", hw=HW,
+                      dtype="bf16")
+    assert c.executed_flops == pytest.approx(3e12 + 2.56e8)
+    assert c.bwd_s == pytest.approx(2 * 0.021 + 2.56e8 / 50e12)
+
+
+# -- communication -------------------------------------------------------------------------------
+def test_collectives_alpha_beta() -> None:
+    link = Link(100e9, 1e-6, inter_node=False)
+    # ring all-reduce: 2(n−1) α + 2(n−1)/n · S / B = 14 µs + 1.75 · 1e9 / 1e11
+    assert all_reduce_time(1e9, 8, link, HW) == pytest.approx(14e-6 + 0.0175)
+    assert all_gather_time(1e9, 8, link, HW) == pytest.approx(7e-6 + 0.00875)
+    assert p2p_time(1e8, link, HW) == pytest.approx(1e-6 + 1e-3)
+    assert all_reduce_time(1e9, 1, link, HW) == 0.0
+
+
+def test_group_links_follow_megatron_rank_order() -> None:
+    tp8 = group_link(HW, 8, 1, 8)
+    assert not tp8.inter_node and tp8.bytes_per_s == 100e9      # 8 consecutive ranks: one node, NVLink
+    dp_under_tp8 = group_link(HW, 4, 8, 8)
+    assert dp_under_tp8.inter_node and dp_under_tp8.bytes_per_s == 10e9   # one member per node: one NIC
+    dp_16 = group_link(HW, 16, 1, 8)
+    assert dp_16.bytes_per_s == 80e9                           # 8 rails × 10 GB/s, below NVLink
+    dp_under_tp2 = group_link(HW, 8, 2, 8)
+    assert dp_under_tp2.bytes_per_s == 40e9                    # 4 members per node × 10 GB/s
+
+
+def test_tp_comm_per_pair() -> None:
+    link = Link(100e9, 0.0, inter_node=False)
+    # two pairs, each one all-reduce of the input activation (b=2 → 2e6 B) over tp=4: 2·3/4·2e6/1e11 = 3e-5 s
+    fwd, bwd = tp_layer_comm(layer(), b=2, seq_len=1000, tp=4, link=link, hw=HW)
+    assert fwd == pytest.approx(6e-5) and bwd == pytest.approx(6e-5)
+    assert tp_layer_comm(layer(), b=2, seq_len=1000, tp=1, link=link, hw=HW) == (0.0, 0.0)
+
+
+def test_dp_and_zero_traffic() -> None:
+    link = Link(10e9, 0.0, inter_node=True)
+    # 1e9 params, fp32 grads (4 B), bf16 params (2 B), dp=4
+    z0 = dp_comm(1e9, dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert z0.step_overlappable_s == pytest.approx(2 * 3 / 4 * 4e9 / 10e9) and z0.step_exposed_s == 0
+    z1 = dp_comm(1e9, dp=4, zero_stage=1, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert z1.step_overlappable_s == pytest.approx(3 / 4 * 4e9 / 10e9)
+    assert z1.step_exposed_s == pytest.approx(3 / 4 * 2e9 / 10e9)
+    z3 = dp_comm(1e9, dp=4, zero_stage=3, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert z3.per_microbatch_s == pytest.approx(2 * 3 / 4 * 2e9 / 10e9 + 3 / 4 * 4e9 / 10e9)
+
+
+# -- memory --------------------------------------------------------------------------------------
+def test_bytes_per_parameter_reproduce_published_breakdowns() -> None:
+    # SageMaker (seed 002): fp16 param 2 + fp16 grad 2 + Adam 8 + fp32 param 4 + fp32 grad 4 = 20 bytes.
+    sm = PRECISIONS["amp-fp16"]
+    assert (sm.param_bytes, sm.grad_bytes, sm.optimizer_state_bytes, sm.master_param_bytes,
+            sm.master_grad_bytes) == (2, 2, 8, 4, 4)
+    assert sm.bytes_per_param == 20 and sum(model_state_bytes(1, sm, dp=1, zero_stage=0)) == 20
+    # Megatron defaults (docs/distrib_optimizer.md): bf16 param + fp32 grads 18, fp32 16, fp16 20.
+    assert default_precision("bf16").bytes_per_param == 18
+    assert default_precision("fp32").bytes_per_param == 16
+    assert default_precision("fp16").bytes_per_param == 20
+    # Distributed optimizer (ZeRO-1) over d=4: bf16 6 + 12/d = 9, fp16 4 + 16/d = 8.
+    assert sum(model_state_bytes(1, default_precision("bf16"), dp=4, zero_stage=1)) == pytest.approx(9)
+    assert sum(model_state_bytes(1, sm, dp=4, zero_stage=1)) == pytest.approx(8)
+    assert sum(model_state_bytes(1, sm, dp=4, zero_stage=3)) == pytest.approx(5)   # everything / 4
+
+
+def test_activation_bytes_under_tp_sp_and_recompute() -> None:
+    x = layer()
+    # tp=4 without SP: per pair the norm input and the pair input stay whole (2 × 2 × 1e6),
+    # the rest splits: 4e6 + (1e8 − 4e6)/4 = 2.8e7 per sample.
+    assert tp_saved_bytes(x, 1, 4, False) == pytest.approx(2.8e7)
+    assert tp_saved_bytes(x, 1, 4, True) == pytest.approx(2.5e7)
+    kw = dict(b=1, tp=4, seq_len=1000, dtype_bytes=2)
+    assert kept_activation_bytes(x, sequence_parallel=False, recompute="full", **kw) == pytest.approx(1e6)
+    assert kept_activation_bytes(x, sequence_parallel=True, recompute="full", **kw) == pytest.approx(2.5e5)
+    assert remat_peak_bytes(x, sequence_parallel=False, recompute="full", **kw) == pytest.approx(2.8e7 - 1e6)
+    # selective: drops the attention output (1000 × 64 × 2 B) and fp32 log-sum-exp (1000 × 4 × 4 B), / tp
+    assert kept_activation_bytes(x, sequence_parallel=False, recompute="selective", **kw) == \
+        pytest.approx(2.8e7 - (128_000 + 16_000) / 4)
+    unfused = kept_activation_bytes(x, sequence_parallel=False, recompute="none", attention_kernel="unfused",
+                                    attention_dropout=True, **kw)
+    assert unfused == pytest.approx(2.8e7 + 4 * 1000**2 * 5 / 4)     # Korthikanti's 5·a·s² bytes, / tp
+
+
+def test_microbatches_in_flight() -> None:
+    assert [microbatches_in_flight(s, pp=4, num_microbatches=8, schedule="1f1b") for s in range(4)] == [4, 3, 2, 1]
+    assert microbatches_in_flight(0, pp=4, num_microbatches=2, schedule="1f1b") == 2
+    assert microbatches_in_flight(3, pp=4, num_microbatches=8, schedule="gpipe") == 8
+    # Megatron interleaved warm-up on stage 0: (4−0−1)·2 + (2−1)·4 = 10 chunk forwards, +1, half a stage each
+    assert microbatches_in_flight(0, pp=4, num_microbatches=8, schedule="interleaved", virtual_stages=2) == 5.5
+
+
+# -- pipeline ------------------------------------------------------------------------------------
+def test_pipeline_schedules() -> None:
+    one = pipeline_time([1.0] * 4, num_microbatches=8, schedule="1f1b")
+    assert one.total_s == 11 and one.bubble_s == 3 and one.bubble_fraction == pytest.approx(3 / 11)
+    assert pipeline_time([1.0] * 4, num_microbatches=8, schedule="gpipe").total_s == 11
+    inter = pipeline_time([1.0] * 4, num_microbatches=8, schedule="interleaved", virtual_stages=2)
+    assert inter.total_s == 9.5
+    uneven = pipeline_time([1.0, 2.0, 1.0], num_microbatches=4, schedule="1f1b")
+    assert uneven.total_s == 4 + 3 * 2                               # Σ t + (m − 1) max t
+    assert ideal_bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert ideal_bubble_fraction(4, 8, 2) == pytest.approx(3 / 19)
+
+
+# -- one step ------------------------------------------------------------------------------------
+def test_step_single_gpu_adds_up_by_hand() -> None:
+    toy = model([layer(i, params=1_000_000) for i in range(4)])
+    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=3, recompute="none")
+    est = CostModel(toy, HW).evaluate(cfg)
+    per_layer = 0.021 * 3                                            # fwd 0.021 s + bwd 0.042 s
+    optimizer = 4e6 * default_precision("bf16").optimizer_traffic_bytes / 1e12
+    assert est.step_time_s == pytest.approx(3 * 4 * per_layer + optimizer)
+    assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s)
+    mem = est.devices[0].memory
+    assert (mem.params, mem.grads, mem.optimizer) == (8e6, 16e6, 48e6)   # 2 + 4 + 12 bytes per parameter
+    assert mem.activations == pytest.approx(4 * 1e8)
+    assert est.tflops_per_gpu == pytest.approx(3 * 4 * 3e12 / est.step_time_s / 1e12)
+
+
+def test_step_pipeline_with_tied_head_copy() -> None:
+    layers = [layer(0, kind="embedding", block_id="emb", params=500, matmul=0, memory=0, saved=0,
+                    tp=TPPattern(plan={"": "rowwise"}, divisors=[8]))]
+    layers += [layer(i) for i in range(1, 5)]
+    layers += [layer(5, kind="head", block_id="head", params=0, tied=500, tp=TPPattern(plan={"": "colwise"},
+                                                                                         divisors=[8]))]
+    est = CostModel(model(layers), HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=4))
+    first, last = est.devices
+    assert first.layers == ((0, 3),) and last.layers == ((3, 6),)
+    assert last.params_per_gpu == 2 * 1000 + 500                     # the head's tied embedding copy
+    assert first.microbatches_in_flight == 2 and last.microbatches_in_flight == 1
+
+
+def test_impossible_configurations_say_why() -> None:
+    toy = model([layer(i) for i in range(4)])
+    with pytest.raises(ConfigError, match=r"tp\(3\) × pp\(2\) = 6 does not divide gpus\(16\)"):
+        make_config(16, tp=3, pp=2, micro_batch=1, global_batch=16)
+    with pytest.raises(ConfigError, match=r"global batch 100 is not divisible by micro-batch\(4\) × dp\(8\)"):
+        make_config(8, tp=1, pp=1, micro_batch=4, global_batch=100)
+    with pytest.raises(ConfigError, match=r"dp\(3\) × tp\(2\) × pp\(1\) = 6 != gpus\(8\)"):
+        make_config(8, tp=2, pp=1, dp=3, micro_batch=1, global_batch=6)
+    with pytest.raises(ConfigError, match="tp=8 does not divide the 4 attention heads"):
+        CostModel(toy, HW).evaluate(ParallelConfig(tp=8, pp=1, dp=1, micro_batch=1, num_microbatches=1))
+    with pytest.raises(ConfigError, match="multiple of pp"):
+        CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=3,
+                                                   schedule="interleaved", virtual_stages=2))
+
+
+def test_cost_models_imports_neither_torch_nor_autopar() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, cost_models; bad = {'torch', 'autopar'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
