@@ -96,6 +96,23 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
 
 
 # -- data parallel and ZeRO ---------------------------------------------------------------------------
+# Gradients are synchronised in buckets (PyTorch DDP ``bucket_cap_mb=25``; Megatron's DDP and distributed
+# optimizer bucket the same way), so each collective runs at the efficiency of a bucket-sized message and
+# pays its latency once per bucket. That makes data-parallel time linear in the parameters synchronised,
+# which the solver relies on to encode it exactly.
+GRAD_BUCKET_BYTES = 25 * 2**20
+
+
+def bucketed_time(nbytes: float, n: int, steps_per_bucket: float, volume_factor: float, link: Link,
+                  hw: HardwareProfile) -> float:
+    """A ring collective over ``nbytes`` split into 25 MiB buckets: (S / bucket)·steps·α + factor·S/(B·eff(bucket))."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    buckets = nbytes / GRAD_BUCKET_BYTES
+    return buckets * steps_per_bucket * link.latency_s + \
+        volume_factor * nbytes / (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES))
+
+
 @dataclass(frozen=True)
 class DPComm:
     """Per GPU: once-per-step gradient sync split into the part that can hide behind the last backward
@@ -106,22 +123,37 @@ class DPComm:
     per_microbatch_s: float
 
 
+def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int, link: Link,
+                  hw: HardwareProfile) -> tuple[float, float]:
+    """Seconds per parameter (already divided by tp) of the once-per-step sync: (overlappable, exposed).
+
+    ZeRO-0: bucketed all-reduce of gradients, overlappable with backward (DDP, Li et al. 2020).
+    ZeRO-1/2: bucketed reduce-scatter of gradients (overlappable) + all-gather of updated parameters
+    after the optimizer (exposed: "AG and OA operations do not overlap with compute", SageMaker, seed 002).
+    ZeRO-3 syncs per micro-batch instead (zero3_layer_time)."""
+    if dp <= 1 or zero_stage == 3:
+        return 0.0, 0.0
+    n = dp
+    if zero_stage == 0:
+        return bucketed_time(grad_bytes, n, 2 * (n - 1), 2 * (n - 1) / n, link, hw), 0.0
+    gather = bucketed_time(param_bytes, n, n - 1, (n - 1) / n, link, hw)
+    return bucketed_time(grad_bytes, n, n - 1, (n - 1) / n, link, hw), gather
+
+
 def dp_comm(params_per_gpu: float, *, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int,
             link: Link, hw: HardwareProfile) -> DPComm:
-    """Data-parallel traffic of one stage's parameters (already divided by tp).
+    """Data-parallel once-per-step traffic of one stage's parameters (already divided by tp); linear in them."""
+    over, exposed = dp_step_rates(dp=dp, zero_stage=zero_stage, param_bytes=param_bytes, grad_bytes=grad_bytes,
+                                  link=link, hw=hw)
+    return DPComm(over * params_per_gpu, exposed * params_per_gpu, 0.0)
 
-    ZeRO-0: all-reduce of gradients, overlappable with backward (DDP buckets, Li et al. 2020).
-    ZeRO-1/2: reduce-scatter of gradients (overlappable) + all-gather of updated parameters after the
-    optimizer (exposed: "AG and OA operations do not overlap with compute", SageMaker, seed 002).
-    ZeRO-3: per micro-batch all-gather before forward and before backward, reduce-scatter after
-    backward (Rajbhandari et al. 2020: 1.5× the ZeRO-0 volume per micro-batch)."""
-    if dp <= 1:
-        return DPComm(0.0, 0.0, 0.0)
-    grads = params_per_gpu * grad_bytes
-    weights = params_per_gpu * param_bytes
-    if zero_stage == 0:
-        return DPComm(all_reduce_time(grads, dp, link, hw), 0.0, 0.0)
-    if zero_stage in (1, 2):
-        return DPComm(reduce_scatter_time(grads, dp, link, hw), all_gather_time(weights, dp, link, hw), 0.0)
-    per_mb = 2 * all_gather_time(weights, dp, link, hw) + reduce_scatter_time(grads, dp, link, hw)
-    return DPComm(0.0, 0.0, per_mb)
+
+def zero3_layer_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_bytes: int, link: Link,
+                     hw: HardwareProfile) -> float:
+    """ZeRO-3 / FSDP traffic of one layer per micro-batch: its parameters all-gathered before forward and
+    again before backward, its gradients reduce-scattered after backward (Rajbhandari et al. 2020: 1.5× the
+    ZeRO-0 volume). FSDP2 shards per layer, so each collective has the layer's own size."""
+    if dp <= 1 or params_per_gpu <= 0:
+        return 0.0
+    return 2 * all_gather_time(params_per_gpu * param_bytes, dp, link, hw) + \
+        reduce_scatter_time(params_per_gpu * grad_bytes, dp, link, hw)

@@ -100,6 +100,9 @@ class ParallelConfig:
     attention_kernel: Literal["fused", "unfused"] = "fused"
     attention_dropout: bool = False
     stage_layers: tuple[int, ...] | None = None
+    # Per-layer recomputation (one mode per profile layer), overriding ``recompute``; only blocks may
+    # recompute (Megatron checkpoints transformer layers, never the embedding or the head).
+    layer_recompute: tuple[str, ...] | None = None
 
     @property
     def gpus(self) -> int:
@@ -112,6 +115,12 @@ class ParallelConfig:
     @property
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
+
+    def layer_mode(self, index: int, kind: str) -> str:
+        """The recomputation mode of layer ``index``: its own if given, else ``recompute`` for blocks."""
+        if self.layer_recompute is not None:
+            return self.layer_recompute[index]
+        return self.recompute if kind == "block" else "none"
 
     def validate(self, model: ModelLike) -> None:
         """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
@@ -144,6 +153,15 @@ class ParallelConfig:
             if len(self.stage_layers) != self.chunks or any(n < 1 for n in self.stage_layers) \
                     or sum(self.stage_layers) != n_layers:
                 raise ConfigError(f"stage_layers must give {self.chunks} positive counts summing to {n_layers}")
+        if self.layer_recompute is not None:
+            if len(self.layer_recompute) != n_layers:
+                raise ConfigError(f"layer_recompute must give one mode per layer ({n_layers}), "
+                                  f"got {len(self.layer_recompute)}")
+            for layer, mode in zip(model.layers, self.layer_recompute):
+                if mode not in RECOMPUTE_MODES:
+                    raise ConfigError(f"layer {layer.name}: recompute must be one of {', '.join(RECOMPUTE_MODES)}")
+                if mode != "none" and layer.kind != "block":
+                    raise ConfigError(f"layer {layer.name} is a {layer.kind}, not a block: only blocks recompute")
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):

@@ -13,7 +13,7 @@ as Megatron's published TFLOP/s do); ``model`` counts 3 × forward (MFU, PaLM ap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_models import comm
 from cost_models.compute import layer_compute
@@ -40,6 +40,9 @@ class LayerCost:
     remat_bytes: float
     params_per_gpu: float
     tied_params_per_gpu: float
+    zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
+    zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
+    tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
 
 
 @dataclass(frozen=True)
@@ -146,23 +149,45 @@ class CostModel:
                          kept_bytes=kept_activation_bytes(layer, **kw), remat_bytes=remat_peak_bytes(layer, **kw),
                          params_per_gpu=layer.params / split, tied_params_per_gpu=layer.tied_params / split)
 
+    def layer_costs(self, cfg: ParallelConfig, tp_link: comm.Link, dp_link: comm.Link, pp_link: comm.Link,
+                    precision: Precision, modes: list[str] | None = None) -> list[LayerCost]:
+        """Every layer's cost under ``cfg`` (or under the given per-layer recompute ``modes``), with its
+        ZeRO-3 traffic and tied-copy gradient sync filled in."""
+        out = []
+        for i, layer in enumerate(self.model.layers):
+            mode = modes[i] if modes is not None else cfg.layer_mode(i, layer.kind)
+            c = self.layer_cost(layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
+                                recompute=mode, tp_link=tp_link, attention_kernel=cfg.attention_kernel,
+                                attention_dropout=cfg.attention_dropout)
+            zero3, zero3_tied = (comm.zero3_layer_time(n, dp=cfg.dp, param_bytes=precision.param_bytes,
+                                                       grad_bytes=precision.grad_bytes, link=dp_link, hw=self.hw)
+                                 if cfg.zero_stage == 3 else 0.0 for n in (c.params_per_gpu, c.tied_params_per_gpu))
+            tied = comm.all_reduce_time(c.tied_params_per_gpu * precision.grad_bytes, 2, pp_link, self.hw)
+            out.append(replace(c, zero3_s=zero3, zero3_tied_s=zero3_tied, tied_sync_s=tied))
+        return out
+
+    def links(self, cfg: ParallelConfig) -> tuple[comm.Link, comm.Link, comm.Link]:
+        """(tp, dp, pp) links in Megatron rank order: tp innermost, then dp, then pp."""
+        hw = self.hw
+        gpn = cfg.gpus_per_node or hw.gpus_per_node
+        tp_link = comm.group_link(hw, cfg.tp, 1, gpn)
+        dp_link = comm.group_link(hw, cfg.dp, cfg.tp, gpn)
+        pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
+                   if cfg.tp * cfg.dp * cfg.pp > gpn else
+                   comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, False))
+        return tp_link, dp_link, pp_link
+
     # -- one step --------------------------------------------------------------------------------
     def evaluate(self, cfg: ParallelConfig) -> StepEstimate:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
         hw, model = self.hw, self.model
-        gpn = cfg.gpus_per_node or hw.gpus_per_node
         precision = cfg.precision or default_precision(model.dtype)
-        b, m, v, pp, tp = cfg.micro_batch, cfg.num_microbatches, cfg.virtual_stages, cfg.pp, cfg.tp
-        tp_link = comm.group_link(hw, tp, 1, gpn)
-        dp_link = comm.group_link(hw, cfg.dp, tp, gpn)
-        pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
-                   if tp * cfg.dp * pp > gpn else comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, False))
+        m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
+        tp_link, dp_link, pp_link = self.links(cfg)
         counts = cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks)
         ranges = chunk_ranges(counts)
-        costs = [self.layer_cost(layer, b=b, tp=tp, sequence_parallel=cfg.sequence_parallel,
-                                 recompute=cfg.recompute, tp_link=tp_link, attention_kernel=cfg.attention_kernel,
-                                 attention_dropout=cfg.attention_dropout) for layer in model.layers]
+        costs = self.layer_costs(cfg, tp_link, dp_link, pp_link, precision)
 
         devices = []
         for d in range(pp):
@@ -225,14 +250,14 @@ class CostModel:
         tied = sum(c.tied_params_per_gpu for c in mine) if d > 0 else 0.0
         params += tied
         p_bytes, g_bytes, o_bytes = model_state_bytes(params, precision, dp=cfg.dp, zero_stage=cfg.zero_stage)
-        grad_comm_bytes = precision.grad_bytes
         dpc = comm.dp_comm(params, dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
-                           grad_bytes=grad_comm_bytes, link=dp_link, hw=hw)
-        tied_sync = comm.all_reduce_time(tied * grad_comm_bytes, 2, pp_link, hw) if tied else 0.0
+                           grad_bytes=precision.grad_bytes, link=dp_link, hw=hw)
+        tied_sync = sum(c.tied_sync_s for c in mine) if d > 0 else 0.0
         dp_tail = max(0.0, dpc.step_overlappable_s - cfg.dp_overlap * bwd / max(1, len(chunk_ids))) \
             + dpc.step_exposed_s + tied_sync
         compute = fwd + bwd
-        zero3 = max(0.0, dpc.per_microbatch_s - cfg.zero3_overlap * compute)
+        zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
+        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * compute)
 
         # Activations: kept bytes × micro-batches in flight, plus one layer rematerialised in backward.
         kept = sum(c.kept_bytes for c in mine)

@@ -5,7 +5,8 @@ import pytest
 
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
 from cost_models import ConfigError, CostModel, ParallelConfig, hardware_from_dict, load_hardware, make_config
-from cost_models.comm import Link, all_gather_time, all_reduce_time, dp_comm, group_link, p2p_time, tp_layer_comm
+from cost_models.comm import (GRAD_BUCKET_BYTES, Link, all_gather_time, all_reduce_time, dp_comm, group_link, p2p_time,
+                              tp_layer_comm, zero3_layer_time)
 from cost_models.compute import layer_compute
 from cost_models.config import PRECISIONS, default_precision
 from cost_models.memory import (kept_activation_bytes, microbatches_in_flight, model_state_bytes,
@@ -141,7 +142,18 @@ def test_dp_and_zero_traffic() -> None:
     assert z1.step_overlappable_s == pytest.approx(3 / 4 * 4e9 / 10e9)
     assert z1.step_exposed_s == pytest.approx(3 / 4 * 2e9 / 10e9)
     z3 = dp_comm(1e9, dp=4, zero_stage=3, param_bytes=2, grad_bytes=4, link=link, hw=HW)
-    assert z3.per_microbatch_s == pytest.approx(2 * 3 / 4 * 2e9 / 10e9 + 3 / 4 * 4e9 / 10e9)
+    assert (z3.step_overlappable_s, z3.step_exposed_s) == (0.0, 0.0)  # ZeRO-3 syncs per micro-batch, per layer
+    # one layer of 1e8 params: 2 all-gathers of 2e8 B and a reduce-scatter of 4e8 B over dp=4
+    z3_layer = zero3_layer_time(1e8, dp=4, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert z3_layer == pytest.approx(2 * 3 / 4 * 2e8 / 10e9 + 3 / 4 * 4e8 / 10e9)
+
+
+def test_gradient_sync_pays_latency_per_bucket() -> None:
+    link = Link(10e9, 1e-5, inter_node=True)
+    # 2·GRAD_BUCKET_BYTES of fp32 grads (two buckets) all-reduced over dp=4: 2 × 6 steps × 10 µs + 2·3/4·S/B
+    params = 2 * GRAD_BUCKET_BYTES / 4
+    z0 = dp_comm(params, dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert z0.step_overlappable_s == pytest.approx(2 * 6 * 1e-5 + 2 * 3 / 4 * 2 * GRAD_BUCKET_BYTES / 10e9)
 
 
 # -- memory --------------------------------------------------------------------------------------
