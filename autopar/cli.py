@@ -55,8 +55,12 @@ def trace(
 
 
 # -- commands from other modules --
+from autopar.commands.launch import launch_command
+app.command("launch")(launch_command)
 from autopar.commands.estimate import estimate_command  # noqa: E402
 app.command("estimate")(estimate_command)
+from autopar.commands.solve import solve_command  # noqa: E402
+app.command("solve")(solve_command)
 
 
 def main() -> None:

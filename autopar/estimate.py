@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Mapping
 
 from autopar.errors import AutoparError
-from autopar.plan import (Breakdown, ClusterSpec, MemoryBreakdown, Parallelism, Plan, Prediction,
-                          StagePrediction)
+from autopar.plan import (Breakdown, ClusterSpec, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism, Plan,
+                          Prediction, SolverInfo, StagePrediction)
 from autopar.profile import ModelProfile
 from cost_models import ConfigError, CostModel, HardwareProfile, StepEstimate, load_hardware, make_config
 from cost_models.hardware import GIB
+from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
 def load_profile(source: str | Path | ModelProfile, *, overrides: Mapping[str, str] | None = None,
@@ -75,7 +76,7 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
 
 
 def to_plan(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
-            hardware_name: str) -> Plan:
+            hardware_name: str, solver: SolverInfo | None = None) -> Plan:
     cfg = est.config
     stages = []
     for dev in est.devices:
@@ -106,6 +107,14 @@ def to_plan(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule,  # type: ignore[arg-type]
         virtual_stages=cfg.virtual_stages, offload_activations=cfg.offload_activations,
         attention_kernel=cfg.attention_kernel, precision=est.precision.name)
-    return Plan(model=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
+    layers = []
+    for chunk, (start, stop) in enumerate((r.start, r.stop) for r in chunk_ranges(
+            cfg.stage_layers or stage_layer_counts(profile.layers, cfg.chunks))):
+        for i in range(start, stop):
+            layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=cfg.tp, dp=cfg.dp,
+                                          recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
+    model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
+                     overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()})
+    return Plan(world_size=cfg.gpus, model=model,
                 cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),
-                parallelism=parallelism, prediction=prediction, notes=notes)
+                parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)

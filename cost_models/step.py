@@ -166,6 +166,16 @@ class CostModel:
             out.append(replace(c, zero3_s=zero3, zero3_tied_s=zero3_tied, tied_sync_s=tied))
         return out
 
+    def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
+        """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient
+        backward). Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then
+        all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split."""
+        nbytes = cut_bytes(self.model.layers[index], cfg.micro_batch)
+        t = comm.p2p_time(nbytes / cfg.tp, pp_link, self.hw)
+        if cfg.tp > 1 and not cfg.sequence_parallel:
+            t += comm.all_gather_time(nbytes, cfg.tp, tp_link, self.hw)
+        return t
+
     def links(self, cfg: ParallelConfig) -> tuple[comm.Link, comm.Link, comm.Link]:
         """(tp, dp, pp) links in Megatron rank order: tp innermost, then dp, then pp."""
         hw = self.hw
@@ -239,10 +249,7 @@ class CostModel:
         for c in chunk_ids:
             for boundary in ([ranges[c][-1]] if c < cfg.chunks - 1 else []) + \
                             ([ranges[c - 1][-1]] if c > 0 else []):
-                nbytes = cut_bytes(self.model.layers[boundary], b)
-                p2p += comm.p2p_time(nbytes / tp, pp_link, hw)
-                if tp > 1 and not cfg.sequence_parallel:
-                    p2p += comm.all_gather_time(nbytes, tp, tp_link, hw)
+                p2p += self.boundary_time(boundary, cfg, tp_link, pp_link)
 
         # Parameters: a tied weight used on a later stage than its owner is a copy there (Megatron keeps
         # the word embeddings on the first and last stage and all-reduces their gradients).

@@ -1,3 +1,21 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def megatron_profiles() -> dict:
+    """The GPT shapes of the Megatron scaling table (seed 003), captured once per test session."""
+    from pathlib import Path
+
+    from autopar.capture import capture_model
+    from test_megatron_table import ROWS, SEQ, VOCAB
+
+    gpt = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
+    return {name: capture_model(str(gpt), overrides={"n_layer": str(layers), "n_embd": str(hidden),
+                                                    "n_head": str(heads), "vocab_size": str(VOCAB),
+                                                    "block_size": str(SEQ)}, seq_len=SEQ, dtype="bf16")
+            for name, heads, hidden, layers, *_ in ROWS}

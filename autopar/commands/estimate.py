@@ -71,7 +71,7 @@ def print_plan(plan: Plan) -> None:
 
     console = Console()
     par, pred = plan.parallelism, plan.prediction
-    console.print(f"[bold]{plan.model}[/] seq {plan.seq_len} {plan.dtype} on {plan.cluster.gpus}× "
+    console.print(f"[bold]{plan.model.name}[/] seq {plan.model.seq_len} {plan.model.dtype} on {plan.cluster.gpus}× "
                   f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
     console.print(f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
                   f"{par.num_microbatches} = global {par.global_batch_size} · ZeRO-{par.zero_stage} · "

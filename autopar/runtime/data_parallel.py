@@ -1,0 +1,112 @@
+"""Data parallelism by ZeRO stage (Rajbhandari et al. 2020), with PyTorch's own engines.
+
+- ZeRO-3: FSDP2 ``fully_shard`` per layer then the root (parameters, gradients, optimizer state sharded;
+  parameters re-gathered for backward).
+- ZeRO-2: the same with ``reshard_after_forward=False`` (parameters stay gathered between forward and
+  backward; gradients and optimizer state sharded).
+- ZeRO-1: DDP + ``ZeroRedundancyOptimizer`` (optimizer state sharded). With tensor parallelism
+  (DTensor parameters, which neither DDP nor ZeroRedundancyOptimizer accept) it runs as ZeRO-2 — same
+  numbers, less memory.
+- ZeRO-0: DDP. With tensor parallelism, or per-layer degrees, a gradient all-reduce per parameter over
+  its layer's data-parallel group (``sync_gradients``): what DDP does, on the local shards.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from autopar.runtime.mesh import Meshes
+from autopar.runtime.spec import LayerRun
+
+
+def apply_fsdp(model: nn.Module, layers: list[LayerRun], meshes: Meshes, *, reshard_after_forward: bool) -> nn.Module:
+    """fully_shard every layer unit on the dp mesh (one all-gather per layer), then the root for the rest.
+    Units sharing a parameter (GPT's tied wte / lm_head) form one FSDP group. The last group is not
+    resharded after forward: its backward starts right away (torchtitan does the same)."""
+    dp_mesh = meshes.dp_mesh
+    groups = _shared_parameter_groups(model, [unit for layer in layers for unit in layer.units])
+    for i, group in enumerate(groups):
+        modules = [model.get_submodule(unit) for unit in group]
+        fully_shard(modules if len(modules) > 1 else modules[0], mesh=dp_mesh,
+                    reshard_after_forward=reshard_after_forward and i < len(groups) - 1)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def _shared_parameter_groups(model: nn.Module, units: list[str]) -> list[list[str]]:
+    """Units in order, those that share a parameter merged into the group of the first of them."""
+    groups: list[list[str]] = []
+    group_of_param: dict[int, int] = {}
+    for unit in units:
+        ids = [id(p) for p in model.get_submodule(unit).parameters()]
+        shared = next((group_of_param[i] for i in ids if i in group_of_param), None)
+        if shared is None:
+            groups.append([unit])
+            shared = len(groups) - 1
+        else:
+            groups[shared].append(unit)
+        for i in ids:
+            group_of_param[i] = shared
+    return groups
+
+
+def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
+    return DistributedDataParallel(model, process_group=meshes.world.get_group("dp"),
+                                   device_ids=[meshes.device.index] if meshes.device.type == "cuda" else None)
+
+
+def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_class: type,
+                    **kwargs: Any) -> torch.optim.Optimizer:
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class,
+                                   process_group=meshes.world.get_group("dp"), **kwargs)
+
+
+def gradient_groups(model: nn.Module, layers: list[LayerRun], meshes: Meshes) -> list[tuple[torch.Tensor, Any]]:
+    """(parameter, data-parallel group of its layer) for every parameter of the layers, once each."""
+    out: list[tuple[torch.Tensor, Any]] = []
+    seen: set[int] = set()
+    for layer in layers:
+        group = meshes.by_tp[layer.tp].get_group("dp")
+        for unit in layer.units:
+            for p in model.get_submodule(unit).parameters():
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    out.append((p, group))
+    return out
+
+
+def sync_gradients(pairs: list[tuple[torch.Tensor, Any]], base_dp: int) -> None:
+    """Sum each gradient over its layer's data-parallel group, then divide by the plan's dp.
+
+    Why the plan's dp and not the layer's: every rank back-propagates the mean loss of its own batch shard
+    (1/dp of the global batch). A layer with dp_l > dp sees a finer split of the same samples, so the sum
+    over its dp_l ranks counts every sample once — dp times the global-mean gradient. With dp_l = dp this
+    is DDP's average."""
+    for p, group in pairs:
+        if p.grad is None:
+            continue
+        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(local, group=group)
+        if base_dp > 1:
+            local.div_(base_dp)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+def optimizer_for(params: list[nn.Parameter], meshes: Meshes, *, zero1: bool,
+                  factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> torch.optim.Optimizer:
+    if not zero1:
+        return factory(params)
+    probe = factory([torch.nn.Parameter(torch.zeros(1))])  # learn the class and hyper-parameters
+    kwargs = {k: v for k, v in probe.defaults.items() if k not in ("differentiable", "fused", "foreach")}
+    return zero1_optimizer(params, meshes, type(probe), **kwargs)

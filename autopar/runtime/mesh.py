@@ -1,0 +1,106 @@
+"""Process group and device meshes for a RunSpec: Megatron rank order, tp innermost, then dp, then pp.
+
+``rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank`` — tensor-parallel groups are consecutive
+ranks (inside a node), pipeline stages the outermost blocks of ranks.
+
+Per-layer tensor-parallel degrees: a layer with degree ``tp_l`` views the same ``dp * tp`` devices of
+its stage as a ``(dp * tp / tp_l, tp_l)`` grid in the same rank order, so every degree the plan uses
+has its own 3-D mesh ``(pp, dp_l, tp_l)`` over the whole world (all ranks create all of them:
+creating a group is collective).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from autopar.errors import AutoparError
+from autopar.runtime.spec import RunSpec
+
+PROCESS_GROUP_TIMEOUT_S = 120  # a hang fails fast instead of waiting NCCL/gloo's default 30 minutes
+
+
+def device_and_backend() -> tuple[torch.device, str]:
+    """CUDA + NCCL when a GPU is visible, else CPU + gloo: the same code runs on both."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def init_distributed(timeout_s: float | None = None) -> torch.device:
+    """Initialise the default process group from torchrun's environment (idempotent).
+    AUTOPAR_PG_TIMEOUT_S overrides the default timeout."""
+    timeout_s = timeout_s or float(os.environ.get("AUTOPAR_PG_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))
+    device, backend = device_and_backend()
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            raise AutoparError("no torchrun environment (RANK/WORLD_SIZE unset): start with `autopar launch` "
+                               "or torchrun")
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+@dataclasses.dataclass
+class Meshes:
+    """The meshes and groups one rank needs to run a RunSpec."""
+
+    device: torch.device
+    world: DeviceMesh  # (pp, dp, tp) with the plan's own degrees
+    by_tp: dict[int, DeviceMesh]  # tp_l -> (pp, dp_l, tp_l) for every degree some layer uses
+    stage_group: dist.ProcessGroup | None  # the dp * tp ranks of this rank's pipeline stage
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        return self.world["dp"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.world["tp"]
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        return self.world.get_group("pp")
+
+    def layer_mesh(self, tp_l: int) -> DeviceMesh:
+        """The (dp_l, tp_l) view of this stage's devices for a layer with tensor-parallel degree tp_l."""
+        return self.by_tp[tp_l]["dp", "tp"]
+
+
+def check_environment(spec: RunSpec) -> None:
+    """Fail before training, with the formula, when the launch does not match the plan."""
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if world != spec.world_size:
+        raise AutoparError(f"plan needs world_size {spec.world_size} = pp({spec.parallelism.pp}) * "
+                           f"dp({spec.parallelism.dp}) * tp({spec.parallelism.tp}) processes, but "
+                           f"{world} were launched (torchrun --nproc-per-node {spec.world_size})")
+
+
+def build_meshes(spec: RunSpec, device: torch.device) -> Meshes:
+    check_environment(spec)
+    p = spec.parallelism
+    names = ("pp", "dp", "tp")
+    world = init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=names)
+    by_tp = {p.tp: world}
+    for tp_l in spec.layer_tp_degrees:
+        if tp_l not in by_tp:
+            by_tp[tp_l] = init_device_mesh(device.type, (p.pp, spec.stage_devices // tp_l, tp_l),
+                                           mesh_dim_names=names)
+    stage_group = None
+    if not spec.uniform_tp:  # activations move between layer layouts inside a stage
+        for pp_rank in range(p.pp):  # new_group is collective: every rank creates every stage's group
+            ranks = list(range(pp_rank * spec.stage_devices, (pp_rank + 1) * spec.stage_devices))
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                stage_group = group
+    rank = dist.get_rank()
+    return Meshes(device, world, by_tp, stage_group, pp_rank=rank // spec.stage_devices,
+                  dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp)

@@ -1,0 +1,161 @@
+"""Pipeline parallelism: split the user's model at the plan's cut points and run a torch schedule.
+
+How a user model with its own ``forward`` is split (why not ``torch.distributed.pipelining.pipeline``):
+``pipeline()`` traces with ``torch.export``, which bakes every tensor shape into the graph — a block's
+``view(B, T, -1, head_dim)`` becomes a fixed head count, so tensor-parallel (local-head) blocks no
+longer run. Here the top-level ``forward`` is traced with ``torch.fx`` treating every layer of the plan
+as a *leaf* module: the layers keep their own Python ``forward`` (shape-generic, TP-ready), and only the
+top-level glue (``wte(idx) + wpe(pos)``, the RoPE table slice, the layer loop) becomes graph nodes.
+
+Every graph node is given to a pipeline chunk:
+- a layer call belongs to its layer's chunk;
+- glue that depends on layer outputs runs with the latest layer it depends on (``tok + pos`` with ``wpe``);
+- glue that depends on no layer (positions, RoPE slices of a buffer) is recomputed in every chunk that
+  uses it, from the batch inputs, which chunks pass along when a later one needs them.
+Chunk ``c`` takes the values crossing the cut before it (plus the inputs, if needed later) and returns
+those crossing the cut after it; the last chunk returns the model output. Each chunk is an
+``fx.GraphModule`` holding only its layers, under their original names (``h.3.attn.c_attn``), so
+tensor-parallel plans, FSDP and checkpoints address them as in the user's model.
+
+Contract for models to pipeline: the top-level forward is fx-traceable with the layers as leaves (no
+data-dependent Python control flow at top level), and weights tied across chunks are not supported
+(build with ``tie_weights=False`` or keep both layers on one chunk).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B,
+                                                    ScheduleGPipe, ScheduleInterleaved1F1B)
+
+from autopar.errors import AutoparError
+from autopar.runtime.mesh import Meshes
+from autopar.runtime.spec import LayerRun, RunSpec
+
+_SIDE = -1  # a node computed from inputs/constants only: recomputed where needed
+
+
+class _LayerLeafTracer(torch.fx.Tracer):
+    def __init__(self, units: set[str]):
+        super().__init__()
+        self.units = units
+        self.proxy_buffer_attributes = True  # buffers (RoPE tables) become graph nodes, sliceable by shapes
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.units or super().is_leaf_module(m, module_qualified_name)
+
+
+def split_model(model: nn.Module, layers: tuple[LayerRun, ...], chunks: list[int]) -> dict[int, torch.fx.GraphModule]:
+    """The chunk modules with the given indices (those of this pipeline rank)."""
+    unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
+    try:
+        graph = _LayerLeafTracer(set(unit_layer)).trace(model)
+    except Exception as e:  # a user forward fx cannot follow: say where
+        raise AutoparError(f"cannot split {type(model).__name__} into pipeline stages: its forward is not "
+                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0]})")
+    nodes = list(graph.nodes)
+    owner: dict[torch.fx.Node, int] = {}
+    called: set[str] = set()
+    for n in nodes:
+        if n.op == "call_module" and str(n.target) in unit_layer:
+            owner[n] = unit_layer[str(n.target)]
+            called.add(str(n.target))
+        elif n.op == "output":
+            owner[n] = len(layers) - 1
+        else:
+            deps = [owner[a] for a in n.all_input_nodes if owner[a] != _SIDE]
+            owner[n] = max(deps) if deps else _SIDE
+    missing = [u for u in unit_layer if u not in called]
+    if missing:
+        raise AutoparError(f"layer(s) {', '.join(missing)} are not called by {type(model).__name__}.forward "
+                           "as modules: the plan does not match this model")
+    chunk_of = {n: layers[i].stage for n, i in owner.items() if i != _SIDE}
+    last = layers[-1].stage
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+
+    def crossing(c: int) -> list[torch.fx.Node]:
+        """Values made in chunks <= c and used after c (skip connections included)."""
+        return [n for n in nodes if n in chunk_of and n.op != "output" and chunk_of[n] <= c
+                and any(chunk_of.get(u, _SIDE) > c for u in n.users)]
+
+    def needs_inputs(c: int) -> bool:
+        """Does any chunk after c read the batch inputs (through recomputed glue)?"""
+        later = [n for n in nodes if chunk_of.get(n, _SIDE) > c]
+        return any(_reaches_inputs(a, chunk_of) for n in later for a in n.all_input_nodes)
+
+    out: dict[int, torch.fx.GraphModule] = {}
+    for c in chunks:
+        g = torch.fx.Graph()
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+        if c > 0:
+            for n in crossing(c - 1):
+                env[n] = g.placeholder(n.name)
+        if c == 0 or needs_inputs(c - 1):
+            for p in placeholders:
+                env[p] = g.placeholder(p.name)
+
+        def copy(n: torch.fx.Node) -> torch.fx.Node:
+            if n not in env:
+                for a in n.all_input_nodes:
+                    copy(a)
+                env[n] = g.node_copy(n, lambda a: env[a])
+            return env[n]
+
+        for n in nodes:
+            if chunk_of.get(n) == c and n.op != "output":
+                copy(n)
+        if c == last:
+            output = next(n for n in nodes if n.op == "output")
+            for a in output.all_input_nodes:
+                copy(a)
+            g.node_copy(output, lambda a: env[a])
+        else:
+            values = [env[n] for n in crossing(c)]
+            if needs_inputs(c):
+                values += [env[p] for p in placeholders]
+            g.output(tuple(values))
+        g.lint()
+        out[c] = torch.fx.GraphModule(model, g, class_name=f"{type(model).__name__}Chunk{c}")
+    return out
+
+
+def _reaches_inputs(n: torch.fx.Node, chunk_of: dict[torch.fx.Node, int]) -> bool:
+    if n.op == "placeholder":
+        return True
+    if n in chunk_of:
+        return False
+    return any(_reaches_inputs(a, chunk_of) for a in n.all_input_nodes)
+
+
+def tied_across_chunks(model: nn.Module, layers: tuple[LayerRun, ...]) -> list[str]:
+    """Parameter names shared by layers of different chunks (e.g. GPT's wte / lm_head)."""
+    chunk_of_unit = {unit: layer.stage for layer in layers for unit in layer.units}
+    users: dict[int, dict[int, str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        unit = next((u for u in chunk_of_unit if name == u or name.startswith(u + ".")), None)
+        if unit is not None:
+            users.setdefault(id(p), {})[chunk_of_unit[unit]] = name
+    return [" / ".join(names.values()) for names in users.values() if len(names) > 1]
+
+
+def build_schedule(spec: RunSpec, chunk_modules: dict[int, nn.Module], meshes: Meshes,
+                   loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
+    """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""
+    p = spec.parallelism
+    stages = [PipelineStage(module, c, spec.num_chunks, meshes.device, group=meshes.pp_group)
+              for c, module in sorted(chunk_modules.items())]
+    m = p.num_microbatches
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
+    if p.schedule == "interleaved":
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
+    elif p.schedule == "gpipe":
+        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+    else:
+        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+    has_first = any(s.is_first for s in stages)
+    has_last = any(s.is_last for s in stages)
+    return schedule, has_first, has_last

@@ -1,0 +1,189 @@
+"""Tensor parallelism: the profile's per-layer plan (module path -> colwise | rowwise | sequence_parallel)
+turned into ``parallelize_module`` styles, one mesh per layer degree; and the activation re-layout
+between layers whose tensor-parallel degrees differ inside a stage.
+
+Layout conventions (Megatron, and torchtitan's Llama plan):
+- inside a layer, column-parallel linears feed the row-parallel one with no communication in between;
+  the row-parallel output is all-reduced (or, with sequence parallelism, reduce-scattered on the
+  sequence dimension);
+- a colwise/rowwise module that *is* the layer (``""``: the LM head, an embedding) returns a full
+  (replicated) tensor, or with sequence parallelism the embedding returns sequence shards;
+- with sequence parallelism the activations between layers are sharded on the sequence dimension
+  (dim 1 of ``(batch, seq, hidden)``), norms run on shards (``SequenceParallel``), and colwise
+  linears all-gather their input;
+- with ``loss_parallel`` the LM head keeps its vocabulary-sharded logits and cross-entropy runs on the
+  shards (``torch.distributed.tensor.parallel.loss_parallel``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
+
+from autopar.errors import AutoparError
+from autopar.runtime.mesh import Meshes
+from autopar.runtime.spec import LayerRun
+
+
+class _SequenceShardedEmbedding(RowwiseParallel):
+    """Vocab-parallel embedding whose output is reduce-scattered on the *sequence* dimension, wherever
+    that is: dim 1 for token ids ``(batch, seq)``, dim 0 for a position vector ``(seq,)``
+    (``wpe(arange(T))``) — the second-to-last dimension of the output either way."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: DTensor,
+                           device_mesh: Any) -> torch.Tensor:
+        outputs = outputs.redistribute(placements=[Shard(outputs.ndim - 2)], async_op=True)
+        return outputs.to_local() if use_local_output else outputs
+
+
+def layer_styles(model: nn.Module, layer: LayerRun, plan: dict[str, str], *, sequence_parallel: bool,
+                 loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """Module FQN -> ParallelStyle for one layer, from the capture's relative plan."""
+    seq_in = Shard(1) if sequence_parallel else Replicate()
+    styles: dict[str, ParallelStyle] = {}
+    for rel, style in plan.items():
+        fqn = _resolve(model, layer, rel)
+        module = model.get_submodule(fqn)
+        whole_layer = rel == ""
+        if style == "sequence_parallel":
+            if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
+                styles[fqn] = SequenceParallel(use_local_output=whole_layer)
+        elif style == "colwise":
+            if whole_layer:  # the LM head: full logits, or vocab shards for the parallel loss
+                styles[fqn] = ColwiseParallel(input_layouts=seq_in,
+                                              output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                              use_local_output=not loss_parallel)
+            else:
+                styles[fqn] = ColwiseParallel(input_layouts=seq_in)
+        elif style == "rowwise":
+            if isinstance(module, nn.Embedding):
+                styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate()) if sequence_parallel
+                               else RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+            else:
+                styles[fqn] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
+        else:
+            raise AutoparError(f"layer {layer.name}: unknown tensor-parallel style '{style}' for '{rel}'")
+    return styles
+
+
+def _resolve(model: nn.Module, layer: LayerRun, rel: str) -> str:
+    """The FQN of a plan entry: relative to the layer's unit that has it (merged layers have several)."""
+    for unit in layer.units:
+        fqn = f"{unit}.{rel}" if rel else unit
+        try:
+            model.get_submodule(fqn)
+            return fqn
+        except AttributeError:
+            continue
+    raise AutoparError(f"layer {layer.name}: the model has no module '{rel}' the tensor-parallel plan names "
+                       "(the plan was made for a different model)")
+
+
+def apply_tp(model: nn.Module, layers: list[LayerRun], plans: dict[str, dict[str, str]], meshes: Meshes, *,
+             sequence_parallel: bool, loss_parallel: bool) -> None:
+    """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights."""
+    ties = _tied_parameters(model)
+    last = layers[-1] if layers else None
+    for layer in layers:
+        if layer.tp == 1:
+            continue
+        styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sequence_parallel,
+                              loss_parallel=loss_parallel and layer is last)
+        if styles:
+            parallelize_module(model, meshes.layer_mesh(layer.tp)["tp"], styles)
+    _retie(model, ties)
+
+
+def _tied_parameters(model: nn.Module) -> list[list[str]]:
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _retie(model: nn.Module, ties: list[list[str]]) -> None:
+    """parallelize_module replaces each module's parameters separately; tied ones must point to one again.
+    Vocab-parallel embedding and column-parallel head both shard the (vocab, hidden) weight on dim 0,
+    so a tie survives tensor parallelism when both sides use the same degree (Megatron does the same)."""
+    for names in ties:
+        owner, *others = names
+        keep = model.get_parameter(owner)
+        for name in others:
+            other = model.get_parameter(name)
+            if isinstance(keep, DTensor) != isinstance(other, DTensor) or (
+                    isinstance(keep, DTensor) and (keep.placements != other.placements
+                                                   or keep.device_mesh != other.device_mesh)):
+                raise AutoparError(f"tied weights {owner} and {name} are sharded differently (different tp "
+                                   "degrees or styles): give both layers the same tp, or untie them")
+            module_path, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(module_path), attr, keep)
+
+
+# -- per-layer degrees: moving activations between (dp_a, tp_a) and (dp_b, tp_b) layouts -----------------
+def _relayout(x: torch.Tensor, group: dist.ProcessGroup, tp_from: int, tp_to: int) -> torch.Tensor:
+    """Rank r of the stage holds batch block r // tp_from of n / tp_from; return block r // tp_to of n / tp_to.
+    One all-gather of the stage; the tp_from copies of each block are identical, so one is taken."""
+    n = dist.get_world_size(group)
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    full = torch.cat(parts[::tp_from], dim=0)
+    blocks = n // tp_to
+    size = full.shape[0] // blocks
+    index = dist.get_rank(group) // tp_to
+    return full[index * size:(index + 1) * size].clone()
+
+
+class _Relayout(torch.autograd.Function):
+    """Forward moves activations from layout a to b; backward moves their gradients from b to a. Gradients
+    are replicated across a layer's tp ranks like the activations, so the same re-layout is exact."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, tp_from: int, tp_to: int) -> torch.Tensor:
+        ctx.args = (group, tp_to, tp_from)
+        return _relayout(x, group, tp_from, tp_to)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return _relayout(grad, *ctx.args), None, None, None
+
+
+def apply_relayout(model: nn.Module, layers: list[LayerRun], base_tp: int, group: dist.ProcessGroup) -> None:
+    """Hooks that move a layer's batch-major input (first positional argument, at least 2-D: ids or
+    hidden states) from the stage's (dp, tp) layout to the layer's (dp_l, tp_l) and its output back.
+    Inputs without a batch dimension (a position vector) are the same everywhere and stay as they are.
+    The pre-hook runs before the tensor-parallel input hook (prepend) and the post-hook after its output hook."""
+    for layer in layers:
+        if layer.tp == base_tp:
+            continue
+        for unit in layer.units:
+            module = model.get_submodule(unit)
+            module.register_forward_pre_hook(_pre_hook(group, base_tp, layer.tp), prepend=True)
+            module.register_forward_hook(_post_hook(group, layer.tp, base_tp))
+
+
+def _pre_hook(group: dist.ProcessGroup, tp_from: int, tp_to: int) -> Any:
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        moved = bool(args) and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2
+        module._autopar_relayout = moved  # the post-hook moves the output back only if the input moved
+        if moved:
+            return (_Relayout.apply(args[0], group, tp_from, tp_to),) + tuple(args[1:])
+        return None
+    return hook
+
+
+def _post_hook(group: dist.ProcessGroup, tp_from: int, tp_to: int) -> Any:
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        if not getattr(module, "_autopar_relayout", False):
+            return None
+        if isinstance(output, torch.Tensor):
+            return _Relayout.apply(output, group, tp_from, tp_to)
+        if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+            return (_Relayout.apply(output[0], group, tp_from, tp_to),) + output[1:]
+        return None
+    return hook

@@ -1,0 +1,39 @@
+"""Exhaustive reference search over the same space as the solver (for tests): every outer choice, every
+placement of the pipeline cuts, every recomputation mode of every block, each evaluated by cost_models."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from autopar.profile import ModelProfile
+from autopar.search.cpsat import MODES
+from autopar.search.solve import to_config
+from autopar.search.space import Pins, outer_choices
+from cost_models import CostModel, HardwareProfile, StepEstimate
+
+
+def compositions(n: int, parts: int):  # noqa: ANN201
+    """Every way to split n layers into ``parts`` non-empty contiguous chunks (as counts)."""
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        bounds = (0, *cuts, n)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
+                pins: Pins = Pins()) -> StepEstimate | None:
+    cost = CostModel(profile, hw)
+    blocks = [i for i, lp in enumerate(profile.layers) if lp.kind == "block"]
+    modes = (pins.recompute,) if pins.recompute else MODES
+    best: StepEstimate | None = None
+    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
+                               global_batch=global_batch, pins=pins):
+        cfg = to_config(outer, gpus_per_node)
+        for counts in compositions(len(profile.layers), cfg.chunks):
+            for choice in itertools.product(modes, repeat=len(blocks)):
+                per_layer = ["none"] * len(profile.layers)
+                for i, mode in zip(blocks, choice):
+                    per_layer[i] = mode
+                est = cost.evaluate(replace(cfg, stage_layers=counts, layer_recompute=tuple(per_layer)))
+                if est.fits and (best is None or est.step_time_s < best.step_time_s):
+                    best = est
+    return best

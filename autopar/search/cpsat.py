@@ -1,0 +1,332 @@
+"""The inner CP-SAT model: for fixed degrees, batch split, ZeRO, SP and schedule, place the pipeline cuts
+(non-uniform, at any layer boundary) and choose each block's recomputation, minimising the step time
+that cost_models.step predicts, under every stage's memory limit.
+
+It encodes exactly CostModel.evaluate's composition (cost_models/step.py), with the per-layer costs
+computed by cost_models itself, scaled to integers:
+  per device d:  T_d = fwd + bwd + tp_comm + p2p + offload + exposed ZeRO-3
+  pipeline:      m·max_d T_d + (Σ_d T_d − max_d T_d) / v
+  tail:          max(0, max_d [dp_tail_d + optimizer_d − Σ_{k<d} bwd_k])
+  memory_d:      state(params_d) + in_flight_d·kept_d + max remat_d + ZeRO-3 buffers + reserve ≤ capacity
+Identical blocks are exploited: a device holds *counts* of blocks per recomputation mode (which of its
+identical blocks recompute cannot change any cost), and every sum over a device's layers is a difference
+of prefix sums looked up at the cut positions (AddElement), so the model's size grows with the number of
+pipeline chunks, not with the number of layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ortools.sat.python import cp_model
+
+from autopar.profile import ModelProfile
+from cost_models import CostModel, ParallelConfig
+from cost_models.config import default_precision
+from cost_models.memory import microbatches_in_flight, model_state_bytes, offload_resident
+from cost_models import comm
+
+TIME_UNIT_S = 1e-9      # integer time unit of the model: 1 ns (step × v·m stays far below 2^63)
+MODES = ("none", "selective", "full")
+
+
+@dataclasses.dataclass
+class InnerResult:
+    status: str                       # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN
+    objective_s: float | None         # predicted step time of the solution (the model's own value)
+    bound_s: float                    # proven lower bound on this choice's step time
+    stage_layers: tuple[int, ...] = ()
+    layer_recompute: tuple[str, ...] = ()
+    wall_s: float = 0.0
+
+
+def _t(seconds: float) -> int:
+    return int(round(seconds / TIME_UNIT_S))
+
+
+def _prefix(values: list[int]) -> list[int]:
+    out = [0]
+    for x in values:
+        out.append(out[-1] + x)
+    return out
+
+
+def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...], time_limit_s: float,
+                threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None) -> InnerResult:
+    profile: ModelProfile = cost.model  # type: ignore[assignment]
+    layers = profile.layers
+    L, pp, v, m = len(layers), cfg.pp, cfg.virtual_stages, cfg.num_microbatches
+    C = pp * v
+    hw = cost.hw
+    precision = cfg.precision or default_precision(profile.dtype)
+    tp_link, dp_link, pp_link = cost.links(cfg)
+    is_block = [lp.kind == "block" for lp in layers]
+    block_modes = modes
+    by_mode = {k: cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision,
+                                   modes=[k if blk else "none" for blk in is_block]) for k in MODES if k in modes or k == "none"}
+    base = by_mode["none"]
+    types = sorted({lp.block_id for lp, blk in zip(layers, is_block) if blk})
+    rep = {j: next(i for i, lp in enumerate(layers) if lp.block_id == j and is_block[i]) for j in types}
+
+    # -- per-layer integer coefficients (base = every layer without recomputation) -----------------
+    over_rate, exp_rate = comm.dp_step_rates(dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
+                                             grad_bytes=precision.grad_bytes, link=dp_link, hw=hw)
+    opt_rate = precision.optimizer_traffic_bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) / \
+        (cfg.dp if cfg.zero_stage >= 1 else 1)
+    state_rate = sum(model_state_bytes(1.0, precision, dp=cfg.dp, zero_stage=cfg.zero_stage))
+
+    def arrays(with_tied: bool) -> dict[str, list[int]]:
+        def params(c) -> float:  # noqa: ANN001
+            return c.params_per_gpu + (c.tied_params_per_gpu if with_tied else 0.0)
+        return {
+            "fwd": _prefix([_t(c.fwd_s) for c in base]), "bwd": _prefix([_t(c.bwd_s) for c in base]),
+            "tp": _prefix([_t(c.tp_fwd_s + c.tp_bwd_s) for c in base]),
+            "kept": _prefix([round(c.kept_bytes) for c in base]),
+            "state": _prefix([round(params(c) * state_rate) for c in base]),
+            "dpo": _prefix([_t(params(c) * over_rate) for c in base]),
+            "dpe": _prefix([_t(params(c) * exp_rate) for c in base]),
+            "opt": _prefix([_t(params(c) * opt_rate) for c in base]),
+            "z3": _prefix([_t(c.zero3_s + (c.zero3_tied_s if with_tied else 0.0)) for c in base]),
+            "tied": _prefix([_t(c.tied_sync_s) if with_tied else 0 for c in base]),
+        }
+    pref = {False: arrays(False), True: arrays(True)}
+    count_pref = {j: _prefix([1 if is_block[i] and layers[i].block_id == j else 0 for i in range(L)]) for j in types}
+    # p2p after layer i, looked up at the cut position i + 1
+    p2p_at = [0] + [_t(cost.boundary_time(i, cfg, tp_link, pp_link)) for i in range(L)]
+    delta = {(j, k): by_mode[k][rep[j]] for j in types for k in block_modes if k != "none"}
+
+    model = cp_model.CpModel()
+    segs = segments(layers)
+    cuts = [Cut.fixed(model, 0, segs)] + [Cut.free(model, c, C, L, segs) for c in range(1, C)] + \
+        [Cut.fixed(model, L, segs)]
+    for c in range(C):  # chunks are non-empty and in order
+        model.add(cuts[c + 1].position >= cuts[c].position + 1)
+    horizon_t = 1 << 50
+
+    def lookup(q: str, tied: bool, c: int) -> cp_model.LinearExprT:
+        return cuts[c].prefix(pref[tied][q])
+
+    def count_lookup(j: str, c: int) -> cp_model.LinearExprT:
+        return cuts[c].prefix(count_pref[j])
+
+    def p2p_lookup(c: int) -> cp_model.LinearExprT:  # transfer across cut c (after layer position − 1)
+        return cuts[c].before(p2p_at)
+
+    def device_sum(q: str, d: int, chunks: list[int]) -> cp_model.LinearExpr:
+        tied = d > 0
+        return sum(lookup(q, tied, c + 1) - lookup(q, tied, c) for c in chunks)
+
+    T, bwd_d, ends = [], [], []
+    # n_vars[d, j, k]: how many blocks of type j on device d recompute in mode k (the rest: none)
+    n_vars: dict[tuple[int, str, str], cp_model.IntVar] = {}
+    in_flight_scale = v  # memory is multiplied by v so fractional in-flight counts stay integral
+    for d in range(pp):
+        chunks = [c for c in range(C) if c % pp == d]
+        fwd = device_sum("fwd", d, chunks)
+        bwd = device_sum("bwd", d, chunks)
+        tpc = device_sum("tp", d, chunks)
+        kept = device_sum("kept", d, chunks)
+        remat = model.new_int_var(0, 1 << 50, f"remat_{d}")
+        for j in types:
+            count = sum(count_lookup(j, c + 1) - count_lookup(j, c) for c in chunks)
+            n = {k: model.new_int_var(0, L, f"n_{d}_{j}_{k}") for k in block_modes if k != "none"}
+            n_vars.update({(d, j, k): var for k, var in n.items()})
+            if "none" in block_modes:
+                model.add(sum(n.values()) <= count)
+            else:
+                model.add(sum(n.values()) == count)
+            for k, var in n.items():
+                lc, b0 = delta[j, k], base[rep[j]]
+                fwd += var * (_t(lc.fwd_s) - _t(b0.fwd_s))
+                bwd += var * (_t(lc.bwd_s) - _t(b0.bwd_s))
+                tpc += var * (_t(lc.tp_fwd_s + lc.tp_bwd_s) - _t(b0.tp_fwd_s + b0.tp_bwd_s))
+                kept += var * (round(lc.kept_bytes) - round(b0.kept_bytes))
+                used = model.new_bool_var(f"u_{d}_{j}_{k}")
+                model.add(var <= L * used)
+                model.add(remat >= round(lc.remat_bytes) * used)
+        compute = fwd + bwd
+        p2p = sum(p2p_lookup(c + 1) for c in chunks if c < C - 1) + sum(p2p_lookup(c) for c in chunks if c > 0)
+        in_flight = microbatches_in_flight(d, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
+        offload = 0
+        if cfg.offload_activations:  # max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
+            in_flight = offload_resident(in_flight)
+            per_unit = round(hw.host_link_bytes_per_s * TIME_UNIT_S)  # bytes the host link moves per time unit
+            out_f = model.new_int_var(0, horizon_t, f"off_f_{d}")
+            out_b = model.new_int_var(0, horizon_t, f"off_b_{d}")
+            model.add(out_f * per_unit >= kept - fwd * per_unit)
+            model.add(out_b * per_unit >= kept - bwd * per_unit)
+            offload = out_f + out_b
+        z3 = 0
+        if cfg.zero_stage == 3:
+            z3 = model.new_int_var(0, horizon_t, f"z3_{d}")
+            model.add(z3 >= device_sum("z3", d, chunks) - compute)  # zero3_overlap = 1 (default)
+        t_d = model.new_int_var(0, horizon_t, f"T_{d}")
+        model.add(t_d == compute + tpc + p2p + offload + z3)
+        T.append(t_d)
+        bwd_var = model.new_int_var(0, horizon_t, f"bwd_{d}")
+        model.add(bwd_var == bwd)
+        bwd_d.append(bwd_var)
+
+        # memory (× in_flight_scale): state + in_flight·kept + remat + ZeRO-3 buffers + reserve ≤ capacity
+        buffers = 0
+        if cfg.zero_stage == 3:
+            sizes = [round(2 * c.params_per_gpu * precision.param_bytes) for c in base]
+            buffers = _zero3_buffers(model, sizes, is_block, d, chunks, cuts, count_lookup, types, rep)
+        a = round(in_flight * in_flight_scale)
+        model.add(in_flight_scale * device_sum("state", d, chunks) + a * kept + in_flight_scale * (remat + buffers)
+                  <= in_flight_scale * (hw.memory_bytes - hw.memory_reserve_bytes))
+
+        # tail (× v): v·dp_tail + v·optimizer − v·Σ_{k<d} bwd_k; dp_tail = max(0, dpo − bwd/v) + dpe + tied
+        hidden = model.new_int_var(0, horizon_t, f"dpo_exposed_{d}")
+        model.add(hidden >= v * device_sum("dpo", d, chunks) - bwd_var)  # dp_overlap = 1 (default)
+        end = model.new_int_var(-horizon_t, horizon_t, f"end_{d}")
+        model.add(end == hidden + v * (device_sum("dpe", d, chunks) + device_sum("tied", d, chunks)
+                                       + device_sum("opt", d, chunks)) - v * sum(bwd_d[:d]))
+        ends.append(end)
+
+    t_max = model.new_int_var(0, horizon_t, "T_max")
+    model.add_max_equality(t_max, T)
+    tail = model.new_int_var(0, horizon_t, "tail_v")
+    model.add_max_equality(tail, [model.new_constant(0), *ends])
+    objective = v * m * t_max + sum(T) - t_max + tail  # = v × step time
+    model.minimize(objective)
+    if upper_bound_s is not None:
+        model.add(objective <= _t(upper_bound_s) * v + 1)
+    if hint is not None:
+        for c, start in enumerate(_starts(hint)[1:-1], start=1):
+            cuts[c].hint(model, start)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = threads
+    solver.parameters.random_seed = 0
+    status = solver.solve(model)
+    name = solver.status_name(status)
+    wall = solver.wall_time
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = math.inf if status == cp_model.INFEASIBLE else 0.0
+        return InnerResult(name, None, bound, wall_s=wall)
+    starts = [solver.value(x.position) for x in cuts]
+    counts = tuple(starts[c + 1] - starts[c] for c in range(C))
+    recompute = ["none"] * L
+    for d in range(pp):
+        chunks = [c for c in range(C) if c % pp == d]
+        for j in types:
+            todo = {k: solver.value(n_vars[d, j, k]) for k in block_modes if k != "none"}
+            for c in chunks:
+                for i in range(starts[c], starts[c + 1]):
+                    if is_block[i] and layers[i].block_id == j:
+                        k = next((k for k, left in todo.items() if left > 0), "none")
+                        if k != "none":
+                            todo[k] -= 1
+                        recompute[i] = k
+    return InnerResult(name, solver.objective_value * TIME_UNIT_S / v, solver.best_objective_bound * TIME_UNIT_S / v,
+                       counts, tuple(recompute), wall)
+
+
+def _starts(counts: tuple[int, ...]) -> list[int]:
+    out = [0]
+    for n in counts:
+        out.append(out[-1] + n)
+    return out
+
+
+def _zero3_buffers(model: cp_model.CpModel, sizes: list[int], is_block: list[bool], d: int, chunks: list[int],
+                   cuts: list["Cut"], count_lookup, types: list[str], rep: dict[str, int]) -> cp_model.IntVar:  # noqa: ANN001
+    """ZeRO-3 gather buffers on device d: 2 × the largest layer's parameters (the one running and the
+    one prefetched), over the layers the device holds."""
+    buf = model.new_int_var(0, max(sizes, default=0), f"buf_{d}")
+    for c in chunks:
+        for i, size in enumerate(sizes):
+            if not is_block[i] and size > 0:  # layer i is in chunk c iff cut c ≤ i < cut c + 1
+                model.add(buf >= size * (cuts[c].at_or_before(i) - cuts[c + 1].at_or_before(i)))
+        for j in types:
+            present = model.new_bool_var(f"has_{j}_{c}")
+            n = count_lookup(j, c + 1) - count_lookup(j, c)
+            model.add(n <= len(sizes) * present)
+            model.add(buf >= sizes[rep[j]] * present)
+    return buf
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    start: int
+    length: int     # > 1 only for a run of identical consecutive blocks
+
+
+def segments(layers) -> list[Segment]:  # noqa: ANN001
+    """Runs of identical consecutive blocks, and every other layer on its own."""
+    out: list[Segment] = []
+    for i, layer in enumerate(layers):
+        prev = layers[i - 1] if i else None
+        if out and layer.kind == "block" and prev is not None and prev.kind == "block" \
+                and prev.block_id == layer.block_id:
+            out[-1] = Segment(out[-1].start, out[-1].length + 1)
+        else:
+            out.append(Segment(i, 1))
+    return out
+
+
+class Cut:
+    """A cut position as a choice of segment plus an offset inside it (the disaggregated formulation of
+    a piecewise-linear function): any prefix sum at the cut is then linear in the choice, because inside
+    a run of identical blocks every prefix sum grows by the same amount per block. Its LP relaxation is
+    far tighter than an element constraint over all positions, and its size grows with the number of
+    segments, not of layers."""
+
+    def __init__(self, chosen: dict[int, object], offsets: dict[int, object], nonzero: dict[int, object],
+                 segs: list[Segment], position: object, value: int | None = None):
+        self.chosen, self.offsets, self.nonzero, self.segs, self.position = chosen, offsets, nonzero, segs, position
+        self.value = value  # the position of a fixed cut (the model's start and end)
+
+    @classmethod
+    def fixed(cls, model: cp_model.CpModel, position: int, segs: list[Segment]) -> "Cut":
+        return cls({}, {}, {}, segs, model.new_constant(position), position)
+
+    @classmethod
+    def free(cls, model: cp_model.CpModel, c: int, chunks: int, n_layers: int, segs: list[Segment]) -> "Cut":
+        chosen, offsets, nonzero = {}, {}, {}
+        for g, seg in enumerate(segs):
+            if seg.start + seg.length - 1 < c or seg.start > n_layers - chunks + c or seg.start == 0 and seg.length == 1:
+                continue  # this cut cannot fall in segment g (every chunk holds at least one layer)
+            chosen[g] = model.new_bool_var(f"cut{c}_seg{g}")
+            if seg.length > 1:
+                offsets[g] = model.new_int_var(0, seg.length - 1, f"cut{c}_off{g}")
+                model.add(offsets[g] <= (seg.length - 1) * chosen[g])
+                nonzero[g] = model.new_bool_var(f"cut{c}_in{g}")
+                model.add(nonzero[g] <= offsets[g])
+                model.add(offsets[g] <= (seg.length - 1) * nonzero[g])
+        model.add_exactly_one(chosen.values())
+        position = model.new_int_var(c, n_layers - chunks + c, f"cut_{c}")
+        model.add(position == sum(segs[g].start * b for g, b in chosen.items()) + sum(offsets.values()))
+        return cls(chosen, offsets, nonzero, segs, position)
+
+    def prefix(self, pref: list[int]) -> cp_model.LinearExprT:
+        """pref[position]: pref at the segment start plus the per-block step times the offset."""
+        if not self.chosen:
+            return pref[self.value]
+        return sum(pref[self.segs[g].start] * b for g, b in self.chosen.items()) + \
+            sum((pref[self.segs[g].start + 1] - pref[self.segs[g].start]) * o for g, o in self.offsets.items())
+
+    def before(self, at: list[int]) -> cp_model.LinearExprT:
+        """at[position] where at[p] depends on the layer before the cut (layer p − 1)."""
+        if not self.chosen:
+            return at[self.value]
+        start = {g: self.segs[g].start for g in self.chosen}
+        return sum(at[start[g]] * b for g, b in self.chosen.items()) + \
+            sum((at[start[g] + 1] - at[start[g]]) * z for g, z in self.nonzero.items())
+
+    def at_or_before(self, i: int) -> cp_model.LinearExprT:
+        """1 if the cut is at or before layer i (position ≤ i), else 0."""
+        if not self.chosen:
+            return 1 if self.value <= i else 0
+        return sum(b for g, b in self.chosen.items() if self.segs[g].start <= i)
+
+    def hint(self, model: cp_model.CpModel, position: int) -> None:
+        for g, b in self.chosen.items():
+            seg = self.segs[g]
+            inside = seg.start <= position < seg.start + seg.length
+            model.add_hint(b, inside)
+            if g in self.offsets:
+                model.add_hint(self.offsets[g], position - seg.start if inside else 0)
+                model.add_hint(self.nonzero[g], inside and position > seg.start)

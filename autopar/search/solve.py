@@ -1,0 +1,231 @@
+"""Exact search: branch and bound over the outer choices (space.py), CP-SAT for cuts and recomputation.
+
+Outer choices are visited in increasing order of a valid lower bound on their step time:
+    step ≥ (m + (pp − 1)/v) / pp · Σ_layers min_mode (fwd + bwd + tp_comm) + p2p of the pp·v − 1 cuts
+(the pipeline formula with max_d T_d ≥ mean_d T_d). A choice whose bound is not below the k-th best
+step found so far cannot improve the answer and is never solved; the inner model also receives that
+step as an upper bound, so CP-SAT can prove "no better" quickly. The reported bound of the whole search
+is the least of the open choices' bounds and the inner solves' own bounds: when every inner solve is
+OPTIMAL and the pruning completes, status is OPTIMAL and the gap is zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import replace
+
+from autopar.errors import AutoparError
+from autopar.profile import ModelProfile
+from autopar.search.cpsat import MODES, InnerResult, solve_inner
+from autopar.search.space import Outer, Pins, outer_choices
+from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
+from cost_models.config import default_precision
+from cost_models.partition import stage_layer_counts
+from cost_models.memory import microbatches_in_flight, model_state_bytes, offload_resident
+
+
+@dataclasses.dataclass
+class Candidate:
+    outer: Outer
+    config: ParallelConfig          # with stage_layers and layer_recompute filled in
+    estimate: StepEstimate          # cost_models' evaluation of the solution
+    inner: InnerResult
+
+
+@dataclasses.dataclass
+class SearchResult:
+    best: list[Candidate]           # up to top_k, best first
+    status: str                     # OPTIMAL | FEASIBLE | INFEASIBLE
+    bound_s: float
+    wall_s: float
+    choices: int                    # outer choices enumerated
+    solved: int                     # inner CP-SAT solves run
+    infeasible_reason: str = ""
+
+
+class LowerBound:
+    """Valid lower bound on the step time of an outer choice.
+
+    Time: the pipeline formula gives step ≥ (m + (pp − 1)/v)/pp · Σ_d T_d (max ≥ mean), and Σ_d T_d ≥
+    the layers' busy time + 2 transfers per cut. Memory: summing every device's limit,
+    Σ_d in_flight_d·kept_d ≤ pp·(capacity − reserve) − Σ model state, so the layers' kept activations
+    may total at most that over the smallest in-flight count; the cheapest recomputation choice meeting
+    it is a fractional knapsack (the LP relaxation: upgrades along each block's convex hull of
+    (kept bytes, busy time), cheapest seconds per byte first). No bound: the choice cannot fit."""
+
+    def __init__(self, cost: CostModel, modes: tuple[str, ...]):
+        self.cost, self.modes = cost, modes
+        self._counts: dict[str, int] = {}
+        self._rep: dict[str, int] = {}
+        for i, lp in enumerate(cost.model.layers):
+            self._counts[lp.block_id] = self._counts.get(lp.block_id, 0) + 1
+            self._rep.setdefault(lp.block_id, i)
+        self._layer_terms: dict[tuple, tuple[float, float, float, list]] = {}
+        self._p2p: dict[tuple, float] = {}
+
+    def _terms(self, cfg: ParallelConfig, tp_link) -> tuple[float, float, float, list]:  # noqa: ANN001
+        """(busy time, kept bytes, params per GPU) at the fastest modes, and the hull upgrades."""
+        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link)
+        if key not in self._layer_terms:
+            layers = self.cost.model.layers
+            busy = kept = params = 0.0
+            upgrades = []  # (seconds per byte saved, bytes saved in all, seconds added in all)
+            for block_id, i in self._rep.items():
+                layer, n = layers[i], self._counts[block_id]
+                options = self.modes if layer.kind == "block" else ("none",)
+                points = sorted((c.kept_bytes, _busy(c)) for c in (self.cost.layer_cost(
+                    layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel, recompute=k,
+                    tp_link=tp_link) for k in options))
+                hull = _lower_hull(points)          # from least kept (slowest) to most kept (fastest)
+                fastest = min(points, key=lambda p: (p[1], p[0]))
+                start = hull.index(fastest) if fastest in hull else len(hull) - 1
+                busy += n * hull[start][1]
+                kept += n * hull[start][0]
+                for (k0, t0), (k1, t1) in zip(hull[start::-1], hull[start - 1::-1] if start > 0 else []):
+                    saved, added = k0 - k1, t1 - t0
+                    if saved > 0:
+                        upgrades.append((added / saved, n * saved, n * added))
+                c0 = self.cost.layer_cost(layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
+                                          recompute="none", tp_link=tp_link)
+                params += n * c0.params_per_gpu
+            upgrades.sort()
+            self._layer_terms[key] = (busy, kept, params, upgrades)
+        return self._layer_terms[key]
+
+    def __call__(self, cfg: ParallelConfig) -> float:
+        cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
+        tp_link, _, pp_link = cost.links(cfg)
+        busy, kept, params, upgrades = self._terms(cfg, tp_link)
+        precision = cfg.precision or default_precision(cost.model.dtype)
+        state = params * sum(model_state_bytes(1.0, precision, dp=cfg.dp, zero_stage=cfg.zero_stage))
+        pp, m, v = cfg.pp, cfg.num_microbatches, cfg.virtual_stages
+        in_flight = min(microbatches_in_flight(d, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
+                        for d in range(pp))
+        if cfg.offload_activations:
+            in_flight = offload_resident(in_flight)
+        budget = (pp * (hw.memory_bytes - hw.memory_reserve_bytes) - state) / in_flight
+        excess = kept - budget
+        for ratio, saved, added in upgrades:
+            if excess <= 0:
+                break
+            take = min(1.0, excess / saved)
+            busy += take * added
+            excess -= take * saved
+        if excess > 1e-6 * max(1.0, kept):
+            return math.inf
+        chunks = pp * v
+        if chunks > 1:
+            pkey = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link, pp_link)
+            if pkey not in self._p2p:
+                self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
+            busy += 2 * (chunks - 1) * self._p2p[pkey]
+        return (m + (pp - 1) / v) / pp * busy
+
+
+def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Lower convex hull of (kept, time) points sorted by kept: the LP-efficient recomputation options."""
+    hull: list[tuple[float, float]] = []
+    for p in points:
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= \
+                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _busy(c) -> float:  # noqa: ANN001 - a LayerCost
+    return c.fwd_s + c.bwd_s + c.tp_fwd_s + c.tp_bwd_s
+
+
+GREEDY_CHOICES = 40  # outer choices tried with Megatron's even split for a first upper bound
+
+
+def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...]) -> Candidate | None:
+    """The best Megatron-style plan (even split, one recomputation mode for every block) among the most
+    promising outer choices: a real plan, and an upper bound that lets the search prune from the start."""
+    best: Candidate | None = None
+    for _, _, outer, cfg in queue:
+        for mode in modes:
+            counts = stage_layer_counts(cost.model.layers, cfg.chunks)
+            per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
+            plan = replace(cfg, stage_layers=counts, layer_recompute=per_layer)
+            est = cost.evaluate(plan)
+            if est.fits and (best is None or est.step_time_s < best.estimate.step_time_s):
+                best = Candidate(outer, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts, per_layer))
+    return best
+
+
+def to_config(outer: Outer, gpus_per_node: int, attention_kernel: str = "fused") -> ParallelConfig:
+    return ParallelConfig(tp=outer.tp, pp=outer.pp, dp=outer.dp, micro_batch=outer.micro_batch,
+                          num_microbatches=outer.num_microbatches, zero_stage=outer.zero,
+                          recompute="none", sequence_parallel=outer.sequence_parallel, schedule=outer.schedule,  # type: ignore[arg-type]
+                          virtual_stages=outer.virtual_stages, offload_activations=outer.offload,
+                          gpus_per_node=gpus_per_node, attention_kernel=attention_kernel)  # type: ignore[arg-type]
+
+
+def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
+           pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
+           threads: int = 2) -> SearchResult:
+    start = time.perf_counter()
+    cost = CostModel(profile, hw)
+    modes = (pins.recompute,) if pins.recompute else MODES
+    queue: list[tuple[float, int, Outer, ParallelConfig]] = []
+    lower_bound = LowerBound(cost, modes)
+    dropped_for_memory = 0
+    for n, outer in enumerate(outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node,
+                                            global_batch=global_batch, pins=pins,
+                                            allow_cross_node_tp=allow_cross_node_tp)):
+        cfg = to_config(outer, gpus_per_node)
+        lb = lower_bound(cfg)
+        if lb < math.inf:
+            queue.append((lb, n, outer, cfg))
+        else:
+            dropped_for_memory += 1
+    queue.sort(key=lambda item: (item[0], item[1]))
+    greedy = _greedy_incumbent(cost, queue[:GREEDY_CHOICES], modes) if top_k == 1 else None
+    best: list[Candidate] = [greedy] if greedy is not None else []
+    solved, all_optimal, bound = 0, True, float("inf")
+    fits_without_offload: set[tuple] = set()
+    if greedy is not None and not greedy.outer.offload:
+        fits_without_offload.add(dataclasses.astuple(greedy.outer))
+    for lb, _, outer, cfg in queue:
+        kth = best[top_k - 1].estimate.step_time_s if len(best) >= top_k else None
+        if kth is not None and lb >= kth:
+            bound = min(bound, lb)
+            break
+        if outer.offload and dataclasses.astuple(replace(outer, offload=False)) in fits_without_offload \
+                and pins.offload is None:
+            continue  # offload only adds time when the same choice fits without it
+        remaining = time_limit_s - (time.perf_counter() - start)
+        if remaining <= 0:
+            all_optimal = False
+            bound = min(bound, lb)
+            break
+        inner = solve_inner(cost, cfg, modes=modes, time_limit_s=min(remaining, max(1.0, time_limit_s / 10)),
+                            threads=threads, upper_bound_s=kth)
+        solved += 1
+        if inner.status not in ("OPTIMAL", "INFEASIBLE"):
+            all_optimal = False
+        if inner.objective_s is None:
+            if inner.status != "INFEASIBLE":
+                bound = min(bound, max(lb, inner.bound_s))
+            continue
+        if not outer.offload:
+            fits_without_offload.add(dataclasses.astuple(outer))
+        solution = replace(cfg, stage_layers=inner.stage_layers, layer_recompute=inner.layer_recompute)
+        estimate = cost.evaluate(solution)
+        best.append(Candidate(outer, solution, estimate, inner))
+        best.sort(key=lambda c: (c.estimate.step_time_s, dataclasses.astuple(c.outer)))
+        del best[top_k:]
+        if inner.status != "OPTIMAL":
+            bound = min(bound, max(lb, inner.bound_s))
+    wall = time.perf_counter() - start
+    if not best:
+        if not queue and not dropped_for_memory:
+            raise AutoparError("no parallel configuration satisfies the divisibility rules and pins: check that "
+                               "--global-batch is divisible by the data-parallel degree and the pins agree with --gpus")
+        return SearchResult([], "INFEASIBLE", float("inf"), wall, len(queue) + dropped_for_memory, solved)
+    bound = min(bound, best[0].estimate.step_time_s)
+    status = "OPTIMAL" if all_optimal else "FEASIBLE"
+    return SearchResult(best, status, bound, wall, len(queue) + dropped_for_memory, solved)

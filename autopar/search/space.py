@@ -1,0 +1,113 @@
+"""The outer search space: degrees, batch split, ZeRO, sequence parallelism, schedule, offload.
+
+Every choice here is enumerated; for each, the inner CP-SAT model (cpsat.py) places the stage cuts and
+the per-layer recomputation exactly. Choices are visited in order of a valid lower bound on their step
+time, so most are pruned without a solve (branch and bound over the outer choices).
+
+Dominated choices left out unless pinned, because the cost model can never prefer them:
+- GPipe: the same pipeline time as 1F1B (cost_models.pipeline) with at least as many micro-batches in
+  flight (cost_models.memory), so never faster and never smaller;
+- activation offload when the same choice without it fits: offload only adds transfer time.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+from autopar.errors import AutoparError
+from autopar.profile import ModelProfile
+
+ZERO_STAGES = (0, 1, 2, 3)
+MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pins:
+    """Decisions the user fixed (None: free)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    zero: int | None = None
+    recompute: str | None = None          # one mode for every block
+    sequence_parallel: bool | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    offload: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    num_microbatches: int
+    zero: int
+    sequence_parallel: bool
+    schedule: str
+    virtual_stages: int
+    offload: bool
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross_node_tp: bool) -> list[int]:
+    """tp degrees that divide the GPUs, stay in a node (unless allowed) and that every layer with a
+    tensor-parallel pattern admits (heads, KV heads, ffn, vocabulary)."""
+    limit = gpus if allow_cross_node_tp else min(gpus, gpus_per_node)
+    out = []
+    for t in divisors(gpus):
+        if t > limit:
+            break
+        if all(lp.tp.allows(t) or not lp.tp.pairs for lp in profile.layers):
+            out.append(t)
+    return out
+
+
+def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
+                  allow_cross_node_tp: bool = False) -> Iterator[Outer]:
+    n_layers = len(profile.layers)
+    tps = tp_degrees(profile, gpus, gpus_per_node, allow_cross_node_tp)
+    if pins.tp is not None:
+        if pins.tp not in divisors(gpus):
+            raise AutoparError(f"--tp {pins.tp} does not divide --gpus {gpus}")
+        tps = [pins.tp]
+    for tp in tps:
+        for pp in divisors(gpus // tp):
+            if pp > n_layers or (pins.pp is not None and pp != pins.pp):
+                continue
+            dp = gpus // (tp * pp)
+            if pins.dp is not None and dp != pins.dp:
+                continue
+            for b in divisors(global_batch):
+                if global_batch % (b * dp) or (pins.micro_batch is not None and b != pins.micro_batch):
+                    continue
+                m = global_batch // (b * dp)
+                for zero in ZERO_STAGES if dp > 1 else (0,):
+                    if pins.zero is not None and zero != pins.zero:
+                        continue
+                    for sp in ((False, True) if tp > 1 else (False,)):
+                        if pins.sequence_parallel is not None and sp != pins.sequence_parallel:
+                            continue
+                        for schedule, v in _schedules(pp, m, n_layers, pins):
+                            for offload in ((False, True) if pins.offload is None else (pins.offload,)):
+                                yield Outer(tp, pp, dp, b, m, zero, sp, schedule, v, offload)
+
+
+def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        if pins.schedule in (None, "1f1b", "gpipe") and pins.virtual_stages in (None, 1):
+            yield (pins.schedule or "1f1b"), 1
+        return
+    if pins.schedule in (None, "1f1b") and pins.virtual_stages in (None, 1):
+        yield "1f1b", 1
+    if pins.schedule == "gpipe" and pins.virtual_stages in (None, 1):
+        yield "gpipe", 1
+    if pins.schedule in (None, "interleaved") and m % pp == 0:
+        for v in range(2, min(MAX_VIRTUAL_STAGES, n_layers // pp) + 1):
+            if pins.virtual_stages in (None, v):
+                yield "interleaved", v

@@ -1,0 +1,114 @@
+"""Solver benchmark: wall time to OPTIMAL for the Megatron scaling-table rows, growth with layers and
+GPUs, and the gain of non-uniform plans over the best uniform one. Printed figures, not a test.
+
+    python benchmarks/solve.py                 # everything
+    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autopar.capture import capture_model  # noqa: E402
+from autopar.search.solve import search  # noqa: E402
+from autopar.search.space import Pins  # noqa: E402
+from cost_models import CostModel, load_hardware, make_config  # noqa: E402
+
+# name, heads, hidden, layers, tp, pp, gpus, micro-batch, global batch (Narayanan et al. 2021, Table 1)
+ROWS = [("1.7B", 24, 2304, 24, 1, 1, 32, 16, 512), ("3.6B", 32, 3072, 30, 2, 1, 64, 16, 512),
+        ("7.5B", 32, 4096, 36, 4, 1, 128, 16, 512), ("18B", 48, 6144, 40, 8, 1, 256, 8, 1024),
+        ("39B", 64, 8192, 48, 8, 2, 512, 4, 1536), ("76B", 80, 10240, 60, 8, 4, 1024, 2, 1792),
+        ("145B", 96, 12288, 80, 8, 8, 1536, 2, 2304), ("310B", 128, 16384, 96, 8, 16, 1920, 1, 2160),
+        ("530B", 128, 20480, 105, 8, 35, 2520, 1, 2520), ("1T", 160, 25600, 128, 8, 64, 3072, 1, 3072)]
+A100 = load_hardware("a100-80gb")
+
+
+def gpt(layers: int, hidden: int, heads: int, seq: int = 2048):  # noqa: ANN201
+    return capture_model(str(ROOT / "examples" / "gpt.py"), {"n_layer": str(layers), "n_embd": str(hidden),
+                         "n_head": str(heads), "vocab_size": "51200", "block_size": str(seq)}, seq_len=seq)
+
+
+def table(limit: float) -> None:
+    print(f"{'row':>5} {'GPUs':>5} {'status':>9} {'solve s':>8} {'gap':>7} {'solves':>6}  {'plan':<44} "
+          f"{'TFLOP/s':>8} {'Megatron cfg':>12} {'gain':>6}")
+    for name, heads, hidden, layers, tp, pp, gpus, micro, batch in ROWS:
+        profile = gpt(layers, hidden, heads)
+        r = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
+        best = r.best[0].estimate
+        c = best.config
+        megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch=micro,
+                                                                 global_batch=batch, recompute="full"))
+        gap = (best.step_time_s - r.bound_s) / best.step_time_s
+        plan = (f"tp{c.tp} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
+                f"{' sp' if c.sequence_parallel else ''} {c.schedule}{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}"
+                f"{' offload' if c.offload_activations else ''}")
+        print(f"{name:>5} {gpus:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * gap:>6.2f}% {r.solved:>6}  {plan:<44} "
+              f"{best.tflops_per_gpu:>8.1f} {megatron.tflops_per_gpu:>12.1f} "
+              f"{megatron.step_time_s / best.step_time_s:>5.2f}x")
+
+
+def layers_growth(limit: float) -> None:
+    print(f"{'layers':>6} {'GPUs':>5} {'status':>9} {'solve s':>8} {'solves':>6}")
+    for n in (4, 16, 64, 128, 256, 512):
+        profile = gpt(n, 4096, 32)
+        r = search(profile, A100, gpus=256, gpus_per_node=8, global_batch=512, time_limit_s=limit)
+        print(f"{n:>6} {256:>5} {r.status:>9} {r.wall_s:>8.2f} {r.solved:>6}")
+
+
+def gpus_growth(limit: float) -> None:
+    print(f"{'GPUs':>6} {'status':>9} {'solve s':>8} {'choices':>8} {'solves':>6}")
+    profile = gpt(48, 8192, 64)
+    for g in (8, 64, 512, 4096, 16384):
+        r = search(profile, A100, gpus=g, gpus_per_node=8, global_batch=max(512, g), time_limit_s=limit)
+        print(f"{g:>6} {r.status:>9} {r.wall_s:>8.2f} {r.choices:>8} {r.solved:>6}")
+
+
+def nonuniform(limit: float) -> None:
+    """The encoder–decoder example: free cuts and per-layer recomputation vs Megatron-style uniform plans
+    (even split, one recomputation mode) over the same outer choices."""
+    profile = capture_model(str(ROOT / "examples" / "encdec.py"), {"n_enc_layer": "12", "n_dec_layer": "6",
+                            "d_model": "2048", "n_head": "16", "d_ff": "8192"}, seq_len=1024)
+    hw = replace(A100, memory_bytes=24 * 2**30)  # a tight memory budget makes recomputation choices matter
+    r = search(profile, hw, gpus=16, gpus_per_node=8, global_batch=64, time_limit_s=limit)
+    best = r.best[0].estimate
+    cost = CostModel(profile, hw)
+    uniform = None
+    for mode in ("none", "selective", "full"):
+        for pp in (1, 2, 4, 8, 16):
+            for tp in (1, 2, 4, 8):
+                for micro in (1, 2, 4):
+                    for zero in (0, 1, 3):
+                        try:
+                            est = cost.evaluate(make_config(16, tp=tp, pp=pp, micro_batch=micro, global_batch=64,
+                                                            recompute=mode, zero_stage=zero))
+                        except Exception:
+                            continue
+                        if est.fits and (uniform is None or est.step_time_s < uniform.step_time_s):
+                            uniform = est
+    print(f"encdec on 16 GPUs, 24 GiB: best non-uniform {best.step_time_s:.4f} s "
+          f"(cuts {best.config.stage_layers}, {r.status}); best uniform "
+          f"{uniform.step_time_s:.4f} s" if uniform else "no uniform plan fits")
+    if uniform:
+        print(f"gain of non-uniform over uniform: {uniform.step_time_s / best.step_time_s:.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=["table", "layers", "gpus", "nonuniform"], nargs="*",
+                        default=["table", "layers", "gpus", "nonuniform"])
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args()
+    for part in args.part:
+        start = time.perf_counter()
+        {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform}[part](args.time_limit)
+        print(f"[{part}: {time.perf_counter() - start:.1f} s]\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""torchrun worker: run many plan shapes in one job and compare each with single-process training.
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 tests/runtime_worker.py --out result.json [--only a,b]
+
+For every shape: the same seeded full model on every rank, sharded by ``parallelize``; STEPS SGD steps on
+the same global batches; losses of every step and the last step's full gradients compared on rank 0
+with single-process training of the same model on the whole global batch. Rank 0 writes
+``{shape: {"loss_diff", "grad_diff", "wall_s", "error"}}``. One torchrun start-up (4-9 s) for all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from autopar.runtime.mesh import build_meshes, init_distributed  # noqa: E402
+from autopar.runtime.parallelize import parallelize  # noqa: E402
+from autopar.runtime.spec import RunSpec  # noqa: E402
+from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
+
+STEPS = 3
+CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2"}
+LR = 0.1
+SEQ = 16
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    # GPT's wte / lm_head weights are tied: kept tied without pipelining (TP must re-tie them),
+    # untied under pipelining (a tie across stages is refused with a clear error).
+    "gpt": ("examples/gpt.py", {"n_layer": "4", "n_embd": "32", "n_head": "4", "vocab_size": "64",
+                                "block_size": "16"}),
+    "gpt_untied": ("examples/gpt.py", {"n_layer": "4", "n_embd": "32", "n_head": "4", "vocab_size": "64",
+                                       "block_size": "16", "tie_weights": "false"}),
+    "llama": ("examples/llama.py", {"n_layer": "4", "dim": "32", "n_head": "4", "n_kv_head": "2",
+                                    "vocab_size": "64", "max_seq_len": "16", "multiple_of": "16"}),
+}
+NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
+         "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"]}
+
+
+def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
+         sp: bool = False, schedule: str = "1f1b", v: int = 1, cuts: list[int] | None = None,
+         layer_tp: dict[str, int] | None = None, recompute: dict[str, str] | None = None,
+         offload: bool = False) -> dict:
+    """A plan dict as the solver emits it. ``cuts``: layers per chunk (default: as even as possible)."""
+    source, overrides = MODELS[model]
+    names = NAMES[model.split("_")[0]]
+    chunks = pp * v
+    if cuts is None:
+        base, extra = divmod(len(names), chunks)
+        cuts = [base + (1 if c < extra else 0) for c in range(chunks)]
+    stages = [c for c, size in enumerate(cuts) for _ in range(size)]
+    layers = [{"name": n, "stage": s, "tp": (layer_tp or {}).get(n, tp), "recompute": (recompute or {}).get(n, "none")}
+              for n, s in zip(names, stages)]
+    return {"world_size": tp * pp * dp,
+            "model": {"source": source, "overrides": overrides, "seq_len": SEQ, "dtype": "fp32"},
+            "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
+                            "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
+                            "schedule": schedule, "virtual_stages": v, "offload_activations": offload},
+            "layers": layers}
+
+
+def shapes(world: int) -> dict[str, dict]:
+    """The plan shapes of one torchrun job, for both example models."""
+    out: dict[str, dict] = {}
+    for model in ("gpt", "llama"):
+        untied = "gpt_untied" if model == "gpt" else model
+        blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
+        mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}
+        if world == 2:
+            out[f"{model}/dp2"] = plan(model, dp=2)
+            out[f"{model}/tp2"] = plan(model, tp=2)
+            out[f"{model}/tp2_sp"] = plan(model, tp=2, sp=True)
+            out[f"{model}/pp2_1f1b"] = plan(untied, pp=2, m=4, mb=1)
+            out[f"{model}/pp2_gpipe_uneven"] = plan(untied, pp=2, m=2, schedule="gpipe", cuts=[2, len(NAMES[model]) - 2])
+            out[f"{model}/pp2_interleaved"] = plan(untied, pp=2, v=2, m=4, mb=1, schedule="interleaved")
+            out[f"{model}/zero1_dp2"] = plan(model, dp=2, zero=1)
+            out[f"{model}/zero2_dp2"] = plan(model, dp=2, zero=2)
+            out[f"{model}/zero3_dp2_ac"] = plan(model, dp=2, zero=3, recompute=mixed_ac)
+            out[f"{model}/tp2_ac_offload"] = plan(model, tp=2, recompute=mixed_ac, offload=True)
+            out[f"{model}/tp2_layer_tp1"] = plan(model, tp=2, layer_tp={blocks[1]: 1, blocks[2]: 1})
+        elif world == 4:
+            out[f"{model}/tp2_dp2"] = plan(model, tp=2, dp=2)
+            out[f"{model}/tp2_dp2_sp_zero3"] = plan(model, tp=2, dp=2, sp=True, zero=3)
+            out[f"{model}/pp2_tp2"] = plan(untied, pp=2, tp=2, m=2)
+            out[f"{model}/pp2_dp2"] = plan(untied, pp=2, dp=2, m=2, mb=1)
+            out[f"{model}/pp2_dp2_zero1"] = plan(untied, pp=2, dp=2, m=2, mb=1, zero=1)
+            out[f"{model}/pp4_uneven"] = plan(untied, pp=4, m=4, mb=1, cuts=[1, 3, 1, len(NAMES[model]) - 5])
+            out[f"{model}/tp4_layer_tp"] = plan(model, tp=4 if model == "gpt" else 2, dp=1 if model == "gpt" else 2,
+                                                mb=4 if model == "gpt" else 2, layer_tp={blocks[0]: 2, blocks[1]: 1})
+        elif world == 8:
+            out[f"{model}/pp2_tp2_dp2"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=1)
+            out[f"{model}/pp2_tp2_dp2_zero3_ac"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=1, zero=3,
+                                                        recompute=mixed_ac)
+            out[f"{model}/pp2_tp2_dp2_interleaved_sp"] = plan(untied, pp=2, tp=2, dp=2, v=2, m=2, mb=1,
+                                                              schedule="interleaved", sp=True)
+            out[f"{model}/pp2_tp2_dp2_layer_tp"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=2,
+                                                        layer_tp={blocks[1]: 1, blocks[2]: 4} if model == "gpt"
+                                                        else {blocks[1]: 1, "tok_embeddings": 4})
+    return out
+
+
+def reference(loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Single-process training on the whole global batch: the numbers every plan must reproduce."""
+    model = build_model(loaded, spec, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        batch = synthetic_batch(loaded, spec, step)
+        opt.zero_grad(set_to_none=True)
+        loss = loaded.spec.loss_fn(model(*batch), *batch)
+        loss.backward()
+        losses.append(loss.item())
+        if step < STEPS - 1:
+            opt.step()
+    return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
+    meshes = build_meshes(spec, device)
+    model = build_model(loaded, spec, seed=0, device=device)
+    pm = parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn)
+    opt = pm.build_optimizer(lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for step in range(STEPS):
+        batch = tuple(t.to(device) for t in synthetic_batch(loaded, spec, step))
+        opt.zero_grad(set_to_none=True)
+        losses.append(pm.forward_backward(batch))
+        if step < STEPS - 1:
+            opt.step()
+    return losses, pm.full_gradients(), pm
+
+
+def checkpoint_roundtrip(pm, path: Path) -> float:
+    """Save with DCP, zero every weight, load: max |difference| of the full state dict (should be 0)."""
+    from autopar.runtime.checkpoint import full_state_dict, load, save
+
+    before = full_state_dict(pm)
+    save(pm, path)
+    with torch.no_grad():
+        for p in pm.parameters():
+            p.zero_()
+    load(pm, path)
+    after = full_state_dict(pm)
+    diffs = [(before[k] - after[k]).abs().max().item() for k in before]
+    return max(diffs) if diffs else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
+    args = parser.parse_args()
+    device = init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    todo = shapes(world)
+    if args.only:
+        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
+    results: dict[str, dict] = {}
+    loaded_cache: dict[str, LoadedModel] = {}
+    ref_cache: dict[tuple, tuple] = {}
+    for name, raw in todo.items():
+        start = time.perf_counter()
+        key = json.dumps(raw["model"], sort_keys=True)
+        try:
+            spec = RunSpec.from_plan_dict(raw)
+            if key not in loaded_cache:
+                loaded_cache[key] = load_model(spec)
+            loaded = loaded_cache[key]
+            losses, grads, pm = run_shape(loaded, spec, device)
+            ckpt_diff = None
+            if name in CHECKPOINT_SHAPES:
+                ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
+            if rank == 0:
+                ref_key = (key, spec.global_batch)
+                if ref_key not in ref_cache:
+                    ref_cache[ref_key] = reference(loaded, spec)
+                ref_losses, ref_grads = ref_cache[ref_key]
+                missing = sorted(set(ref_grads) - set(grads))
+                loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+                grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
+                results[name] = {"loss_diff": loss_diff, "grad_diff": grad_diff, "losses": losses, "ckpt_diff": ckpt_diff,
+                                 "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
+                print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} "
+                      f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",
+                      flush=True)
+        except Exception as e:  # record and go on: a shape's failure should not hide the others' results
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"[{name}] rank {rank}: {type(e).__name__}: {e}", flush=True)
+            if rank == 0:
+                traceback.print_exc()
+        dist.barrier()
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Tier 4: every plan shape trains under torchrun (CPU/gloo) with losses and gradients equal to
+single-process training within 1e-5 (fp32).
+
+One torchrun job per world size (2, 4, 8) runs all its shapes (tests/runtime_worker.py): torchrun
+start-up costs 4-9 s, so shapes are grouped, and each test below reads its shape's result.
+OMP_NUM_THREADS=1 and a 120 s process-group timeout make a hang fail fast. Set AUTOPAR_SKIP_DIST=1 to skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_worker import shapes  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = 1e-5
+JOB_TIMEOUT_S = 300
+pytestmark = pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")
+
+_results: dict[int, dict] = {}
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL + DDP segfaults on gloo
+    return env
+
+
+def _run_world(world: int, tmp: Path) -> dict:
+    if world not in _results:
+        out = tmp / f"runtime_w{world}.json"
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={world}", str(ROOT / "tests" / "runtime_worker.py"),
+                               "--out", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                              timeout=JOB_TIMEOUT_S)
+        if not out.exists():
+            raise AssertionError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
+                                 f"\n{proc.stderr[-3000:]}")
+        _results[world] = json.loads(out.read_text())
+    return _results[world]
+
+
+CASES = [(world, name) for world in (2, 4, 8) for name in shapes(world)]
+
+
+@pytest.mark.parametrize("world,shape", CASES, ids=[f"w{w}-{n}" for w, n in CASES])
+def test_plan_shape_matches_single_process(world: int, shape: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    results = _run_world(world, tmp_path_factory.getbasetemp())
+    assert shape in results, f"{shape} produced no result"
+    r = results[shape]
+    assert "error" not in r, r.get("error")
+    assert not r["missing_grads"], f"gradients missing for {r['missing_grads']}"
+    assert r["loss_diff"] <= TOLERANCE, f"max |loss diff| {r['loss_diff']:.3e} over {len(r['losses'])} steps"
+    assert r["grad_diff"] <= TOLERANCE, f"max |grad diff| {r['grad_diff']:.3e}"
+    if r.get("ckpt_diff") is not None:
+        assert r["ckpt_diff"] == 0.0, f"checkpoint round trip changed weights by {r['ckpt_diff']:.3e}"
+
+
+def _plan_file(tmp_path: Path, **kwargs) -> Path:
+    from runtime_worker import plan
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan(**kwargs)))
+    return path
+
+
+def test_launch_cli_trains_and_reports_json(tmp_path: Path) -> None:
+    path = _plan_file(tmp_path, model="llama", tp=2, sp=True)
+    proc = subprocess.run([sys.executable, "-m", "autopar.cli", "launch", str(path), "--steps", "3", "--json"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["world_size"] == 2 and [s["step"] for s in report["steps"]] == [1, 2, 3]
+    assert all(s["loss"] > 0 and s["step_time_s"] > 0 for s in report["steps"])
+
+
+def test_wrong_world_size_fails_on_every_rank_before_training(tmp_path: Path) -> None:
+    path = _plan_file(tmp_path, model="gpt", dp=4)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "autopar.runtime.launch", str(path)], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: [rank")]
+    assert len(lines) == 2 and all("world_size 4 = pp(1) * dp(4) * tp(1)" in line for line in lines), proc.stderr[-2000:]
+    assert "step" not in proc.stdout
+
+
+def test_model_not_matching_plan_fails_on_every_rank(tmp_path: Path) -> None:
+    from runtime_worker import plan
+
+    raw = plan("gpt", dp=2)
+    raw["model"]["overrides"]["n_layer"] = "3"  # the plan lists 4 blocks
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(raw))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "autopar.runtime.launch", str(path)], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: [rank")]
+    assert len(lines) == 2 and all("does not match the plan" in line for line in lines), proc.stderr[-2000:]
