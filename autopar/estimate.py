@@ -111,7 +111,8 @@ def to_plan(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
     for chunk, (start, stop) in enumerate((r.start, r.stop) for r in chunk_ranges(
             cfg.stage_layers or stage_layer_counts(profile.layers, cfg.chunks))):
         for i in range(start, stop):
-            layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=cfg.tp, dp=cfg.dp,
+            t = cfg.layer_degree(i)
+            layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=t, dp=cfg.tp * cfg.dp // t,
                                           recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
     model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
                      overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()})

@@ -103,6 +103,9 @@ class ParallelConfig:
     # Per-layer recomputation (one mode per profile layer), overriding ``recompute``; only blocks may
     # recompute (Megatron checkpoints transformer layers, never the embedding or the head).
     layer_recompute: tuple[str, ...] | None = None
+    # Per-layer tensor-parallel degree (one per profile layer; None: ``tp`` everywhere). Only blocks may
+    # differ; each divides the stage's tp·dp devices, and without ZeRO or SP (what the runtime runs).
+    layer_tp: tuple[int, ...] | None = None
 
     @property
     def gpus(self) -> int:
@@ -115,6 +118,10 @@ class ParallelConfig:
     @property
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
+
+    def layer_degree(self, index: int) -> int:
+        """The tensor-parallel degree of layer ``index``: its own if given, else ``tp``."""
+        return self.layer_tp[index] if self.layer_tp is not None else self.tp
 
     def layer_mode(self, index: int, kind: str) -> str:
         """The recomputation mode of layer ``index``: its own if given, else ``recompute`` for blocks."""
@@ -162,6 +169,21 @@ class ParallelConfig:
                     raise ConfigError(f"layer {layer.name}: recompute must be one of {', '.join(RECOMPUTE_MODES)}")
                 if mode != "none" and layer.kind != "block":
                     raise ConfigError(f"layer {layer.name} is a {layer.kind}, not a block: only blocks recompute")
+        if self.layer_tp is not None:
+            if len(self.layer_tp) != n_layers:
+                raise ConfigError(f"layer_tp must give one degree per layer ({n_layers}), got {len(self.layer_tp)}")
+            for layer, t in zip(model.layers, self.layer_tp):
+                if t == self.tp:
+                    continue
+                if layer.kind != "block":
+                    raise ConfigError(f"layer {layer.name} is a {layer.kind}: only blocks take their own tp degree")
+                if self.zero_stage or self.sequence_parallel:
+                    raise ConfigError("per-layer tp degrees run without ZeRO and sequence parallelism")
+                if t < 1 or (self.tp * self.dp) % t or (self.micro_batch * t) % self.tp:
+                    raise ConfigError(f"layer {layer.name}: tp {t} must divide the stage's {self.tp * self.dp} "
+                                      f"devices and micro-batch × {t} / {self.tp} must be whole")
+                if t > 1 and not all(dv % t == 0 for dv in layer.tp.divisors):
+                    raise ConfigError(f"layer {layer.name}: tp {t} does not divide {list(layer.tp.divisors)}")
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):

@@ -21,7 +21,7 @@ from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import (StageMemory, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
                                 offload_resident, remat_peak_bytes)
-from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, is_tp_sharded
+from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import PipelineTime, pipeline_time
 
@@ -40,6 +40,16 @@ class LayerCost:
     remat_bytes: float
     params_per_gpu: float
     tied_params_per_gpu: float
+    # Per step, this layer's share of the data-parallel and optimizer work (own params, then a tied copy):
+    # linear in parameters, so a device's totals are sums over its layers.
+    state_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)        # params, grads, optimizer on one GPU
+    state_tied_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    dp_overlappable_s: float = 0.0
+    dp_exposed_s: float = 0.0
+    optimizer_s: float = 0.0
+    tied_dp_overlappable_s: float = 0.0
+    tied_dp_exposed_s: float = 0.0
+    tied_optimizer_s: float = 0.0
     zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
     zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
     tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
@@ -150,20 +160,55 @@ class CostModel:
                          params_per_gpu=layer.params / split, tied_params_per_gpu=layer.tied_params / split)
 
     def layer_costs(self, cfg: ParallelConfig, tp_link: comm.Link, dp_link: comm.Link, pp_link: comm.Link,
-                    precision: Precision, modes: list[str] | None = None) -> list[LayerCost]:
-        """Every layer's cost under ``cfg`` (or under the given per-layer recompute ``modes``), with its
-        ZeRO-3 traffic and tied-copy gradient sync filled in."""
+                    precision: Precision, modes: list[str] | None = None,
+                    degrees: list[int] | None = None, only: list[int] | None = None) -> list[LayerCost]:
+        """Every layer's cost under ``cfg`` (or under the given per-layer recompute ``modes`` and tensor-
+        parallel ``degrees``), with its data-parallel, optimizer, ZeRO-3 and tied-copy work filled in.
+
+        A layer at its own degree t ≠ cfg.tp uses the stage's tp·dp devices as t-way tensor parallel ×
+        tp·dp/t-way data parallel, so each replica runs b·t/tp samples of the micro-batch. It converts its
+        input from the stage's layout (tp-way) and its output back: one all-gather of the activation over
+        the max/min degree ratio for each (forward or backward, whichever direction gathers). Conversions
+        are charged per layer, so neighbours at the same degree pay them too (an upper bound).
+        ``only``: compute just these layer indices (in that order)."""
         out = []
-        for i, layer in enumerate(self.model.layers):
+        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        devices = cfg.tp * cfg.dp
+        for i in (only if only is not None else range(len(self.model.layers))):
+            layer = self.model.layers[i]
             mode = modes[i] if modes is not None else cfg.layer_mode(i, layer.kind)
-            c = self.layer_cost(layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
-                                recompute=mode, tp_link=tp_link, attention_kernel=cfg.attention_kernel,
+            t = degrees[i] if degrees is not None else cfg.layer_degree(i)
+            dp_l = devices // t
+            b = cfg.micro_batch * t // cfg.tp
+            link_t = tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn)
+            link_dp = dp_link if t == cfg.tp else comm.group_link(self.hw, dp_l, t, gpn)
+            c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
+                                tp_link=link_t, attention_kernel=cfg.attention_kernel,
                                 attention_dropout=cfg.attention_dropout)
-            zero3, zero3_tied = (comm.zero3_layer_time(n, dp=cfg.dp, param_bytes=precision.param_bytes,
-                                                       grad_bytes=precision.grad_bytes, link=dp_link, hw=self.hw)
+            if t != cfg.tp:
+                hi, lo = max(t, cfg.tp), min(t, cfg.tp)
+                group = comm.group_link(self.hw, hi // lo, lo, gpn)
+                b_hi = cfg.micro_batch * hi // cfg.tp
+                enter = comm.all_gather_time(input_bytes(layer, b_hi), hi // lo, group, self.hw)
+                leave = comm.all_gather_time(cut_bytes(layer, b_hi), hi // lo, group, self.hw)
+                share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
+                c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
+                            executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
+            over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
+                                               grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
+            opt = precision.optimizer_traffic_bytes / (self.hw.hbm_bytes_per_s * self.hw.memory_efficiency) / \
+                (dp_l if cfg.zero_stage >= 1 else 1)
+            zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
+                                                       grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
                                  if cfg.zero_stage == 3 else 0.0 for n in (c.params_per_gpu, c.tied_params_per_gpu))
             tied = comm.all_reduce_time(c.tied_params_per_gpu * precision.grad_bytes, 2, pp_link, self.hw)
-            out.append(replace(c, zero3_s=zero3, zero3_tied_s=zero3_tied, tied_sync_s=tied))
+            own, copy = c.params_per_gpu, c.tied_params_per_gpu
+            out.append(replace(
+                c, zero3_s=zero3, zero3_tied_s=zero3_tied, tied_sync_s=tied,
+                state_bytes=model_state_bytes(own, precision, dp=dp_l, zero_stage=cfg.zero_stage),
+                state_tied_bytes=model_state_bytes(copy, precision, dp=dp_l, zero_stage=cfg.zero_stage),
+                dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
+                tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy))
         return out
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
@@ -251,17 +296,15 @@ class CostModel:
                             ([ranges[c - 1][-1]] if c > 0 else []):
                 p2p += self.boundary_time(boundary, cfg, tp_link, pp_link)
 
-        # Parameters: a tied weight used on a later stage than its owner is a copy there (Megatron keeps
-        # the word embeddings on the first and last stage and all-reduces their gradients).
-        params = sum(c.params_per_gpu for c in mine)
-        tied = sum(c.tied_params_per_gpu for c in mine) if d > 0 else 0.0
-        params += tied
-        p_bytes, g_bytes, o_bytes = model_state_bytes(params, precision, dp=cfg.dp, zero_stage=cfg.zero_stage)
-        dpc = comm.dp_comm(params, dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
-                           grad_bytes=precision.grad_bytes, link=dp_link, hw=hw)
-        tied_sync = sum(c.tied_sync_s for c in mine) if d > 0 else 0.0
-        dp_tail = max(0.0, dpc.step_overlappable_s - cfg.dp_overlap * bwd / max(1, len(chunk_ids))) \
-            + dpc.step_exposed_s + tied_sync
+        copy = d > 0  # a tied weight used on a later stage than its owner is a copy there (Megatron keeps
+        # the word embeddings on the first and last stage and all-reduces their gradients)
+        params = sum(c.params_per_gpu + (c.tied_params_per_gpu if copy else 0.0) for c in mine)
+        p_bytes, g_bytes, o_bytes = (sum(c.state_bytes[k] + (c.state_tied_bytes[k] if copy else 0.0) for c in mine)
+                                     for k in range(3))
+        overlappable = sum(c.dp_overlappable_s + (c.tied_dp_overlappable_s if copy else 0.0) for c in mine)
+        exposed = sum(c.dp_exposed_s + (c.tied_dp_exposed_s if copy else 0.0) for c in mine)
+        tied_sync = sum(c.tied_sync_s for c in mine) if copy else 0.0
+        dp_tail = max(0.0, overlappable - cfg.dp_overlap * bwd / max(1, len(chunk_ids))) + exposed + tied_sync
         compute = fwd + bwd
         zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
         zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * compute)
@@ -281,8 +324,7 @@ class CostModel:
         memory = StageMemory(params=p_bytes, grads=g_bytes, optimizer=o_bytes, activations=activations,
                              buffers=buffers, reserve=hw.memory_reserve_bytes)
 
-        opt_params = params / (cfg.dp if cfg.zero_stage >= 1 else 1)
-        optimizer = opt_params * precision.optimizer_traffic_bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency)
+        optimizer = sum(c.optimizer_s + (c.tied_optimizer_s if copy else 0.0) for c in mine)
         ranges_d = tuple((ranges[c].start, ranges[c].stop) for c in chunk_ids)
         return DeviceEstimate(stage=d, layers=ranges_d, fwd_s=fwd, bwd_s=bwd, compute_s=compute,
                               tp_comm_s=tp_comm, pp_comm_s=p2p, offload_s=offload, zero3_comm_s=zero3,

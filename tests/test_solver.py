@@ -169,3 +169,21 @@ def test_loading_a_plan_validates_it(tmp_path) -> None:  # noqa: ANN001
     path.write_text(__import__("json").dumps(broken))
     with pytest.raises(AutoparError, match=r"dp\(3\) \* tp\(\d\) \* pp\(\d\) != world_size\(4\)"):
         Plan.load(path)
+
+
+def test_random_optima_use_every_decision() -> None:
+    """The random instances are not degenerate: their optima use non-uniform cuts, mixed recomputation
+    and per-layer tensor-parallel degrees (so the brute-force agreement above covers all three)."""
+    seen = {"cuts": 0, "recompute": 0, "layer_tp": 0}
+    for seed in range(200):
+        profile, hw, gpus, gpn, batch, pins = random_instance(seed)
+        try:
+            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch=batch, pins=pins)
+        except AutoparError:
+            continue
+        if result.best:
+            cfg = result.best[0].config
+            seen["cuts"] += cfg.pp > 1 and len(set(cfg.stage_layers or ())) > 1
+            seen["recompute"] += len(set(cfg.layer_recompute or ())) > 1
+            seen["layer_tp"] += cfg.layer_tp is not None
+    assert all(count >= 3 for count in seen.values()), seen

@@ -1,12 +1,13 @@
 """Exhaustive reference search over the same space as the solver (for tests): every outer choice, every
-placement of the pipeline cuts, every recomputation mode of every block, each evaluated by cost_models."""
+placement of the pipeline cuts, every recomputation mode and tensor-parallel degree of every block, each
+evaluated by cost_models."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
 
 from autopar.profile import ModelProfile
-from autopar.search.cpsat import MODES
+from autopar.search.cpsat import MODES, block_degrees
 from autopar.search.solve import to_config
 from autopar.search.space import Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, StepEstimate
@@ -25,15 +26,17 @@ def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_p
     blocks = [i for i, lp in enumerate(profile.layers) if lp.kind == "block"]
     modes = (pins.recompute,) if pins.recompute else MODES
     best: StepEstimate | None = None
-    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
-                               global_batch=global_batch, pins=pins):
+    gpn = min(gpus_per_node, gpus)
+    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
         cfg = to_config(outer, gpus_per_node)
+        options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
         for counts in compositions(len(profile.layers), cfg.chunks):
-            for choice in itertools.product(modes, repeat=len(blocks)):
-                per_layer = ["none"] * len(profile.layers)
-                for i, mode in zip(blocks, choice):
-                    per_layer[i] = mode
-                est = cost.evaluate(replace(cfg, stage_layers=counts, layer_recompute=tuple(per_layer)))
+            for choice in itertools.product(options, repeat=len(blocks)):
+                per_layer, degrees = ["none"] * len(profile.layers), [cfg.tp] * len(profile.layers)
+                for i, (t, mode) in zip(blocks, choice):
+                    per_layer[i], degrees[i] = mode, t
+                est = cost.evaluate(replace(cfg, stage_layers=counts, layer_recompute=tuple(per_layer),
+                                            layer_tp=tuple(degrees)))
                 if est.fits and (best is None or est.step_time_s < best.step_time_s):
                     best = est
     return best

@@ -23,8 +23,7 @@ from ortools.sat.python import cp_model
 from autopar.profile import ModelProfile
 from cost_models import CostModel, ParallelConfig
 from cost_models.config import default_precision
-from cost_models.memory import microbatches_in_flight, model_state_bytes, offload_resident
-from cost_models import comm
+from cost_models.memory import microbatches_in_flight, offload_resident
 
 TIME_UNIT_S = 1e-9      # integer time unit of the model: 1 ns (step × v·m stays far below 2^63)
 MODES = ("none", "selective", "full")
@@ -38,6 +37,7 @@ class InnerResult:
     stage_layers: tuple[int, ...] = ()
     layer_recompute: tuple[str, ...] = ()
     wall_s: float = 0.0
+    layer_tp: tuple[int, ...] = ()
 
 
 def _t(seconds: float) -> int:
@@ -51,8 +51,23 @@ def _prefix(values: list[int]) -> list[int]:
     return out
 
 
+def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> list[int]:
+    """Tensor-parallel degrees a block may take besides the stage's own: divisors of the stage's tp·dp
+    devices inside a node that keep the local micro-batch whole and that every block's pattern admits.
+    Only without ZeRO and sequence parallelism (what the runtime runs with per-layer degrees)."""
+    if cfg.zero_stage or cfg.sequence_parallel:
+        return [cfg.tp]
+    devices = cfg.tp * cfg.dp
+    blocks = [lp for lp in cost.model.layers if lp.kind == "block"]
+    return [t for t in range(1, min(devices, gpus_per_node) + 1)
+            if devices % t == 0 and (cfg.micro_batch * t) % cfg.tp == 0
+            and all(t == 1 or all(dv % t == 0 for dv in lp.tp.divisors) for lp in blocks)] or [cfg.tp]
+
+
 def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...], time_limit_s: float,
-                threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None) -> InnerResult:
+                threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None,
+                degrees: list[int] | None = None) -> InnerResult:
+    """``degrees``: the tensor-parallel degrees blocks may choose (default: only cfg.tp)."""
     profile: ModelProfile = cost.model  # type: ignore[assignment]
     layers = profile.layers
     L, pp, v, m = len(layers), cfg.pp, cfg.virtual_stages, cfg.num_microbatches
@@ -61,39 +76,42 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
     precision = cfg.precision or default_precision(profile.dtype)
     tp_link, dp_link, pp_link = cost.links(cfg)
     is_block = [lp.kind == "block" for lp in layers]
-    block_modes = modes
-    by_mode = {k: cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision,
-                                   modes=[k if blk else "none" for blk in is_block]) for k in MODES if k in modes or k == "none"}
-    base = by_mode["none"]
+    options = [(t, k) for t in (degrees or [cfg.tp]) for k in modes]  # what each block may choose
+    by_option = {(t, k): cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision,
+                                          modes=[k if blk else "none" for blk in is_block],
+                                          degrees=[t if blk else cfg.tp for blk in is_block])
+                 for t, k in set(options) | {(cfg.tp, "none")}}
+    base = by_option[cfg.tp, "none"]
     types = sorted({lp.block_id for lp, blk in zip(layers, is_block) if blk})
     rep = {j: next(i for i, lp in enumerate(layers) if lp.block_id == j and is_block[i]) for j in types}
 
-    # -- per-layer integer coefficients (base = every layer without recomputation) -----------------
-    over_rate, exp_rate = comm.dp_step_rates(dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
-                                             grad_bytes=precision.grad_bytes, link=dp_link, hw=hw)
-    opt_rate = precision.optimizer_traffic_bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) / \
-        (cfg.dp if cfg.zero_stage >= 1 else 1)
-    state_rate = sum(model_state_bytes(1.0, precision, dp=cfg.dp, zero_stage=cfg.zero_stage))
-
-    def arrays(with_tied: bool) -> dict[str, list[int]]:
-        def params(c) -> float:  # noqa: ANN001
-            return c.params_per_gpu + (c.tied_params_per_gpu if with_tied else 0.0)
+    # -- per-layer integer coefficients (base: every layer at cfg.tp without recomputation) ----------
+    def quantities(c, with_tied: bool) -> dict[str, int]:  # noqa: ANN001 - a LayerCost
+        tied = 1.0 if with_tied else 0.0
         return {
-            "fwd": _prefix([_t(c.fwd_s) for c in base]), "bwd": _prefix([_t(c.bwd_s) for c in base]),
-            "tp": _prefix([_t(c.tp_fwd_s + c.tp_bwd_s) for c in base]),
-            "kept": _prefix([round(c.kept_bytes) for c in base]),
-            "state": _prefix([round(params(c) * state_rate) for c in base]),
-            "dpo": _prefix([_t(params(c) * over_rate) for c in base]),
-            "dpe": _prefix([_t(params(c) * exp_rate) for c in base]),
-            "opt": _prefix([_t(params(c) * opt_rate) for c in base]),
-            "z3": _prefix([_t(c.zero3_s + (c.zero3_tied_s if with_tied else 0.0)) for c in base]),
-            "tied": _prefix([_t(c.tied_sync_s) if with_tied else 0 for c in base]),
+            "fwd": _t(c.fwd_s), "bwd": _t(c.bwd_s), "tp": _t(c.tp_fwd_s + c.tp_bwd_s), "kept": round(c.kept_bytes),
+            "state": round(sum(c.state_bytes) + tied * sum(c.state_tied_bytes)),
+            "dpo": _t(c.dp_overlappable_s + tied * c.tied_dp_overlappable_s),
+            "dpe": _t(c.dp_exposed_s + tied * c.tied_dp_exposed_s),
+            "opt": _t(c.optimizer_s + tied * c.tied_optimizer_s),
+            "z3": _t(c.zero3_s + tied * c.zero3_tied_s), "tied": _t(c.tied_sync_s) if with_tied else 0,
         }
-    pref = {False: arrays(False), True: arrays(True)}
+
+    per_layer = {tied: [quantities(c, tied) for c in base] for tied in (False, True)}
+    pref = {tied: {q: _prefix([row[q] for row in per_layer[tied]]) for q in per_layer[tied][0]}
+            for tied in (False, True)}
     count_pref = {j: _prefix([1 if is_block[i] and layers[i].block_id == j else 0 for i in range(L)]) for j in types}
-    # p2p after layer i, looked up at the cut position i + 1
+    # p2p after layer i, looked up at the cut position i + 1 (blocks convert back to the stage's layout)
     p2p_at = [0] + [_t(cost.boundary_time(i, cfg, tp_link, pp_link)) for i in range(L)]
-    delta = {(j, k): by_mode[k][rep[j]] for j in types for k in block_modes if k != "none"}
+    # delta[j, option][q]: what a block of type j adds to quantity q when it takes that option
+    delta = {}
+    for j in types:
+        for opt in options:
+            if opt == (cfg.tp, "none"):
+                continue
+            c = by_option[opt][rep[j]]
+            delta[j, opt] = {q: quantities(c, False)[q] - per_layer[False][rep[j]][q] for q in per_layer[False][0]}
+            delta[j, opt]["remat"] = round(c.remat_bytes)
 
     model = cp_model.CpModel()
     segs = segments(layers)
@@ -117,8 +135,9 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         return sum(lookup(q, tied, c + 1) - lookup(q, tied, c) for c in chunks)
 
     T, bwd_d, ends = [], [], []
-    # n_vars[d, j, k]: how many blocks of type j on device d recompute in mode k (the rest: none)
-    n_vars: dict[tuple[int, str, str], cp_model.IntVar] = {}
+    # n_vars[d, j, (t, k)]: how many blocks of type j on device d run at tp degree t with recomputation k
+    # (the rest: the stage's degree, no recomputation)
+    n_vars: dict[tuple[int, str, tuple[int, str]], cp_model.IntVar] = {}
     in_flight_scale = v  # memory is multiplied by v so fractional in-flight counts stay integral
     for d in range(pp):
         chunks = [c for c in range(C) if c % pp == d]
@@ -127,23 +146,28 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         tpc = device_sum("tp", d, chunks)
         kept = device_sum("kept", d, chunks)
         remat = model.new_int_var(0, 1 << 50, f"remat_{d}")
+        extra = {q: 0 for q in ("state", "dpo", "dpe", "opt", "z3")}
         for j in types:
             count = sum(count_lookup(j, c + 1) - count_lookup(j, c) for c in chunks)
-            n = {k: model.new_int_var(0, L, f"n_{d}_{j}_{k}") for k in block_modes if k != "none"}
-            n_vars.update({(d, j, k): var for k, var in n.items()})
-            if "none" in block_modes:
+            n = {opt: model.new_int_var(0, L, f"n_{d}_{j}_{opt[0]}_{opt[1]}") for opt in options
+                 if opt != (cfg.tp, "none")}
+            n_vars.update({(d, j, opt): var for opt, var in n.items()})
+            if (cfg.tp, "none") in options:
                 model.add(sum(n.values()) <= count)
             else:
                 model.add(sum(n.values()) == count)
-            for k, var in n.items():
-                lc, b0 = delta[j, k], base[rep[j]]
-                fwd += var * (_t(lc.fwd_s) - _t(b0.fwd_s))
-                bwd += var * (_t(lc.bwd_s) - _t(b0.bwd_s))
-                tpc += var * (_t(lc.tp_fwd_s + lc.tp_bwd_s) - _t(b0.tp_fwd_s + b0.tp_bwd_s))
-                kept += var * (round(lc.kept_bytes) - round(b0.kept_bytes))
-                used = model.new_bool_var(f"u_{d}_{j}_{k}")
-                model.add(var <= L * used)
-                model.add(remat >= round(lc.remat_bytes) * used)
+            for opt, var in n.items():
+                dq = delta[j, opt]
+                fwd += var * dq["fwd"]
+                bwd += var * dq["bwd"]
+                tpc += var * dq["tp"]
+                kept += var * dq["kept"]
+                for q in extra:
+                    extra[q] += var * dq[q]
+                if dq["remat"]:
+                    used = model.new_bool_var(f"u_{d}_{j}_{opt[0]}_{opt[1]}")
+                    model.add(var <= L * used)
+                    model.add(remat >= dq["remat"] * used)
         compute = fwd + bwd
         p2p = sum(p2p_lookup(c + 1) for c in chunks if c < C - 1) + sum(p2p_lookup(c) for c in chunks if c > 0)
         in_flight = microbatches_in_flight(d, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
@@ -159,7 +183,7 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         z3 = 0
         if cfg.zero_stage == 3:
             z3 = model.new_int_var(0, horizon_t, f"z3_{d}")
-            model.add(z3 >= device_sum("z3", d, chunks) - compute)  # zero3_overlap = 1 (default)
+            model.add(z3 >= device_sum("z3", d, chunks) + extra["z3"] - compute)  # zero3_overlap = 1 (default)
         t_d = model.new_int_var(0, horizon_t, f"T_{d}")
         model.add(t_d == compute + tpc + p2p + offload + z3)
         T.append(t_d)
@@ -173,15 +197,15 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
             sizes = [round(2 * c.params_per_gpu * precision.param_bytes) for c in base]
             buffers = _zero3_buffers(model, sizes, is_block, d, chunks, cuts, count_lookup, types, rep)
         a = round(in_flight * in_flight_scale)
-        model.add(in_flight_scale * device_sum("state", d, chunks) + a * kept + in_flight_scale * (remat + buffers)
+        model.add(in_flight_scale * (device_sum("state", d, chunks) + extra["state"]) + a * kept + in_flight_scale * (remat + buffers)
                   <= in_flight_scale * (hw.memory_bytes - hw.memory_reserve_bytes))
 
         # tail (× v): v·dp_tail + v·optimizer − v·Σ_{k<d} bwd_k; dp_tail = max(0, dpo − bwd/v) + dpe + tied
         hidden = model.new_int_var(0, horizon_t, f"dpo_exposed_{d}")
-        model.add(hidden >= v * device_sum("dpo", d, chunks) - bwd_var)  # dp_overlap = 1 (default)
+        model.add(hidden >= v * (device_sum("dpo", d, chunks) + extra["dpo"]) - bwd_var)  # dp_overlap = 1 (default)
         end = model.new_int_var(-horizon_t, horizon_t, f"end_{d}")
-        model.add(end == hidden + v * (device_sum("dpe", d, chunks) + device_sum("tied", d, chunks)
-                                       + device_sum("opt", d, chunks)) - v * sum(bwd_d[:d]))
+        model.add(end == hidden + v * (device_sum("dpe", d, chunks) + extra["dpe"] + device_sum("tied", d, chunks)
+                                       + device_sum("opt", d, chunks) + extra["opt"]) - v * sum(bwd_d[:d]))
         ends.append(end)
 
     t_max = model.new_int_var(0, horizon_t, "T_max")
@@ -208,20 +232,20 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         return InnerResult(name, None, bound, wall_s=wall)
     starts = [solver.value(x.position) for x in cuts]
     counts = tuple(starts[c + 1] - starts[c] for c in range(C))
-    recompute = ["none"] * L
+    recompute, degree = ["none"] * L, [cfg.tp] * L
     for d in range(pp):
         chunks = [c for c in range(C) if c % pp == d]
         for j in types:
-            todo = {k: solver.value(n_vars[d, j, k]) for k in block_modes if k != "none"}
+            todo = {opt: solver.value(var) for (dd, jj, opt), var in n_vars.items() if (dd, jj) == (d, j)}
             for c in chunks:
                 for i in range(starts[c], starts[c + 1]):
                     if is_block[i] and layers[i].block_id == j:
-                        k = next((k for k, left in todo.items() if left > 0), "none")
-                        if k != "none":
-                            todo[k] -= 1
-                        recompute[i] = k
+                        opt = next((o for o in sorted(todo) if todo[o] > 0), (cfg.tp, "none"))
+                        if opt in todo:
+                            todo[opt] -= 1
+                        degree[i], recompute[i] = opt
     return InnerResult(name, solver.objective_value * TIME_UNIT_S / v, solver.best_objective_bound * TIME_UNIT_S / v,
-                       counts, tuple(recompute), wall)
+                       counts, tuple(recompute), wall, tuple(degree))
 
 
 def _starts(counts: tuple[int, ...]) -> list[int]:

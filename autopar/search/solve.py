@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from autopar.errors import AutoparError
 from autopar.profile import ModelProfile
-from autopar.search.cpsat import MODES, InnerResult, solve_inner
+from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.space import Outer, Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.config import default_precision
@@ -47,75 +47,80 @@ class SearchResult:
 class LowerBound:
     """Valid lower bound on the step time of an outer choice.
 
-    Time: the pipeline formula gives step ≥ (m + (pp − 1)/v)/pp · Σ_d T_d (max ≥ mean), and Σ_d T_d ≥
-    the layers' busy time + 2 transfers per cut. Memory: summing every device's limit,
-    Σ_d in_flight_d·kept_d ≤ pp·(capacity − reserve) − Σ model state, so the layers' kept activations
-    may total at most that over the smallest in-flight count; the cheapest recomputation choice meeting
-    it is a fractional knapsack (the LP relaxation: upgrades along each block's convex hull of
-    (kept bytes, busy time), cheapest seconds per byte first). No bound: the choice cannot fit."""
+    Time: the pipeline formula gives step ≥ (m + (pp − 1)/v) / pp · Σ_d T_d (max ≥ mean), and Σ_d T_d ≥
+    the layers' busy time (compute + TP communication) + 2 transfers per cut. Memory: summed over the
+    devices, Σ_d (state_d + in_flight_d·kept_d) ≤ pp·(capacity − reserve), and in_flight_d ≥ its least
+    value; the cheapest choice of per-block options (recomputation mode, tp degree) meeting that is a
+    fractional knapsack, solved exactly by its LP (upgrades along each block's lower convex hull of
+    (memory, busy time), cheapest seconds per byte first). No bound (inf): the choice cannot fit."""
 
-    def __init__(self, cost: CostModel, modes: tuple[str, ...]):
-        self.cost, self.modes = cost, modes
+    def __init__(self, cost: CostModel, modes: tuple[str, ...], gpus_per_node: int):
+        self.cost, self.modes, self.gpus_per_node = cost, modes, gpus_per_node
         self._counts: dict[str, int] = {}
         self._rep: dict[str, int] = {}
         for i, lp in enumerate(cost.model.layers):
             self._counts[lp.block_id] = self._counts.get(lp.block_id, 0) + 1
             self._rep.setdefault(lp.block_id, i)
-        self._layer_terms: dict[tuple, tuple[float, float, float, list]] = {}
+        self._options: dict[tuple, list[tuple[int, list[tuple[float, float, float]]]]] = {}
         self._p2p: dict[tuple, float] = {}
 
-    def _terms(self, cfg: ParallelConfig, tp_link) -> tuple[float, float, float, list]:  # noqa: ANN001
-        """(busy time, kept bytes, params per GPU) at the fastest modes, and the hull upgrades."""
-        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link)
-        if key not in self._layer_terms:
-            layers = self.cost.model.layers
-            busy = kept = params = 0.0
-            upgrades = []  # (seconds per byte saved, bytes saved in all, seconds added in all)
-            for block_id, i in self._rep.items():
-                layer, n = layers[i], self._counts[block_id]
-                options = self.modes if layer.kind == "block" else ("none",)
-                points = sorted((c.kept_bytes, _busy(c)) for c in (self.cost.layer_cost(
-                    layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel, recompute=k,
-                    tp_link=tp_link) for k in options))
-                hull = _lower_hull(points)          # from least kept (slowest) to most kept (fastest)
-                fastest = min(points, key=lambda p: (p[1], p[0]))
-                start = hull.index(fastest) if fastest in hull else len(hull) - 1
-                busy += n * hull[start][1]
-                kept += n * hull[start][0]
-                for (k0, t0), (k1, t1) in zip(hull[start::-1], hull[start - 1::-1] if start > 0 else []):
-                    saved, added = k0 - k1, t1 - t0
-                    if saved > 0:
-                        upgrades.append((added / saved, n * saved, n * added))
-                c0 = self.cost.layer_cost(layer, b=cfg.micro_batch, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel,
-                                          recompute="none", tp_link=tp_link)
-                params += n * c0.params_per_gpu
-            upgrades.sort()
-            self._layer_terms[key] = (busy, kept, params, upgrades)
-        return self._layer_terms[key]
+    def _layer_options(self, cfg: ParallelConfig) -> list[tuple[int, list[tuple[float, float, float]]]]:
+        """Per distinct layer: (how many, [(kept bytes, state bytes, busy s) per option])."""
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage)
+        if key not in self._options:
+            cost, layers = self.cost, self.cost.model.layers
+            precision = cfg.precision or default_precision(cost.model.dtype)
+            links = cost.links(cfg)
+            reps = list(self._rep.values())
+            blocks = [i for i in reps if layers[i].kind == "block"]
+            degrees = block_degrees(cost, cfg, self.gpus_per_node)
+            per_option = {}
+            for t in degrees:
+                for k in self.modes:
+                    modes = ["none"] * len(layers)
+                    tps = [cfg.tp] * len(layers)
+                    for i in blocks:
+                        modes[i], tps[i] = k, t
+                    per_option[t, k] = dict(zip(reps, cost.layer_costs(cfg, *links, precision, modes=modes,
+                                                                       degrees=tps, only=reps)))
+            base = cost.layer_costs(cfg, *links, precision, only=reps)
+            out = []
+            for i, c0 in zip(reps, base):
+                costs = [opt[i] for opt in per_option.values()] if i in blocks else [c0]
+                out.append((self._counts[layers[i].block_id],
+                            [(c.kept_bytes, sum(c.state_bytes), _busy(c)) for c in costs]))
+            self._options[key] = out
+        return self._options[key]
 
     def __call__(self, cfg: ParallelConfig) -> float:
         cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
-        tp_link, _, pp_link = cost.links(cfg)
-        busy, kept, params, upgrades = self._terms(cfg, tp_link)
-        precision = cfg.precision or default_precision(cost.model.dtype)
-        state = params * sum(model_state_bytes(1.0, precision, dp=cfg.dp, zero_stage=cfg.zero_stage))
         pp, m, v = cfg.pp, cfg.num_microbatches, cfg.virtual_stages
         in_flight = min(microbatches_in_flight(d, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
                         for d in range(pp))
         if cfg.offload_activations:
             in_flight = offload_resident(in_flight)
-        budget = (pp * (hw.memory_bytes - hw.memory_reserve_bytes) - state) / in_flight
-        excess = kept - budget
-        for ratio, saved, added in upgrades:
+        busy = memory = 0.0
+        upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
+        for n, options in self._layer_options(cfg):
+            hull = _lower_hull(sorted((in_flight * kept + state, t) for kept, state, t in options))
+            start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
+            busy += n * hull[start][1]
+            memory += n * hull[start][0]
+            for h in range(start, 0, -1):
+                saved, added = hull[h][0] - hull[h - 1][0], hull[h - 1][1] - hull[h][1]
+                upgrades.append((added / saved if saved > 0 else math.inf, n * saved, n * added))
+        excess = memory - pp * (hw.memory_bytes - hw.memory_reserve_bytes)
+        for _, saved, added in sorted(upgrades):
             if excess <= 0:
                 break
             take = min(1.0, excess / saved)
             busy += take * added
             excess -= take * saved
-        if excess > 1e-6 * max(1.0, kept):
+        if excess > 1e-6 * max(1.0, memory):
             return math.inf
         chunks = pp * v
         if chunks > 1:
+            tp_link, _, pp_link = cost.links(cfg)
             pkey = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link, pp_link)
             if pkey not in self._p2p:
                 self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
@@ -166,12 +171,12 @@ def to_config(outer: Outer, gpus_per_node: int, attention_kernel: str = "fused")
 
 def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
-           threads: int = 2) -> SearchResult:
+           threads: int = 2, per_layer_tp: bool = True) -> SearchResult:
     start = time.perf_counter()
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     queue: list[tuple[float, int, Outer, ParallelConfig]] = []
-    lower_bound = LowerBound(cost, modes)
+    lower_bound = LowerBound(cost, modes, gpus_per_node)
     dropped_for_memory = 0
     for n, outer in enumerate(outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node,
                                             global_batch=global_batch, pins=pins,
@@ -203,7 +208,8 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
             bound = min(bound, lb)
             break
         inner = solve_inner(cost, cfg, modes=modes, time_limit_s=min(remaining, max(1.0, time_limit_s / 10)),
-                            threads=threads, upper_bound_s=kth)
+                            threads=threads, upper_bound_s=kth,
+                            degrees=block_degrees(cost, cfg, gpus_per_node) if per_layer_tp else None)
         solved += 1
         if inner.status not in ("OPTIMAL", "INFEASIBLE"):
             all_optimal = False
@@ -213,7 +219,8 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
             continue
         if not outer.offload:
             fits_without_offload.add(dataclasses.astuple(outer))
-        solution = replace(cfg, stage_layers=inner.stage_layers, layer_recompute=inner.layer_recompute)
+        solution = replace(cfg, stage_layers=inner.stage_layers, layer_recompute=inner.layer_recompute,
+                           layer_tp=inner.layer_tp if any(t != cfg.tp for t in inner.layer_tp) else None)
         estimate = cost.evaluate(solution)
         best.append(Candidate(outer, solution, estimate, inner))
         best.sort(key=lambda c: (c.estimate.step_time_s, dataclasses.astuple(c.outer)))
