@@ -69,33 +69,51 @@ def gpus_growth(limit: float) -> None:
         print(f"{g:>6} {r.status:>9} {r.wall_s:>8.2f} {r.choices:>8} {r.solved:>6}")
 
 
+def best_uniform(profile, hw, gpus: int, batch: int, pins: Pins):  # noqa: ANN001, ANN201
+    """The best Megatron-style plan over the same outer choices: even split of the blocks, one
+    recomputation mode and the stage's tp degree for every block."""
+    from autopar.search.solve import to_config
+    from autopar.search.space import outer_choices
+    from cost_models.partition import stage_layer_counts
+
+    cost, best = CostModel(profile, hw), None
+    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=8, global_batch=batch, pins=pins):
+        cfg = to_config(outer, 8)
+        for mode in ("none", "selective", "full"):
+            est = cost.evaluate(replace(cfg, recompute=mode, stage_layers=stage_layer_counts(profile.layers, cfg.chunks)))
+            if est.fits and (best is None or est.step_time_s < best.step_time_s):
+                best = est
+    return best
+
+
 def nonuniform(limit: float) -> None:
-    """The encoder–decoder example: free cuts and per-layer recomputation vs Megatron-style uniform plans
-    (even split, one recomputation mode) over the same outer choices."""
-    profile = capture_model(str(ROOT / "examples" / "encdec.py"), {"n_enc_layer": "12", "n_dec_layer": "6",
-                            "d_model": "2048", "n_head": "16", "d_ff": "8192"}, seq_len=1024)
-    hw = replace(A100, memory_bytes=24 * 2**30)  # a tight memory budget makes recomputation choices matter
-    r = search(profile, hw, gpus=16, gpus_per_node=8, global_batch=64, time_limit_s=limit)
-    best = r.best[0].estimate
-    cost = CostModel(profile, hw)
-    uniform = None
-    for mode in ("none", "selective", "full"):
-        for pp in (1, 2, 4, 8, 16):
-            for tp in (1, 2, 4, 8):
-                for micro in (1, 2, 4):
-                    for zero in (0, 1, 3):
-                        try:
-                            est = cost.evaluate(make_config(16, tp=tp, pp=pp, micro_batch=micro, global_batch=64,
-                                                            recompute=mode, zero_stage=zero))
-                        except Exception:
-                            continue
-                        if est.fits and (uniform is None or est.step_time_s < uniform.step_time_s):
-                            uniform = est
-    print(f"encdec on 16 GPUs, 24 GiB: best non-uniform {best.step_time_s:.4f} s "
-          f"(cuts {best.config.stage_layers}, {r.status}); best uniform "
-          f"{uniform.step_time_s:.4f} s" if uniform else "no uniform plan fits")
-    if uniform:
-        print(f"gain of non-uniform over uniform: {uniform.step_time_s / best.step_time_s:.3f}x")
+    """Non-uniform plans (free cuts, per-layer recomputation and tp) vs the best uniform plan, on the
+    encoder–decoder example (two different stacks) and on GPT with its heavy embedding and LM head, with
+    Megatron's distributed optimizer (ZeRO-1) pinned: with ZeRO-3 both fit without pipelining."""
+    pins = Pins(zero=1)
+    cases = [("encdec 24+12 layers, d 4096, 16× A100-40GB", "encdec.py",
+              {"n_enc_layer": "24", "n_dec_layer": "12", "d_model": "4096", "n_head": "32", "d_ff": "16384",
+               "vocab_size": "64000"}, 1024, "a100-40gb", 16, 64),
+             ("GPT 30 layers, d 3072, vocab 256k, 16× A100-40GB", "gpt.py",
+              {"n_layer": "30", "n_embd": "3072", "n_head": "24", "vocab_size": "256000", "block_size": "2048"},
+              2048, "a100-40gb", 16, 64)]
+    for title, file, overrides, seq, gpu, gpus, batch in cases:
+        profile = capture_model(str(ROOT / "examples" / file), overrides, seq_len=seq)
+        hw = load_hardware(gpu)
+        r = search(profile, hw, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit, pins=pins)
+        best = r.best[0].estimate
+        c = best.config
+        uniform = best_uniform(profile, hw, gpus, batch, pins)
+        print(f"{title}: solved {best.step_time_s:.3f} s ({r.status}; tp{c.tp} pp{c.pp} dp{c.dp} "
+              f"b{c.micro_batch}x{c.num_microbatches} cuts {c.stage_layers} "
+              f"recompute {sorted(set(c.layer_recompute or ('none',)))} "
+              f"layer tp {sorted(set(c.layer_tp)) if c.layer_tp else [c.tp]})")
+        if uniform is None:
+            print("  no uniform plan fits")
+            continue
+        u = uniform.config
+        print(f"  best uniform {uniform.step_time_s:.3f} s (tp{u.tp} pp{u.pp} dp{u.dp} b{u.micro_batch}x"
+              f"{u.num_microbatches} recompute {u.recompute}); gain {uniform.step_time_s / best.step_time_s:.3f}x")
 
 
 def main() -> None:

@@ -186,11 +186,7 @@ class CostModel:
                                 tp_link=link_t, attention_kernel=cfg.attention_kernel,
                                 attention_dropout=cfg.attention_dropout)
             if t != cfg.tp:
-                hi, lo = max(t, cfg.tp), min(t, cfg.tp)
-                group = comm.group_link(self.hw, hi // lo, lo, gpn)
-                b_hi = cfg.micro_batch * hi // cfg.tp
-                enter = comm.all_gather_time(input_bytes(layer, b_hi), hi // lo, group, self.hw)
-                leave = comm.all_gather_time(cut_bytes(layer, b_hi), hi // lo, group, self.hw)
+                enter, leave = self.conversion_times(layer, cfg, t)
                 share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
                 c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
@@ -210,6 +206,18 @@ class CostModel:
                 dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
                 tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy))
         return out
+
+    def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
+        """(enter, leave): the all-gathers that move a layer at degree t from and back to the stage's
+        tp-way layout, over the max/min degree ratio, at the larger degree's per-replica micro-batch."""
+        if t == cfg.tp:
+            return 0.0, 0.0
+        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        hi, lo = max(t, cfg.tp), min(t, cfg.tp)
+        group = comm.group_link(self.hw, hi // lo, lo, gpn)
+        b_hi = cfg.micro_batch * hi // cfg.tp
+        return (comm.all_gather_time(input_bytes(layer, b_hi), hi // lo, group, self.hw),
+                comm.all_gather_time(cut_bytes(layer, b_hi), hi // lo, group, self.hw))
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
         """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient

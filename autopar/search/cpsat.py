@@ -68,6 +68,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
                 threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None,
                 degrees: list[int] | None = None) -> InnerResult:
     """``degrees``: the tensor-parallel degrees blocks may choose (default: only cfg.tp)."""
+    if cfg.dp_overlap != 1.0 or cfg.zero3_overlap != 1.0:
+        raise ValueError("the CP-SAT model encodes full overlap (dp_overlap = zero3_overlap = 1), the cost model's default")
     profile: ModelProfile = cost.model  # type: ignore[assignment]
     layers = profile.layers
     L, pp, v, m = len(layers), cfg.pp, cfg.virtual_stages, cfg.num_microbatches
@@ -197,7 +199,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
             sizes = [round(2 * c.params_per_gpu * precision.param_bytes) for c in base]
             buffers = _zero3_buffers(model, sizes, is_block, d, chunks, cuts, count_lookup, types, rep)
         a = round(in_flight * in_flight_scale)
-        model.add(in_flight_scale * (device_sum("state", d, chunks) + extra["state"]) + a * kept + in_flight_scale * (remat + buffers)
+        state = device_sum("state", d, chunks) + extra["state"]
+        model.add(in_flight_scale * (state + remat + buffers) + a * kept
                   <= in_flight_scale * (hw.memory_bytes - hw.memory_reserve_bytes))
 
         # tail (× v): v·dp_tail + v·optimizer − v·Σ_{k<d} bwd_k; dp_tail = max(0, dpo − bwd/v) + dpe + tied

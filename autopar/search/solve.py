@@ -19,7 +19,7 @@ from autopar.errors import AutoparError
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.space import Outer, Pins, outer_choices
-from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
+from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate, comm
 from cost_models.config import default_precision
 from cost_models.partition import stage_layer_counts
 from cost_models.memory import microbatches_in_flight, model_state_bytes, offload_resident
@@ -65,38 +65,37 @@ class LowerBound:
         self._p2p: dict[tuple, float] = {}
 
     def _layer_options(self, cfg: ParallelConfig) -> list[tuple[int, list[tuple[float, float, float]]]]:
-        """Per distinct layer: (how many, [(kept bytes, state bytes, busy s) per option])."""
-        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage)
+        """Per distinct layer: (how many, [(kept bytes, state bytes, busy s) per option]). Busy time and
+        kept bytes do not depend on the ZeRO stage, so they are cached without it."""
+        cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage == 0)
         if key not in self._options:
-            cost, layers = self.cost, self.cost.model.layers
-            precision = cfg.precision or default_precision(cost.model.dtype)
-            links = cost.links(cfg)
-            reps = list(self._rep.values())
-            blocks = [i for i in reps if layers[i].kind == "block"]
+            gpn = cfg.gpus_per_node or hw.gpus_per_node
             degrees = block_degrees(cost, cfg, self.gpus_per_node)
-            per_option = {}
-            for t in degrees:
-                for k in self.modes:
-                    modes = ["none"] * len(layers)
-                    tps = [cfg.tp] * len(layers)
-                    for i in blocks:
-                        modes[i], tps[i] = k, t
-                    per_option[t, k] = dict(zip(reps, cost.layer_costs(cfg, *links, precision, modes=modes,
-                                                                       degrees=tps, only=reps)))
-            base = cost.layer_costs(cfg, *links, precision, only=reps)
-            out = []
-            for i, c0 in zip(reps, base):
-                costs = [opt[i] for opt in per_option.values()] if i in blocks else [c0]
-                out.append((self._counts[layers[i].block_id],
-                            [(c.kept_bytes, sum(c.state_bytes), _busy(c)) for c in costs]))
-            self._options[key] = out
-        return self._options[key]
+            entries = []
+            for i in self._rep.values():
+                layer = layers[i]
+                choices = [(t, k) for t in degrees for k in self.modes] if layer.kind == "block" else [(cfg.tp, "none")]
+                opts = []
+                for t, k in choices:
+                    c = cost.layer_cost(layer, b=cfg.micro_batch * t // cfg.tp, tp=t,
+                                        sequence_parallel=cfg.sequence_parallel, recompute=k,
+                                        tp_link=comm.group_link(hw, t, 1, gpn))
+                    opts.append((t, c.kept_bytes, c.params_per_gpu, _busy(c) + sum(cost.conversion_times(layer, cfg, t))))
+                entries.append((self._counts[layer.block_id], opts))
+            self._options[key] = entries
+        precision = cfg.precision or default_precision(cost.model.dtype)
+        devices = cfg.tp * cfg.dp
+        rate = {t: sum(model_state_bytes(1.0, precision, dp=devices // t, zero_stage=cfg.zero_stage))
+                for t in {t for _, opts in self._options[key] for t, *_ in opts}}
+        return [(n, [(kept, params * rate[t], busy) for t, kept, params, busy in opts])
+                for n, opts in self._options[key]]
 
     def __call__(self, cfg: ParallelConfig) -> float:
         cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
         pp, m, v = cfg.pp, cfg.num_microbatches, cfg.virtual_stages
-        in_flight = min(microbatches_in_flight(d, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
-                        for d in range(pp))
+        # the last stage holds the fewest micro-batches in every schedule (fewest warm-up forwards)
+        in_flight = microbatches_in_flight(pp - 1, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
         if cfg.offload_activations:
             in_flight = offload_resident(in_flight)
         busy = memory = 0.0
