@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autopar.capture import capture_model  # noqa: E402
-from autopar.search.solve import search  # noqa: E402
+from autopar.search.engine import search  # noqa: E402
 from autopar.search.space import Pins  # noqa: E402
 from cost_models import CostModel, load_hardware, make_config  # noqa: E402
 
@@ -72,7 +72,7 @@ def gpus_growth(limit: float) -> None:
 def best_uniform(profile, hw, gpus: int, batch: int, pins: Pins):  # noqa: ANN001, ANN201
     """The best Megatron-style plan over the same outer choices: even split of the blocks, one
     recomputation mode and the stage's tp degree for every block."""
-    from autopar.search.solve import to_config
+    from autopar.search.engine import to_config
     from autopar.search.space import outer_choices
     from cost_models.partition import stage_layer_counts
 

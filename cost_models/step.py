@@ -130,6 +130,7 @@ class CostModel:
         for layer in model.layers:
             self._representative.setdefault(layer.block_id, layer)
         self._cache: dict[tuple, LayerCost] = {}
+        self._full_cache: dict[tuple, LayerCost] = {}  # layer_costs: by block, mode, degree and setting
 
     # -- one layer -------------------------------------------------------------------------------
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
@@ -174,10 +175,16 @@ class CostModel:
         out = []
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.dp
+        setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
+                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision)
         for i in (only if only is not None else range(len(self.model.layers))):
             layer = self.model.layers[i]
             mode = modes[i] if modes is not None else cfg.layer_mode(i, layer.kind)
             t = degrees[i] if degrees is not None else cfg.layer_degree(i)
+            key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting)
+            if key in self._full_cache:
+                out.append(self._full_cache[key])
+                continue
             dp_l = devices // t
             b = cfg.micro_batch * t // cfg.tp
             link_t = tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn)
@@ -205,6 +212,7 @@ class CostModel:
                 state_tied_bytes=model_state_bytes(copy, precision, dp=dp_l, zero_stage=cfg.zero_stage),
                 dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
                 tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy))
+            self._full_cache[key] = out[-1]
         return out
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:

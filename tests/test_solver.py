@@ -10,7 +10,7 @@ from autopar.errors import AutoparError
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
 from autopar.search.brute import brute_force
 from autopar.search.cpsat import solve_inner
-from autopar.search.solve import search
+from autopar.search.engine import search
 from autopar.search.space import Pins
 from cost_models import CostModel, ParallelConfig, load_hardware
 

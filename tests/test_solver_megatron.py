@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.search.solve import search
+from autopar.search.engine import search
 from cost_models import CostModel, load_hardware, make_config
 from test_megatron_table import ROWS
 

@@ -4,7 +4,7 @@
     plans = solve_top_k("examples/gpt.py", gpus=64, k=3)
 
 space.py enumerates the outer choices, cpsat.py solves cuts and recomputation exactly for one of them,
-solve.py runs the branch and bound, brute.py is the exhaustive reference the tests compare against.
+engine.py runs the branch and bound, brute.py is the exhaustive reference the tests compare against.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from autopar.estimate import load_profile, to_plan
 from autopar.plan import Plan, SolverInfo
 from autopar.profile import ModelProfile
 from autopar.search.explain import explain_infeasible
-from autopar.search.solve import SearchResult, search
+from autopar.search.engine import SearchResult, search
 from autopar.search.space import Pins
 from cost_models import ConfigError, load_hardware
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
-from autopar.search.solve import to_config
+from autopar.search.engine import to_config
 from autopar.search.space import Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, StepEstimate
 

@@ -79,13 +79,13 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
     tp_link, dp_link, pp_link = cost.links(cfg)
     is_block = [lp.kind == "block" for lp in layers]
     options = [(t, k) for t in (degrees or [cfg.tp]) for k in modes]  # what each block may choose
-    by_option = {(t, k): cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision,
-                                          modes=[k if blk else "none" for blk in is_block],
-                                          degrees=[t if blk else cfg.tp for blk in is_block])
-                 for t, k in set(options) | {(cfg.tp, "none")}}
-    base = by_option[cfg.tp, "none"]
+    base = cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision, modes=["none"] * L, degrees=[cfg.tp] * L)
     types = sorted({lp.block_id for lp, blk in zip(layers, is_block) if blk})
     rep = {j: next(i for i, lp in enumerate(layers) if lp.block_id == j and is_block[i]) for j in types}
+    reps = list(rep.values())
+    by_option = {(t, k): dict(zip(reps, cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision,
+                                                         modes=[k] * L, degrees=[t] * L, only=reps)))
+                 for t, k in options}  # blocks only: every other layer stays at cfg.tp without recomputation
 
     # -- per-layer integer coefficients (base: every layer at cfg.tp without recomputation) ----------
     def quantities(c, with_tied: bool) -> dict[str, int]:  # noqa: ANN001 - a LayerCost

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.space import Pins, outer_choices
-from autopar.search.solve import to_config
+from autopar.search.engine import to_config
 from cost_models import ConfigError, CostModel, HardwareProfile
 
 GIB = 2**30

@@ -142,16 +142,20 @@ def _busy(c) -> float:  # noqa: ANN001 - a LayerCost
     return c.fwd_s + c.bwd_s + c.tp_fwd_s + c.tp_bwd_s
 
 
-GREEDY_CHOICES = 40  # outer choices tried with Megatron's even split for a first upper bound
+GREEDY_MAX_CHOICES = 1000  # outer choices, at most, in the Megatron-style first pass (a count, not a time:
+# the search stays deterministic)
 
 
 def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...]) -> Candidate | None:
-    """The best Megatron-style plan (even split, one recomputation mode for every block) among the most
-    promising outer choices: a real plan, and an upper bound that lets the search prune from the start."""
+    """The best Megatron-style plan (even split, one recomputation mode for every block) over the outer
+    choices in lower-bound order, stopping at the first whose bound cannot beat it: a real plan, and an
+    upper bound that lets CP-SAT prove most choices no better, fast."""
     best: Candidate | None = None
-    for _, _, outer, cfg in queue:
+    for lb, _, outer, cfg in queue[:GREEDY_MAX_CHOICES]:
+        if best is not None and lb >= best.estimate.step_time_s:
+            break
+        counts = stage_layer_counts(cost.model.layers, cfg.chunks)
         for mode in modes:
-            counts = stage_layer_counts(cost.model.layers, cfg.chunks)
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
             plan = replace(cfg, stage_layers=counts, layer_recompute=per_layer)
             est = cost.evaluate(plan)
@@ -187,7 +191,7 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
         else:
             dropped_for_memory += 1
     queue.sort(key=lambda item: (item[0], item[1]))
-    greedy = _greedy_incumbent(cost, queue[:GREEDY_CHOICES], modes) if top_k == 1 else None
+    greedy = _greedy_incumbent(cost, queue, modes) if top_k == 1 else None
     best: list[Candidate] = [greedy] if greedy is not None else []
     solved, all_optimal, bound = 0, True, float("inf")
     fits_without_offload: set[tuple] = set()
