@@ -47,8 +47,9 @@ class SearchResult:
 class LowerBound:
     """Valid lower bound on the step time of an outer choice.
 
-    Time: the pipeline formula gives step ≥ (m + (pp − 1)/v) / pp · Σ_d T_d (max ≥ mean), and Σ_d T_d ≥
-    the layers' busy time (compute + TP communication) + 2 transfers per cut. Memory: summed over the
+    Time: the pipeline formula is step = (m − 1/v)·max_d T_d + Σ_d T_d / v (+ a tail ≥ 0), with max_d T_d
+    at least the mean and at least the heaviest layer's busy time, and Σ_d T_d ≥ the layers' busy time
+    (compute + TP communication) + 2 transfers per cut. Memory: summed over the
     devices, Σ_d (state_d + in_flight_d·kept_d) ≤ pp·(capacity − reserve), and in_flight_d ≥ its least
     value; the cheapest choice of per-block options (recomputation mode, tp degree) meeting that is a
     fractional knapsack, solved exactly by its LP (upgrades along each block's lower convex hull of
@@ -124,7 +125,9 @@ class LowerBound:
             if pkey not in self._p2p:
                 self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
             busy += 2 * (chunks - 1) * self._p2p[pkey]
-        return (m + (pp - 1) / v) / pp * busy
+        # step = (m − 1/v)·max_d T_d + Σ_d T_d / v, and max_d T_d ≥ both the mean and the heaviest layer
+        heaviest = max(min(t for _, _, t in options) for _, options in self._layer_options(cfg))
+        return (m - 1 / v) * max(busy / pp, heaviest) + busy / v
 
 
 def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
