@@ -43,6 +43,8 @@ def solve_command(
 ) -> None:
     """Find the fastest parallel plan for MODEL on --gpus GPUs that fits in memory (CP-SAT, exact)."""
     from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn)
 
     from autopar.capture.loader import parse_set
     from autopar.search import Pins, solve_top_k
@@ -56,12 +58,21 @@ def solve_command(
     pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                 sequence_parallel=sequence_parallel, schedule=schedule, virtual_stages=virtual_stages, offload=offload)
     console = Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[best]}"), TimeElapsedColumn())
     try:
-        with console.status(f"solving {Path(model).name} on {gpus} GPUs (CP-SAT, time limit {time_limit:g} s)…"):
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"tracing {Path(model).name}", total=None, best="")
+
+            def show(visited: int, total: int, best: float | None) -> None:
+                bar.update(task, description=f"solving on {gpus} GPUs (CP-SAT)", completed=visited, total=total,
+                           best=f"best {best:.4g} s/step" if best is not None else "")
+
             plans = solve_top_k(model, gpus=gpus, k=top_k, gpus_per_node=gpus_per_node, gpu=gpu,
                                 hardware_file=hardware, global_batch=global_batch, seq_len=seq_len,
                                 time_limit_s=time_limit, threads=threads, pins=pins,
-                                allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype)
+                                allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype,
+                                progress=show)
     except AutoparError as err:
         _fail(str(err))
     if output is not None:

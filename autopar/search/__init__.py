@@ -8,9 +8,8 @@ engine.py runs the branch and bound, brute.py is the exhaustive reference the te
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from autopar.errors import AutoparError
 from autopar.estimate import load_profile, to_plan
@@ -33,7 +32,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
                 gpu: str = "h100-80gb", hardware_file: str | Path | None = None, global_batch: int | None = None,
                 seq_len: int | None = None, time_limit_s: float = 60.0, threads: int = 2, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
-                dtype: str = "bf16") -> list[Plan]:
+                dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None) -> list[Plan]:
     """The k best distinct plans, best first. ``model``: a ModelProfile, a saved profile JSON, a model
     file or an HF config. Raises AutoparError (one line) when nothing fits, naming the smallest change
     that would."""
@@ -49,7 +48,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     batch = global_batch or profile.global_batch or gpus
     result: SearchResult = search(profile, hw, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch=batch,
                                   pins=pins, allow_cross_node_tp=allow_cross_node_tp, top_k=k,
-                                  time_limit_s=time_limit_s, threads=threads)
+                                  time_limit_s=time_limit_s, threads=threads, progress=progress)
     if not result.best:
         raise AutoparError(explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node,
                                               global_batch=batch, pins=pins))
@@ -64,7 +63,3 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         plans.append(to_plan(profile, cand.estimate, hw, gpus_per_node=gpus_per_node,
                              hardware_name=str(hardware_file or gpu), solver=info))
     return plans
-
-
-def load_pins(raw: str) -> Pins:
-    return Pins(**json.loads(raw))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Callable
 from dataclasses import replace
 
 from autopar.errors import AutoparError
@@ -41,7 +42,6 @@ class SearchResult:
     wall_s: float
     choices: int                    # outer choices enumerated
     solved: int                     # inner CP-SAT solves run
-    infeasible_reason: str = ""
 
 
 class LowerBound:
@@ -177,7 +177,9 @@ def to_config(outer: Outer, gpus_per_node: int, attention_kernel: str = "fused")
 
 def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
-           threads: int = 2, per_layer_tp: bool = True) -> SearchResult:
+           threads: int = 2, per_layer_tp: bool = True,
+           progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
+    """``progress(visited, total, best step time)`` is called after each outer choice is settled."""
     start = time.perf_counter()
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
@@ -200,7 +202,9 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
     fits_without_offload: set[tuple] = set()
     if greedy is not None and not greedy.outer.offload:
         fits_without_offload.add(dataclasses.astuple(greedy.outer))
-    for lb, _, outer, cfg in queue:
+    for visited, (lb, _, outer, cfg) in enumerate(queue):
+        if progress is not None:
+            progress(visited, len(queue), best[0].estimate.step_time_s if best else None)
         kth = best[top_k - 1].estimate.step_time_s if len(best) >= top_k else None
         if kth is not None and lb >= kth:
             bound = min(bound, lb)
@@ -214,7 +218,7 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
             bound = min(bound, lb)
             break
         inner = solve_inner(cost, cfg, modes=modes, time_limit_s=min(remaining, max(1.0, time_limit_s / 10)),
-                            threads=threads, upper_bound_s=kth,
+                            threads=threads, upper_bound_s=kth, hint=stage_layer_counts(profile.layers, cfg.chunks),
                             degrees=block_degrees(cost, cfg, gpus_per_node) if per_layer_tp else None)
         solved += 1
         if inner.status not in ("OPTIMAL", "INFEASIBLE"):
