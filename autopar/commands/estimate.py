@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.errors import AutoparError
-from autopar.plan import Plan
 
 
 def estimate_command(
@@ -58,47 +57,9 @@ def estimate_command(
     if json_:
         sys.stdout.write(plan.model_dump_json(indent=1) + "\n")
     else:
+        from autopar.report.plan_summary import print_plan
+
         print_plan(plan)
     if not plan.prediction.fits:
         typer.echo(f"error: {plan.notes[0]}", err=True)
         raise typer.Exit(2)
-
-
-def print_plan(plan: Plan) -> None:
-    """Rich summary: configuration, prediction, time breakdown, one row per stage."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    par, pred = plan.parallelism, plan.prediction
-    console.print(f"[bold]{plan.model.name}[/] seq {plan.model.seq_len} {plan.model.dtype} on {plan.cluster.gpus}× "
-                  f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
-    console.print(f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
-                  f"{par.num_microbatches} = global {par.global_batch_size} · ZeRO-{par.zero_stage} · "
-                  f"recompute {par.recompute} · SP {'on' if par.sequence_parallel else 'off'} · "
-                  f"{par.schedule}{f' v={par.virtual_stages}' if par.virtual_stages > 1 else ''}")
-    summary = Table(show_header=False, box=None)
-    summary.add_row("step time", f"{pred.step_time_s:.4g} s")
-    summary.add_row("throughput", f"{pred.tokens_per_s:,.0f} tokens/s")
-    summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f} (hardware, recomputation included)")
-    summary.add_row("MFU", f"{100 * pred.mfu:.1f}%")
-    summary.add_row("peak memory", f"{pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
-                                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")
-    console.print(summary)
-    parts = Table(title="time per step", show_lines=False)
-    for name in ("part", "seconds", "share"):
-        parts.add_column(name, justify="right" if name != "part" else "left")
-    for name, seconds in pred.breakdown_s.model_dump().items():
-        parts.add_row(name, f"{seconds:.4g}", f"{100 * seconds / pred.step_time_s:.1f}%")
-    console.print(parts)
-    stages = Table(title="per stage (one GPU)")
-    for name in ("stage", "layers", "t/micro-batch s", "params", "grads", "optim", "activ", "total GiB"):
-        stages.add_column(name, justify="right")
-    for s in pred.stages:
-        m = s.memory
-        stages.add_row(str(s.stage), f"{s.first_layer}…{s.last_layer} ({s.num_layers})",
-                       f"{s.time_per_microbatch_s:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
-                       f"{m.optimizer_gib:.2f}", f"{m.activations_gib:.2f}", f"{m.total_gib:.2f}")
-    console.print(stages)
-    for note in plan.notes:
-        console.print(f"[yellow]{note}[/]")

@@ -4,7 +4,6 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from autopar.commands.estimate import print_plan
 from autopar.plan import Plan
 
 _RELIEF = {
@@ -16,6 +15,43 @@ _RELIEF = {
     "optimizer": "ZeRO-1 to shard the optimizer step over data-parallel ranks",
     "offload": "more GPU memory per device (avoid offloading activations)",
 }
+
+
+def print_plan(plan: Plan) -> None:
+    """Rich summary: configuration, prediction, time breakdown, one row per stage."""
+    console = Console()
+    par, pred = plan.parallelism, plan.prediction
+    console.print(f"[bold]{plan.model.name}[/] seq {plan.model.seq_len} {plan.model.dtype} on {plan.cluster.gpus}× "
+                  f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
+    console.print(f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
+                  f"{par.num_microbatches} = global {par.global_batch_size} · ZeRO-{par.zero_stage} · "
+                  f"recompute {par.recompute} · SP {'on' if par.sequence_parallel else 'off'} · "
+                  f"{par.schedule}{f' v={par.virtual_stages}' if par.virtual_stages > 1 else ''}")
+    summary = Table(show_header=False, box=None)
+    summary.add_row("step time", f"{pred.step_time_s:.4g} s")
+    summary.add_row("throughput", f"{pred.tokens_per_s:,.0f} tokens/s")
+    summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f} (hardware, recomputation included)")
+    summary.add_row("MFU", f"{100 * pred.mfu:.1f}%")
+    summary.add_row("peak memory", f"{pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
+                                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")
+    console.print(summary)
+    parts = Table(title="time per step", show_lines=False)
+    for name in ("part", "seconds", "share"):
+        parts.add_column(name, justify="right" if name != "part" else "left")
+    for name, seconds in pred.breakdown_s.model_dump().items():
+        parts.add_row(name, f"{seconds:.4g}", f"{100 * seconds / pred.step_time_s:.1f}%")
+    console.print(parts)
+    stages = Table(title="per stage (one GPU)")
+    for name in ("stage", "layers", "t/micro-batch s", "params", "grads", "optim", "activ", "total GiB"):
+        stages.add_column(name, justify="right")
+    for s in pred.stages:
+        m = s.memory
+        stages.add_row(str(s.stage), f"{s.first_layer}…{s.last_layer} ({s.num_layers})",
+                       f"{s.time_per_microbatch_s:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
+                       f"{m.optimizer_gib:.2f}", f"{m.activations_gib:.2f}", f"{m.total_gib:.2f}")
+    console.print(stages)
+    for note in plan.notes:
+        console.print(f"[yellow]{note}[/]")
 
 
 def bottleneck(plan: Plan) -> tuple[str, float]:
