@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,14 +81,21 @@ def test_launch_cli_trains_and_reports_json(tmp_path: Path) -> None:
     assert all(s["loss"] > 0 and s["step_time_s"] > 0 for s in report["steps"])
 
 
+def assert_every_rank_failed(proc: subprocess.CompletedProcess, reason: str, ranks: int = 2) -> None:
+    """Each rank printed its one-line error. Ranks share stderr, and a rank's newline may land after the
+    other rank's text, so each rank's message is looked for as text, not as a whole line."""
+    assert proc.returncode != 0
+    messages = re.findall(r"error: \[rank (\d+)\] ([^\n]*?)(?=error: \[rank|\n|$)", proc.stderr)
+    assert sorted(int(rank) for rank, _ in messages) == list(range(ranks)), proc.stderr[-2000:]
+    assert all(reason in text for _, text in messages), proc.stderr[-2000:]
+
+
 def test_wrong_world_size_fails_on_every_rank_before_training(tmp_path: Path) -> None:
     path = _plan_file(tmp_path, model="gpt", dp=4)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "-m", "autopar.runtime.launch", str(path)], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=JOB_TIMEOUT_S)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: [rank")]
-    assert len(lines) == 2 and all("world_size 4 = pp(1) * dp(4) * tp(1)" in line for line in lines), proc.stderr[-2000:]
+    assert_every_rank_failed(proc, "plan needs world_size 4 = pp(1) * dp(4) * tp(1)")
     assert "step" not in proc.stdout
 
 
@@ -101,6 +109,4 @@ def test_model_not_matching_plan_fails_on_every_rank(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "-m", "autopar.runtime.launch", str(path)], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=JOB_TIMEOUT_S)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: [rank")]
-    assert len(lines) == 2 and all("does not match the plan" in line for line in lines), proc.stderr[-2000:]
+    assert_every_rank_failed(proc, "does not match the plan")
