@@ -83,7 +83,8 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
         g = build_graph(gm, assignment, {k: v[0] for k, v in kinds.items()}, cost1, cost2, TRACE_BATCH)
         nx.set_node_attributes(g, {k: v[1] for k, v in kinds.items()}, "target")
         cuts = cut_bytes(g, len(layers))
-        traced_layers = [_layer_profile(layer, model, gm, g, layers, cuts, dtype) for layer in layers]
+        head = _head_index(layers, model)
+        traced_layers = [_layer_profile(layer, model, gm, g, head, cuts) for layer in layers]
         _assign_params(traced_layers, layers, g, wrapper, model)
         modules = {u: model.get_submodule(u) for u in reduced_units}
     by_name = {lp.name: lp for lp in traced_layers}
@@ -122,7 +123,7 @@ def _placeholder_kinds(gm: torch.fx.GraphModule, placeholders: list) -> dict[str
 
 
 def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule, g: nx.DiGraph,
-                   layers: list[Layer], cuts: list[tuple[float, float]], dtype: str) -> LayerProfile:
+                   head: int | None, cuts: list[tuple[float, float]]) -> LayerProfile:
     def total(field: str) -> tuple[float, float]:
         return (sum(g.nodes[n][f"{field}_per_sample"] for n in layer.nodes),
                 sum(g.nodes[n][f"{field}_fixed"] for n in layer.nodes))
@@ -133,9 +134,7 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
     saved, saved_fixed = total("saved_bytes")
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
-    linear_layers = [lyr.index for lyr in layers if any(
-        isinstance(m, torch.nn.Linear) for u in lyr.units if u != "<model>" for m in model.get_submodule(u).modules())]
-    is_head = bool(linear_layers) and layer.index == linear_layers[-1]
+    is_head = layer.index == head
     pattern = tp_pattern(unit, module, gm, g, layer.nodes, is_head) if len(layer.units) == 1 else \
         tp_pattern(unit, torch.nn.Module(), gm, g, [], False)
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
@@ -147,6 +146,13 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern)
+
+
+def _head_index(layers: list[Layer], model: torch.nn.Module) -> int | None:
+    """The last layer holding a linear: the LM head (vocab-parallel output) when it is a lone linear."""
+    with_linear = [lyr.index for lyr in layers if any(isinstance(m, torch.nn.Linear) for u in lyr.units
+                                                      if u != "<model>" for m in model.get_submodule(u).modules())]
+    return with_linear[-1] if with_linear else None
 
 
 def _kind(unit: str, module: torch.nn.Module, is_head: bool) -> str:

@@ -101,7 +101,8 @@ class LowerBound:
             in_flight = offload_resident(in_flight)
         busy = memory = 0.0
         upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
-        for n, options in self._layer_options(cfg):
+        layer_options = self._layer_options(cfg)
+        for n, options in layer_options:
             hull = _lower_hull(sorted((in_flight * kept + state, t) for kept, state, t in options))
             start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
             busy += n * hull[start][1]
@@ -126,7 +127,7 @@ class LowerBound:
                 self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
             busy += 2 * (chunks - 1) * self._p2p[pkey]
         # step = (m − 1/v)·max_d T_d + Σ_d T_d / v, and max_d T_d ≥ both the mean and the heaviest layer
-        heaviest = max(min(t for _, _, t in options) for _, options in self._layer_options(cfg))
+        heaviest = max(min(t for _, _, t in options) for _, options in layer_options)
         return (m - 1 / v) * max(busy / pp, heaviest) + busy / v
 
 
