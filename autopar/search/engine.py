@@ -64,10 +64,18 @@ class LowerBound:
             self._rep.setdefault(lp.block_id, i)
         self._options: dict[tuple, list[tuple[int, list[tuple[float, float, float]]]]] = {}
         self._p2p: dict[tuple, float] = {}
+        self._knapsack: dict[tuple, tuple[float, float, float]] = {}
 
-    def _layer_options(self, cfg: ParallelConfig) -> list[tuple[int, list[tuple[float, float, float]]]]:
-        """Per distinct layer: (how many, [(kept bytes, state bytes, busy s) per option]). Busy time and
-        kept bytes do not depend on the ZeRO stage, so they are cached without it."""
+    def _layer_options(self, cfg: ParallelConfig) -> list[tuple[int, list[tuple[float, float, float, float]]]]:
+        """Per distinct layer: (how many, [(kept bytes, state bytes, busy s, floor s) per option]): busy is
+        compute + TP communication, floor is TP communication + ZeRO-3 traffic; a device's time per
+        micro-batch is at least each."""
+        return self._with_state(cfg, self._options_raw(cfg))
+
+    def _options_raw(self, cfg: ParallelConfig) -> list[tuple[int, list[tuple[int, float, float, float, float, float]]]]:
+        """Per distinct layer: (how many, [(tp degree, kept bytes, params per GPU, busy s, TP comm s, backward
+        compute s)]). None
+        of it depends on the ZeRO stage, so it is cached without it."""
         cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
         key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage == 0)
         if key not in self._options:
@@ -82,35 +90,77 @@ class LowerBound:
                     c = cost.layer_cost(layer, b=cfg.micro_batch * t // cfg.tp, tp=t,
                                         sequence_parallel=cfg.sequence_parallel, recompute=k,
                                         tp_link=comm.group_link(hw, t, 1, gpn))
-                    opts.append((t, c.kept_bytes, c.params_per_gpu, _busy(c) + sum(cost.conversion_times(layer, cfg, t))))
+                    conversion = sum(cost.conversion_times(layer, cfg, t))
+                    opts.append((t, c.kept_bytes, c.params_per_gpu, _busy(c) + conversion,
+                                 c.tp_fwd_s + c.tp_bwd_s + conversion, c.bwd_s))
                 entries.append((self._counts[layer.block_id], opts))
             self._options[key] = entries
+        return self._options[key]
+
+    def _with_state(self, cfg: ParallelConfig, raw: list) -> list[tuple[int, list[tuple[float, float, float, float]]]]:
+        cost, hw = self.cost, self.cost.hw
         precision = cfg.precision or default_precision(cost.model.dtype)
         devices = cfg.tp * cfg.dp
-        rate = {t: sum(model_state_bytes(1.0, precision, dp=devices // t, zero_stage=cfg.zero_stage))
-                for t in {t for _, opts in self._options[key] for t, *_ in opts}}
-        return [(n, [(kept, params * rate[t], busy) for t, kept, params, busy in opts])
-                for n, opts in self._options[key]]
+        degrees = {t for _, opts in raw for t, *_ in opts}
+        rate = {t: sum(model_state_bytes(1.0, precision, dp=devices // t, zero_stage=cfg.zero_stage)) for t in degrees}
+        gpn = cfg.gpus_per_node or hw.gpus_per_node
+        links = {t: comm.group_link(hw, devices // t, t, gpn) for t in degrees}
+        return [(n, [(kept, params * rate[t], busy, tp_s + (comm.zero3_layer_time(
+                    params, dp=devices // t, param_bytes=precision.param_bytes, grad_bytes=precision.grad_bytes,
+                    link=links[t], hw=hw) if cfg.zero_stage == 3 else 0.0))
+                     for t, kept, params, busy, tp_s, _ in opts])
+                for n, opts in raw]
 
     def __call__(self, cfg: ParallelConfig) -> float:
-        cost, layers, hw = self.cost, self.cost.model.layers, self.cost.hw
+        busy, heaviest = self._parts(cfg)
+        if busy == math.inf:
+            return math.inf
+        # step = (m − 1/v)·max_d T_d + Σ_d T_d / v, and max_d T_d ≥ both the mean and the heaviest layer
+        m, v = cfg.num_microbatches, cfg.virtual_stages
+        return (m - 1 / v) * max(busy / cfg.pp, heaviest) + busy / v
+
+    def _parts(self, cfg: ParallelConfig) -> tuple[float, float]:
+        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer); busy = inf: no fit."""
+        cost, layers = self.cost, self.cost.model.layers
         pp, m, v = cfg.pp, cfg.num_microbatches, cfg.virtual_stages
         # the last stage holds the fewest micro-batches in every schedule (fewest warm-up forwards)
         in_flight = microbatches_in_flight(pp - 1, pp=pp, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
         if cfg.offload_activations:
             in_flight = offload_resident(in_flight)
-        busy = memory = 0.0
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision, pp, in_flight)
+        if key not in self._knapsack:
+            self._knapsack[key] = self._knapsack_parts(cfg, in_flight)
+        busy, floor, heaviest = self._knapsack[key]
+        if busy == math.inf:
+            return math.inf, math.inf
+        chunks = pp * v
+        if chunks > 1:
+            tp_link, _, pp_link = cost.links(cfg)
+            pkey = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link, pp_link)
+            if pkey not in self._p2p:
+                self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
+            p2p = 2 * (chunks - 1) * self._p2p[pkey]
+            busy, floor = busy + p2p, floor + p2p
+        # T_d = compute + TP + p2p + offload + max(0, ZeRO-3 traffic − compute) ≥ both busy and floor
+        return max(busy, floor), heaviest
+
+    def _knapsack_parts(self, cfg: ParallelConfig, in_flight: float) -> tuple[float, float, float]:
+        """(Σ busy, Σ floor, heaviest layer) over the layers, the per-block options chosen by the memory
+        knapsack with ``in_flight`` micro-batches of activations kept; busy = inf: nothing fits."""
+        hw = self.cost.hw
+        busy = memory = floor = 0.0
         upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
         layer_options = self._layer_options(cfg)
         for n, options in layer_options:
-            hull = _lower_hull(sorted((in_flight * kept + state, t) for kept, state, t in options))
+            hull = _lower_hull(sorted((in_flight * kept + state, t) for kept, state, t, _ in options))
+            floor += n * min(f for *_, f in options)
             start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
             busy += n * hull[start][1]
             memory += n * hull[start][0]
             for h in range(start, 0, -1):
                 saved, added = hull[h][0] - hull[h - 1][0], hull[h - 1][1] - hull[h][1]
                 upgrades.append((added / saved if saved > 0 else math.inf, n * saved, n * added))
-        excess = memory - pp * (hw.memory_bytes - hw.memory_reserve_bytes)
+        excess = memory - cfg.pp * (hw.memory_bytes - hw.memory_reserve_bytes)
         for _, saved, added in sorted(upgrades):
             if excess <= 0:
                 break
@@ -118,17 +168,81 @@ class LowerBound:
             busy += take * added
             excess -= take * saved
         if excess > 1e-6 * max(1.0, memory):
-            return math.inf
-        chunks = pp * v
-        if chunks > 1:
-            tp_link, _, pp_link = cost.links(cfg)
-            pkey = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link, pp_link)
-            if pkey not in self._p2p:
-                self._p2p[pkey] = min(cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(layers) - 1))
-            busy += 2 * (chunks - 1) * self._p2p[pkey]
-        # step = (m − 1/v)·max_d T_d + Σ_d T_d / v, and max_d T_d ≥ both the mean and the heaviest layer
-        heaviest = max(min(t for _, _, t in options) for _, options in layer_options)
-        return (m - 1 / v) * max(busy / pp, heaviest) + busy / v
+            return math.inf, math.inf, math.inf
+        heaviest = max(min(max(t, f) for _, _, t, f in options) for _, options in layer_options)
+        return busy, floor, heaviest
+
+    def beats(self, cfg: ParallelConfig, upper: float) -> bool:
+        """False when no plan of this choice can have a step below ``upper``, counting the once-per-step
+        tail that the bound above leaves out. Device 0 finishes its backward last, so the step includes
+        its exposed data-parallel gather and its optimizer step (e_0 per parameter on it). A plan faster
+        than ``upper`` keeps max_d T_d ≤ (upper − Σ T/v)/(m − 1/v), so device 0 carries at least
+        T_0 ≥ Σ T − (pp − 1)·max_d T_d of work; the fewest tail seconds that much work can bring is a
+        fractional knapsack over the layers (most time per tail second first), the first layer forced.
+        Conditional on beating ``upper``, so it prunes, it does not bound."""
+        m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
+        if pp < 2 or cfg.zero_stage == 3 or m - 1 / v <= 0:
+            return True
+        busy, heaviest = self._parts(cfg)
+        if busy == math.inf:
+            return False
+        cost, hw = self.cost, self.cost.hw
+        precision = cfg.precision or default_precision(cost.model.dtype)
+        devices, gpn = cfg.tp * cfg.dp, cfg.gpus_per_node or hw.gpus_per_node
+        steady = upper - busy / v
+        need = busy - (pp - 1) * steady / (m - 1 / v)
+        tp_link, _, pp_link = cost.links(cfg)
+        bkey = ("max", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, tp_link, pp_link)
+        if bkey not in self._p2p:
+            self._p2p[bkey] = max(cost.boundary_time(i, cfg, tp_link, pp_link)
+                                  for i in range(len(cost.model.layers) - 1))
+        need -= 2 * v * self._p2p[bkey]  # device 0's point-to-point transfers, at most 2 per chunk
+        # device 0's tail ≥ exposed + optimizer (A) and ≥ A + overlappable − backward / v (B): per parameter
+        # on it, linear, so each bound is a fractional knapsack (the LP min of Σ cost over layers whose
+        # greatest time covers ``need``)
+        rates: dict[int, tuple[float, float]] = {}
+        for t in {t for _, opts in self._options_raw(cfg) for t, *_ in opts}:
+            dp_t = devices // t
+            over, exposed = comm.dp_step_rates(dp=dp_t, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
+                                               grad_bytes=precision.grad_bytes,
+                                               link=comm.group_link(hw, dp_t, t, gpn), hw=hw)
+            opt = precision.optimizer_traffic_bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) / \
+                (dp_t if cfg.zero_stage >= 1 else 1)
+            rates[t] = (exposed + opt, over)
+        first = self.cost.model.layers[0].block_id
+        offload = 2 / hw.host_link_bytes_per_s if cfg.offload_activations else 0.0
+        tails = []
+        for with_overlap in (False, True):
+            items = []  # (count, most time, least tail) per distinct layer
+            for block, (n, opts) in zip(self._rep, self._options_raw(cfg)):
+                most = max(busy_o + offload * kept for _, kept, _, busy_o, _, _ in opts)
+                least = min(params * (rates[t][0] + (rates[t][1] if with_overlap else 0.0))
+                            - (bwd / v if with_overlap else 0.0) for t, _, params, _, _, bwd in opts)
+                items.append((n, most, least, block == first))
+            tails.append(_least_cost_cover(items, need))
+        tail = max(tails)
+        return (m - 1 / v) * max(busy / pp, heaviest) + busy / v + tail < upper
+
+
+def _least_cost_cover(items: list[tuple[int, float, float, bool]], need: float) -> float:
+    """min Σ x_i·cost_i subject to Σ x_i·time_i ≥ need, 0 ≤ x_i ≤ count_i, one unit of each forced item
+    taken: the LP optimum — every item of non-positive cost, then the most time per unit cost first."""
+    total = 0.0
+    rest = []
+    for n, time_i, cost_i, forced in items:
+        if forced:
+            total, need, n = total + cost_i, need - time_i, n - 1
+        if cost_i <= 0:
+            total, need = total + n * cost_i, need - n * time_i
+        elif n > 0:
+            rest.append((time_i / cost_i, n, time_i, cost_i))
+    for _, n, time_i, cost_i in sorted(rest, reverse=True):
+        if need <= 0:
+            break
+        take = min(n, need / time_i)
+        total += take * cost_i
+        need -= take * time_i
+    return max(total, 0.0)
 
 
 def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -150,7 +264,7 @@ GREEDY_MAX_CHOICES = 1000  # outer choices, at most, in the Megatron-style first
 # the search stays deterministic)
 
 
-def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...]) -> Candidate | None:
+def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...], bound: LowerBound) -> Candidate | None:
     """The best Megatron-style plan (even split, one recomputation mode for every block) over the outer
     choices in lower-bound order, stopping at the first whose bound cannot beat it: a real plan, and an
     upper bound that lets CP-SAT prove most choices no better, fast."""
@@ -158,6 +272,8 @@ def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...]) -> C
     for lb, _, outer, cfg in queue[:GREEDY_MAX_CHOICES]:
         if best is not None and lb >= best.estimate.step_time_s:
             break
+        if best is not None and not bound.beats(cfg, best.estimate.step_time_s):
+            continue
         counts = stage_layer_counts(cost.model.layers, cfg.chunks)
         for mode in modes:
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
@@ -197,7 +313,7 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
         else:
             dropped_for_memory += 1
     queue.sort(key=lambda item: (item[0], item[1]))
-    greedy = _greedy_incumbent(cost, queue, modes) if top_k == 1 else None
+    greedy = _greedy_incumbent(cost, queue, modes, lower_bound) if top_k == 1 else None
     best: list[Candidate] = [greedy] if greedy is not None else []
     solved, all_optimal, bound = 0, True, float("inf")
     fits_without_offload: set[tuple] = set()
@@ -213,6 +329,8 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
         if outer.offload and dataclasses.astuple(replace(outer, offload=False)) in fits_without_offload \
                 and pins.offload is None:
             continue  # offload only adds time when the same choice fits without it
+        if kth is not None and not lower_bound.beats(cfg, kth):
+            continue  # its once-per-step tail alone rules it out
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0:
             all_optimal = False
