@@ -115,12 +115,15 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
     GPipe: all m forwards precede the backwards. 1F1B (PipeDream-Flush): stage s runs p − s warm-up
     forwards, so it holds min(p − s, m). Interleaved (Megatron ``forward_backward_pipelining_with_interleaving``):
     (p − s − 1)·2 + (v − 1)·p warm-up model-chunk forwards, + 1; each chunk holds 1/v of the device's
-    layers, so the count is returned in units of whole devices (divided by v)."""
+    layers, so the count is returned in units of whole devices (divided by v). With m = p Megatron runs
+    every forward first (``all_warmup_microbatches``), so every device holds all m."""
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_stages > 1:
         v = virtual_stages
+        if m == pp:
+            return float(m)
         warmup = (pp - stage - 1) * 2 + (v - 1) * pp
         return min(warmup + 1, m * v) / v
     return float(min(pp - stage, m))

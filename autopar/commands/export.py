@@ -1,0 +1,38 @@
+"""`autopar export`: write a plan in a training framework's own format (thin layer over autopar.export)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from autopar.errors import AutoparError
+
+
+def export_command(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON (autopar solve -o, estimate --json)")],
+    to: Annotated[str, typer.Option("--to", help="target: megatron, nemo, deepspeed, lightning, torchtitan or "
+                                                 "sagemaker")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write here (atomically) instead of "
+                                                                          "printing")] = None,
+) -> None:
+    """Export PLAN as Megatron arguments, NeMo YAML, a DeepSpeed config, a Lightning snippet, torchtitan TOML or
+    SageMaker smp parameters; what the target cannot express is warned about on stderr."""
+    from autopar.export import check_target, export
+    from autopar.plan import Plan
+    from autopar.profile import write_atomic
+
+    try:
+        target = check_target(to)  # before reading the plan: a bad --to fails first
+        result = export(Plan.load(plan_file), target)
+    except AutoparError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2)
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if output is None:
+        sys.stdout.write(result.text)
+    else:
+        write_atomic(output, result.text)
+        typer.echo(f"{result.target} export written to {output}")

@@ -1,0 +1,194 @@
+"""What the exporters read from a Plan, computed once: blocks per chunk, recomputation, nodes, precision.
+
+A Plan lists every profile layer (name, pipeline chunk, tp, recompute) but not its kind, so the
+transformer blocks are recognised by name: the largest group of layers named ``<prefix>.<index>``
+(``h.3``, ``layers.12``, ``model.layers.0``) — what Megatron, NeMo and torchtitan count as "layers".
+Everything else (embeddings, final norm, head) rides on the first or last chunk, as in Megatron.
+
+Each helper that meets something a target may not express returns the closest expressible value and
+a warning (one sentence, what the plan wanted and what the export does instead); the exporters decide
+which of these apply to them.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from autopar.plan import Plan
+
+_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def block_indices(plan: Plan) -> list[int]:
+    """Indices into plan.layers of the transformer blocks (the largest group of numbered layers)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, layer in enumerate(plan.layers):
+        match = _NUMBERED.match(layer.name)
+        if match:
+            groups[match.group(1)].append(i)
+    if not groups:
+        return []
+    return max(groups.values(), key=len)
+
+
+def num_blocks(plan: Plan) -> int | None:
+    """Transformer layers in the model, or None when the plan does not list its layers."""
+    return len(block_indices(plan)) or None
+
+
+def chunk_block_counts(plan: Plan) -> list[int] | None:
+    """Transformer blocks in each pipeline model chunk (pp × virtual_stages, in execution order);
+    None when the plan has no per-layer assignment."""
+    blocks = block_indices(plan)
+    if not blocks:
+        return None
+    chunks = plan.parallelism.pp * plan.parallelism.virtual_stages
+    counts = [0] * chunks
+    for i in blocks:
+        counts[plan.layers[i].stage] += 1
+    return counts
+
+
+def rank_counts(chunk_counts: list[int], pp: int) -> list[int]:
+    """Blocks per pipeline rank: chunk c runs on rank c mod pp (Megatron's interleaved assignment)."""
+    totals = [0] * pp
+    for c, n in enumerate(chunk_counts):
+        totals[c % pp] += n
+    return totals
+
+
+def chunk_layer_names(plan: Plan) -> list[list[str]]:
+    """The layer (module) names of each pipeline model chunk, in order."""
+    chunks: list[list[str]] = [[] for _ in range(plan.parallelism.pp * plan.parallelism.virtual_stages)]
+    for layer in plan.layers:
+        chunks[layer.stage].append(layer.name)
+    return chunks
+
+
+def tp_warning(plan: Plan, target: str) -> str | None:
+    """A warning when layers run at different tensor-parallel degrees (the export uses parallelism.tp)."""
+    degrees = Counter(layer.tp for layer in plan.layers)
+    if len(degrees) <= 1:
+        return None
+    odd = [f"{layer.name}: tp {layer.tp}" for layer in plan.layers if layer.tp != plan.parallelism.tp]
+    shown = ", ".join(odd[:4]) + (f" and {len(odd) - 4} more" if len(odd) > 4 else "")
+    return (f"{target} has one tensor-parallel degree for the whole model, but the plan runs layers at "
+            f"different degrees ({shown}); exported with tp {plan.parallelism.tp} everywhere, which changes "
+            "those layers' memory and time")
+
+
+def nodes(plan: Plan) -> tuple[int, int, str | None]:
+    """(nodes, GPUs per node) for launchers that take both, and a warning when the GPUs do not fill
+    whole nodes (the export then asks for fewer GPUs per node, on more nodes, as the plan's total)."""
+    world, per_node = plan.world_size, plan.cluster.gpus_per_node
+    if world <= per_node:
+        return 1, world, None
+    if world % per_node == 0:
+        return world // per_node, per_node, None
+    for devices in range(per_node, 0, -1):
+        if world % devices == 0:
+            return world // devices, devices, (
+                f"{world} GPUs are not a whole number of {per_node}-GPU nodes; exported as "
+                f"{world // devices} nodes × {devices} GPUs")
+    raise AssertionError("unreachable: 1 divides every world size")
+
+
+def precision(plan: Plan) -> str:
+    """The training dtype: "bf16", "fp16" or "fp32" (from the plan's precision recipe, else the model's)."""
+    recipe = plan.parallelism.precision
+    if "bf16" in recipe:
+        return "bf16"
+    if "fp16" in recipe:
+        return "fp16"
+    if recipe == "fp32":
+        return "fp32"
+    return plan.model.dtype
+
+
+def fp32_grads(plan: Plan) -> bool:
+    """True when the recipe keeps gradients in fp32 while parameters are 16-bit (Megatron's bf16 recipe)."""
+    return plan.parallelism.precision == "megatron-bf16"
+
+
+@dataclass(frozen=True)
+class Export:
+    """What one exporter produced: the text to write and the plan features it could not express."""
+
+    target: str
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Megatron-style activation recomputation: granularity, method and layers per chunk.
+
+    ``method`` "uniform" with ``num_layers`` 1 checkpoints every block's input; "block" checkpoints the
+    first ``num_layers`` blocks of every model chunk and keeps the rest's activations."""
+
+    granularity: str | None            # None, "selective" or "full"
+    method: str | None = None          # "uniform" or "block" (full only)
+    num_layers: int | None = None
+    warning: str | None = None
+
+
+def megatron_recompute(plan: Plan, target: str) -> Recompute:
+    """The plan's per-block recomputation as Megatron / NeMo express it (one granularity for the whole
+    model; with "full", the same number of checkpointed blocks in every chunk). A per-block mix they
+    cannot express becomes the closest setting that recomputes at least as much (so it still fits)."""
+    blocks = block_indices(plan)
+    modes = {plan.layers[i].recompute for i in blocks} if blocks else {plan.parallelism.recompute}
+    if modes == {"none"}:
+        return Recompute(None)
+    if modes == {"selective"}:
+        return Recompute("selective")
+    if modes == {"full"}:
+        return Recompute("full", "uniform", 1)
+    mix = ", ".join(f"{n} {mode}" for mode, n in sorted(Counter(plan.layers[i].recompute for i in blocks).items()))
+    if "full" not in modes:  # {none, selective}
+        return Recompute("selective", warning=(
+            f"{target} applies selective recomputation to every transformer layer, but the plan recomputes "
+            f"only some ({mix}); exported as selective everywhere (more recomputation than planned)"))
+    # Full on some blocks: Megatron's "block" method checkpoints the first N blocks of each chunk.
+    per_chunk: dict[int, Counter[str]] = defaultdict(Counter)
+    for i in blocks:
+        per_chunk[plan.layers[i].stage][plan.layers[i].recompute] += 1
+    full = {c: counts["full"] for c, counts in per_chunk.items()}
+    if "selective" not in modes and len(set(full.values())) == 1:
+        return Recompute("full", "block", next(iter(full.values())))
+    need = max(counts["full"] + counts["selective"] for counts in per_chunk.values())
+    return Recompute("full", "block", need, warning=(
+        f"{target} checkpoints the same number of blocks in every model chunk with one granularity, but the "
+        f"plan mixes per block ({mix}; full blocks per chunk: {[full[c] for c in sorted(full)]}); exported as "
+        f"full recomputation of {need} blocks per chunk (more recomputation than planned)"))
+
+
+def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
+    """(mode, description of the per-block mix) for targets with one recomputation mode for all blocks:
+    the mode is the plan's when all blocks agree, else the strongest one any block uses."""
+    blocks = block_indices(plan)
+    if not blocks:
+        return plan.parallelism.recompute, None
+    counts = Counter(plan.layers[i].recompute for i in blocks)
+    if len(counts) == 1:
+        return next(iter(counts)), None
+    strongest = next(m for m in ("full", "selective", "none") if m in counts)
+    return strongest, ", ".join(f"{n} {mode}" for mode, n in sorted(counts.items()))
+
+
+def summary(plan: Plan) -> str:
+    """One line describing the plan, for the comment header of each export."""
+    par = plan.parallelism
+    parts = [f"tp {par.tp} × pp {par.pp} × dp {par.dp}", f"micro-batch {par.micro_batch_size} × "
+             f"{par.num_microbatches} micro-batches = global batch {par.global_batch_size}",
+             f"ZeRO-{par.zero_stage}", f"recompute {par.recompute}"]
+    if par.sequence_parallel:
+        parts.append("sequence parallel")
+    if par.pp > 1:
+        parts.append(par.schedule + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else ""))
+    if par.offload_activations:
+        parts.append("activation offload")
+    return (f"autopar plan for {plan.model.name} (seq {plan.model.seq_len}, {plan.parallelism.precision}) on "
+            f"{plan.world_size} GPUs: " + ", ".join(parts) +
+            f"; predicted step {plan.prediction.step_time_s:.3g} s")

@@ -1,0 +1,84 @@
+"""DeepSpeed ``ds_config`` JSON.
+
+Batch: train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel
+size, which DeepSpeed checks at start-up; under pipeline parallelism the accumulation steps are the
+pipeline's micro-batches.
+
+Parallelism the config cannot carry: pipeline stages are built in code (``PipelineModule(layers,
+num_stages=pp)``; DeepSpeed's pipeline engine runs 1F1B only, with ZeRO-0/1), and Megatron-style sequence
+parallelism belongs to the model (Megatron-DeepSpeed). Tensor parallelism is DeepSpeed's AutoTP
+(``tensor_parallel.autotp_size``; with Megatron-DeepSpeed, drop it and pass Megatron's
+--tensor-model-parallel-size instead). Recomputation: ``activation_checkpointing`` configures
+``deepspeed.checkpointing.checkpoint``, which the model calls per transformer layer (full recomputation);
+``partition_activations`` splits each kept layer input over the tensor-parallel ranks (as sequence
+parallelism does) and ``cpu_checkpointing`` keeps it in host memory (activation offload).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autopar.export.common import Export, fp32_grads, precision, tp_warning, uniform_recompute
+from autopar.plan import Plan
+
+TARGET = "DeepSpeed"
+
+
+def export(plan: Plan) -> Export:
+    par = plan.parallelism
+    warnings: list[str] = []
+    if (w := tp_warning(plan, TARGET)) is not None:
+        warnings.append(w)
+    config: dict[str, Any] = {
+        "train_batch_size": par.global_batch_size,
+        "train_micro_batch_size_per_gpu": par.micro_batch_size,
+        "gradient_accumulation_steps": par.num_microbatches,
+    }
+    zero = par.zero_stage
+    if par.pp > 1:
+        warnings.append(f"ds_config cannot set pipeline parallelism: build the model as PipelineModule(layers, "
+                        f"num_stages={par.pp}) with the plan's stage cut (see the plan's layers){_schedule(plan)}")
+        if zero >= 2:
+            warnings.append(f"DeepSpeed's pipeline engine supports ZeRO-0/1 only; the plan's ZeRO-{zero} is "
+                            "exported as ZeRO-1 (more memory per GPU than planned)")
+            zero = 1
+    config["zero_optimization"] = {"stage": zero}
+    if par.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": par.tp}
+    if par.sequence_parallel:
+        warnings.append("ds_config has no Megatron-style sequence parallelism (its sequence_parallel_size is "
+                        "Ulysses, a different scheme); enable it in the model code (Megatron-DeepSpeed "
+                        "--sequence-parallel), otherwise activations take more memory than planned")
+    mode, mix = uniform_recompute(plan)
+    if mix is not None:
+        warnings.append(f"DeepSpeed checkpoints whatever layers the model wraps, with one setting; the plan mixes "
+                        f"recomputation per block ({mix}): wrap the blocks as planned, exported as {mode}")
+    if mode == "selective":
+        warnings.append("DeepSpeed's activation checkpointing recomputes whole wrapped modules; selective "
+                        "(attention-only) recomputation must be done in the model code")
+    if mode != "none":
+        config["activation_checkpointing"] = {
+            "partition_activations": par.sequence_parallel or par.offload_activations,
+            "cpu_checkpointing": par.offload_activations,
+            "contiguous_memory_optimization": False,
+            "synchronize_checkpoint_boundary": False,
+        }
+    elif par.offload_activations:
+        warnings.append("DeepSpeed offloads only checkpointed activations (activation_checkpointing."
+                        "cpu_checkpointing) and the plan recomputes nothing; exported without offload "
+                        "(activations stay on the GPU: more memory than planned)")
+    dtype = precision(plan)
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True}
+    if dtype != "fp32" and fp32_grads(plan):
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return Export("deepspeed", json.dumps(config, indent=2) + "\n", tuple(warnings))
+
+
+def _schedule(plan: Plan) -> str:
+    schedule = plan.parallelism.schedule
+    if schedule == "1f1b":
+        return ""
+    return f"; its pipeline engine runs 1F1B, not the plan's {schedule} schedule"

@@ -1,0 +1,151 @@
+"""Megatron-LM / Megatron-Core command-line arguments, as a bash array ready for ``pretrain_gpt.py``.
+
+Megatron derives data parallelism from the launch: dp = world / (tp × pp) (seed 003), so the export
+also sets NNODES and GPUS_PER_NODE for torchrun. Micro-batches are gradient accumulation:
+num_microbatches = global / (micro × dp).
+
+Stage cuts: Megatron splits the transformer layers evenly over the pp × v model chunks, or with
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` gives the first and last
+pipeline rank their own counts and splits the rest evenly (with interleaving, each rank's layers are
+divided evenly over its v chunks). A plan cut of that shape is exported exactly; any other cut gets the
+expressible split nearest to it (fewest layers moved between ranks) and a warning.
+
+Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-layers 1`` (every layer's
+input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
+every chunk → ``--recompute-method block --recompute-num-layers k`` (which blocks of a chunk recompute
+does not matter when they are identical).
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from autopar.export.common import (Export, chunk_block_counts, megatron_recompute, nodes, num_blocks, precision,
+                                   rank_counts, summary, tp_warning)
+from autopar.plan import Plan
+
+TARGET = "Megatron-LM"
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """Blocks per pipeline rank as Megatron builds them; first / last: the uneven-split flags (None: even)."""
+
+    first: int | None
+    last: int | None
+    ranks: tuple[int, ...]
+    exact: bool
+
+
+def megatron_split(chunk_counts: list[int], pp: int, virtual: int) -> StageSplit | None:
+    """The plan's blocks per chunk as Megatron's split, exact if expressible, else the nearest one
+    (least Σ|Δ blocks| per rank, an even split preferred on ties); None if none exists (fewer blocks than
+    chunks)."""
+    total = sum(chunk_counts)
+    want = rank_counts(chunk_counts, pp)
+    if pp == 1:
+        return StageSplit(None, None, (total,), True)
+    even_within_rank = all(len({chunk_counts[k * pp + r] for k in range(virtual)}) == 1 for r in range(pp))
+    if even_within_rank and min(chunk_counts) >= 1:
+        if len(set(want)) == 1:
+            return StageSplit(None, None, tuple(want), True)
+        if len(set(want[1:-1])) <= 1:
+            return StageSplit(want[0], want[-1], tuple(want), True)
+    candidates = []
+    if total % (pp * virtual) == 0 and total >= pp * virtual:
+        candidates.append(StageSplit(None, None, (total // pp,) * pp, False))
+    for first in range(virtual, total + 1, virtual):
+        for last in range(virtual, total - first + 1, virtual):
+            middle = total - first - last
+            if pp == 2:
+                if middle == 0:
+                    candidates.append(StageSplit(first, last, (first, last), False))
+            elif middle % ((pp - 2) * virtual) == 0 and middle // (pp - 2) >= virtual:
+                candidates.append(StageSplit(first, last, (first, *[middle // (pp - 2)] * (pp - 2), last), False))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda s: (sum(abs(a - b) for a, b in zip(s.ranks, want)), s.first is not None))
+
+
+def export(plan: Plan) -> Export:
+    par = plan.parallelism
+    warnings: list[str] = []
+    args: list[tuple[str, object]] = [("--tensor-model-parallel-size", par.tp),
+                                      ("--pipeline-model-parallel-size", par.pp)]
+    if (w := tp_warning(plan, TARGET)) is not None:
+        warnings.append(w)
+    layers = num_blocks(plan)
+    if layers is not None:
+        args.append(("--num-layers", layers))
+    args += _pipeline_args(plan, warnings)
+    args += [("--micro-batch-size", par.micro_batch_size), ("--global-batch-size", par.global_batch_size),
+             ("--seq-length", plan.model.seq_len)]
+    if par.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    recompute = megatron_recompute(plan, TARGET)
+    if recompute.warning:
+        warnings.append(recompute.warning)
+    if recompute.granularity is not None:
+        args.append(("--recompute-granularity", recompute.granularity))
+    if recompute.method is not None:
+        args += [("--recompute-method", recompute.method), ("--recompute-num-layers", recompute.num_layers)]
+    if par.zero_stage >= 1:
+        args.append(("--use-distributed-optimizer", None))
+    if par.zero_stage >= 2:
+        warnings.append(f"Megatron-LM's distributed optimizer shards optimizer state and fp32 master weights "
+                        f"(ZeRO-1) but not {'gradients' if par.zero_stage == 2 else 'gradients or parameters'}; "
+                        f"the plan's ZeRO-{par.zero_stage} is exported as --use-distributed-optimizer "
+                        "(more memory per GPU than planned)")
+    dtype = precision(plan)
+    if dtype != "fp32":
+        args.append((f"--{dtype}", None))
+    if par.offload_activations:
+        warnings.append("Megatron-LM has no command-line flag for activation offload to host memory; exported "
+                        "without it (activations stay on the GPU: more memory than planned)")
+    n_nodes, per_node, node_warning = nodes(plan)
+    if node_warning:
+        warnings.append(node_warning)
+    lines = [f"# {summary(plan)}",
+             "# data parallelism = world / (tp × pp); launch with:",
+             '#   torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" pretrain_gpt.py '
+             '"${MEGATRON_ARGS[@]}" <model and data arguments>']
+    lines += [f"# warning: {w}" for w in warnings]
+    lines += [f"NNODES={n_nodes}", f"GPUS_PER_NODE={per_node}", "MEGATRON_ARGS=("]
+    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
+    lines.append(")")
+    return Export("megatron", "\n".join(lines) + "\n", tuple(warnings))
+
+
+def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
+    par = plan.parallelism
+    args: list[tuple[str, object]] = []
+    if par.pp == 1:
+        return args
+    if par.schedule == "gpipe":
+        warnings.append("Megatron-LM has no GPipe schedule; exported as 1F1B (same bubble, fewer micro-batches "
+                        "in flight)")
+    virtual = par.virtual_stages if par.schedule == "interleaved" else 1
+    counts = chunk_block_counts(plan)
+    split = megatron_split(counts, par.pp, virtual) if counts is not None else None
+    if counts is not None and split is None:
+        warnings.append(f"Megatron-LM cannot split {sum(counts)} transformer layers over {par.pp * virtual} model "
+                        "chunks (each needs at least one); exported without a layer split")
+    elif split is not None and not split.exact:
+        chunks = "" if virtual == 1 else f" (per chunk {counts})"
+        layout = "" if virtual > 1 else (  # E: embedding, t: transformer layer, L: loss; | between stages
+            " (Megatron-Core's --pipeline-model-parallel-layout " + "|".join(
+                ("E" if r == 0 else "") + "t" * n + ("L" if r == par.pp - 1 else "") for r, n in enumerate(counts))
+            + " would express it exactly)")
+        warnings.append(f"Megatron-LM cannot express the plan's stage cut with first/last-stage layer counts: "
+                        f"transformer layers per pipeline rank {rank_counts(counts, par.pp)}{chunks}; exported as "
+                        f"the nearest split it can, {list(split.ranks)}{layout}")
+    uneven = split is not None and split.first is not None
+    if uneven:
+        args += [("--decoder-first-pipeline-num-layers", split.first),
+                 ("--decoder-last-pipeline-num-layers", split.last)]
+    if virtual > 1:
+        if split is not None and not uneven:
+            args.append(("--num-layers-per-virtual-pipeline-stage", split.ranks[0] // virtual))
+        else:  # uneven ranks, or layers unknown: Megatron-Core's per-rank chunk count
+            args.append(("--num-virtual-stages-per-pipeline-rank", virtual))
+    return args

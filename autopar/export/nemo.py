@@ -1,0 +1,107 @@
+"""NeMo / BioNeMo YAML (the ``trainer`` and ``model`` keys of a Megatron model config, seed 000).
+
+Batch: NeMo's formula global_batch_size = micro_batch_size × devices × num_nodes ×
+accumulate_grad_batches / (tensor_model_parallel_size × pipeline_model_parallel_size) holds with
+accumulate_grad_batches = the plan's micro-batches per step (BioNeMo infers global_batch_size from it
+and refuses a conflicting one; NeMo's Megatron models derive the same accumulation from global_batch_size).
+
+Other keys: ZeRO-1/2 → ``model.optim.name: distributed_fused_adam`` (NeMo's distributed optimizer shards
+optimizer state and master weights); ZeRO-3 → ``model.fsdp: true`` (torch FSDP, full sharding; NeMo runs
+it without pipeline parallelism); recomputation → ``activations_checkpoint_granularity / method /
+num_layers`` (Megatron's semantics, see megatron.py); activation offload → Megatron-Core's
+``cpu_offloading`` (all layers but the last, which Megatron-Core requires; not with pipeline parallelism or
+recomputation). NeMo splits the transformer layers evenly over the pipeline chunks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autopar.export.common import (Export, chunk_block_counts, fp32_grads, megatron_recompute, nodes, num_blocks,
+                                   precision, summary, tp_warning)
+from autopar.plan import Plan
+
+TARGET = "NeMo"
+_TRAINER_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32}
+
+
+def export(plan: Plan) -> Export:
+    par = plan.parallelism
+    warnings: list[str] = []
+    if (w := tp_warning(plan, TARGET)) is not None:
+        warnings.append(w)
+    n_nodes, per_node, node_warning = nodes(plan)
+    if node_warning:
+        warnings.append(node_warning)
+    dtype = precision(plan)
+    trainer = {"devices": per_node, "num_nodes": n_nodes, "accumulate_grad_batches": par.num_microbatches,
+               "precision": _TRAINER_PRECISION[dtype]}
+    virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
+    model: dict[str, Any] = {
+        "micro_batch_size": par.micro_batch_size, "global_batch_size": par.global_batch_size,
+        "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
+        "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": par.sequence_parallel,
+        "encoder_seq_length": plan.model.seq_len,
+    }
+    _pipeline_warnings(plan, warnings)
+    recompute = megatron_recompute(plan, TARGET)
+    if recompute.warning:
+        warnings.append(recompute.warning)
+    model["activations_checkpoint_granularity"] = recompute.granularity
+    model["activations_checkpoint_method"] = recompute.method
+    model["activations_checkpoint_num_layers"] = recompute.num_layers
+    fsdp = par.zero_stage == 3 and par.pp == 1
+    if par.zero_stage == 3 and not fsdp:
+        warnings.append("NeMo shards parameters (FSDP, ZeRO-3) only without pipeline parallelism; exported with "
+                        "the distributed optimizer (ZeRO-1: more memory per GPU than planned)")
+    elif par.zero_stage == 2:
+        warnings.append("NeMo's distributed optimizer shards optimizer state and master weights (ZeRO-1) but not "
+                        "gradients; the plan's ZeRO-2 is exported as distributed_fused_adam (more memory per GPU "
+                        "than planned)")
+    # megatron_amp_O2: 16-bit parameters with fp32 master weights (the plan's precision recipes); not with FSDP.
+    model["megatron_amp_O2"] = dtype != "fp32" and not fsdp
+    if fsdp:
+        model["fsdp"] = True
+        model["fsdp_sharding_strategy"] = "full"
+        model["fsdp_grad_reduce_dtype"] = 32 if fp32_grads(plan) or dtype == "fp32" else 16
+    model["optim"] = {"name": "distributed_fused_adam" if par.zero_stage >= 1 and not fsdp else "fused_adam"}
+    if par.offload_activations:
+        model.update(_offload(plan, warnings))
+    header = [f"# {summary(plan)}",
+              "# global_batch_size = micro_batch_size * devices * num_nodes * accumulate_grad_batches"
+              " / (tensor_model_parallel_size * pipeline_model_parallel_size)",
+              "# (BioNeMo infers global_batch_size from it, then hands NeMo accumulate_grad_batches 1; NeMo's own",
+              "#  Megatron scripts take the accumulation from global_batch_size: there set accumulate_grad_batches 1)"]
+    header += [f"# warning: {w}" for w in warnings]
+    body = yaml.safe_dump({"trainer": trainer, "model": model}, sort_keys=False, default_flow_style=False)
+    return Export("nemo", "\n".join(header) + "\n" + body, tuple(warnings))
+
+
+def _pipeline_warnings(plan: Plan, warnings: list[str]) -> None:
+    par = plan.parallelism
+    if par.pp == 1:
+        return
+    if par.schedule == "gpipe":
+        warnings.append("NeMo (Megatron) has no GPipe schedule; it runs 1F1B (same bubble, fewer micro-batches in "
+                        "flight)")
+    counts = chunk_block_counts(plan)
+    if counts is not None and len(set(counts)) > 1:
+        total, chunks = sum(counts), len(counts)
+        even = (f"{total // chunks} per chunk" if total % chunks == 0
+                else f"which needs a layer count divisible by {chunks}")
+        warnings.append(f"NeMo splits the transformer layers evenly over the {chunks} pipeline chunks; the plan's "
+                        f"uneven cut (layers per chunk {counts}) is not kept: {total} layers run {even}")
+
+
+def _offload(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    layers = num_blocks(plan)
+    reason = ("pipeline parallelism" if plan.parallelism.pp > 1 else
+              "recomputation" if megatron_recompute(plan, TARGET).granularity is not None else
+              "fewer than two transformer layers" if not layers or layers < 2 else None)
+    if reason is not None:
+        warnings.append(f"NeMo (Megatron-Core) cannot offload activations together with {reason}; exported "
+                        "without offload (activations stay on the GPU: more memory than planned)")
+        return {}
+    return {"cpu_offloading": True, "cpu_offloading_num_layers": layers - 1, "cpu_offloading_activations": True,
+            "cpu_offloading_weights": False}

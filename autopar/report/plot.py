@@ -1,0 +1,200 @@
+"""Figures of a plan (pipeline schedule as a Gantt chart, per-stage memory) and of a GPU-count sweep.
+
+matplotlib's object API only (Figure + the Agg renderer, no pyplot): nothing opens a window and no
+global backend state changes. Files are written atomically: to a temporary file in the same folder,
+then renamed.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from autopar.errors import AutoparError
+from autopar.plan import Plan
+from autopar.report.schedule import Timeline, simulate, stage_times
+from cost_models.pipeline import pipeline_time
+
+if TYPE_CHECKING:
+    from autopar.report.sweep import SweepRow
+
+COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B3", "comm": "#C44E52",
+          "bubble": "#E5E5E5", "tail": "#8C8C8C"}
+MEMORY_PARTS = (("params", "params_gib", "#4C72B0"), ("grads", "grads_gib", "#55A868"),
+                ("optimizer", "optimizer_gib", "#DD8452"), ("activations", "activations_gib", "#C44E52"),
+                ("buffers", "buffers_gib", "#8172B3"), ("reserve", "reserve_gib", "#B0B0B0"))
+FORMATS = ("png", "svg", "pdf")
+
+
+def drawn_microbatches(plan: Plan, limit: int) -> int:
+    """How many micro-batches the Gantt chart shows: all of them, or the first ``limit`` (for the
+    interleaved schedule a multiple of pp, which it needs)."""
+    par = plan.parallelism
+    m = par.num_microbatches
+    if m <= limit:
+        return m
+    if par.schedule == "interleaved":
+        return max(par.pp, limit // par.pp * par.pp)
+    return limit
+
+
+def simulate_plan(plan: Plan, max_microbatches: int = 16) -> Timeline:
+    par = plan.parallelism
+    return simulate(stage_times(plan), microbatches=drawn_microbatches(plan, max_microbatches),
+                    schedule=par.schedule, virtual_stages=par.virtual_stages)
+
+
+def plan_figure(plan: Plan, max_microbatches: int = 16) -> Figure:
+    """(a) the pipeline schedule as a Gantt chart, (b) per-stage memory against the GPU's capacity."""
+    par, pred = plan.parallelism, plan.prediction
+    timeline = simulate_plan(plan, max_microbatches)
+    fig = Figure(figsize=(14, 3.2 + 0.35 * par.pp + 3.6), layout="constrained")
+    gantt, memory = fig.subplots(2, 1, height_ratios=[1.2 + 0.35 * par.pp, 3.2])
+    _draw_gantt(gantt, plan, timeline)
+    _draw_memory(memory, plan)
+    schedule = par.schedule + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")
+    fig.suptitle(f"{plan.model.name} on {plan.cluster.gpus}× {plan.cluster.hardware}: tp {par.tp} · pp {par.pp} · "
+                 f"dp {par.dp} · micro-batch {par.micro_batch_size} · ZeRO-{par.zero_stage} · {schedule} — "
+                 f"step {pred.step_time_s:.4g} s, MFU {100 * pred.mfu:.1f}%", fontsize=12)
+    return fig
+
+
+def _draw_gantt(ax, plan: Plan, timeline: Timeline) -> None:  # type: ignore[no-untyped-def]
+    par, pred = plan.parallelism, plan.prediction
+    p, v, m = par.pp, par.virtual_stages, par.num_microbatches
+    end = timeline.makespan_s
+    # The step's tail after the last backward (gradient sync not overlapped, optimizer), as the cost model has it.
+    tail = max(0.0, pred.step_time_s - pipeline_time([s.time_per_microbatch_s for s in pred.stages],
+                                                     num_microbatches=m, schedule=par.schedule,
+                                                     virtual_stages=v).total_s)
+    total = end + tail
+    label_ops = len(timeline.ops) / p <= 80
+    for s in range(p):
+        y = s
+        for a, b in timeline.idle(s):
+            ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), facecolors=COLORS["bubble"], edgecolor="#BBBBBB",
+                           hatch="//", linewidth=0.3)
+        for op in timeline.stage_ops(s):
+            shade = 1.0 - 0.45 * (op.chunk // p) / max(1, v - 1)  # later model chunks lighter
+            for name, a, b in op.parts:
+                ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), facecolors=COLORS[name], alpha=shade,
+                               edgecolor="white", linewidth=0.4)
+            if label_ops and (op.end - op.start) / total > 0.012:
+                ax.text((op.start + op.end) / 2, y, str(op.microbatch), ha="center", va="center", fontsize=7,
+                        color="white")
+        if tail > 0:
+            ax.broken_barh([(end, tail)], (y - 0.4, 0.8), facecolors=COLORS["tail"], edgecolor="white", linewidth=0.4)
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+    ax.set_xlim(0, total * 1.01)
+    ax.set_xlabel("seconds")
+    drawn = timeline.microbatches
+    capped = f"first {drawn} of {m} micro-batches drawn" if drawn < m else f"{m} micro-batch{'es' if m > 1 else ''}"
+    ax.set_title(f"(a) pipeline schedule, {capped} (numbers: micro-batch"
+                 + ("; lighter: later model chunk" if v > 1 else "") + ")\n"
+                 f"bubble of the busiest stage {100 * timeline.bubble_fraction:.1f}% as drawn, "
+                 f"{100 * pred.bubble_fraction:.1f}% for all {m} (cost model); all stages idle "
+                 f"{100 * timeline.idle_fraction:.1f}% as drawn", fontsize=10, loc="left")
+    handles = [Patch(facecolor=COLORS[k], label=label) for k, label in
+               (("forward", "forward"), ("backward", "backward"), ("recompute", "recompute (est.)"),
+                ("comm", "communication"), ("bubble", "idle (bubble)"), ("tail", "grad sync + optimizer"))]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+
+def _draw_memory(ax, plan: Plan) -> None:  # type: ignore[no-untyped-def]
+    pred = plan.prediction
+    stages = [s.stage for s in pred.stages]
+    bottom = [0.0] * len(stages)
+    for label, field, color in MEMORY_PARTS:
+        values = [getattr(s.memory, field) for s in pred.stages]
+        ax.bar(stages, values, bottom=bottom, color=color, label=label, width=0.6)
+        bottom = [b + x for b, x in zip(bottom, values)]
+    cap = pred.memory_capacity_gib
+    ax.axhline(cap, color="black", linestyle="--", linewidth=1, label=f"capacity {cap:.1f} GiB")
+    ax.set_xticks(stages, [f"stage {s}\n{total:.1f} GiB" for s, total in zip(stages, bottom)])
+    pad = max(0.0, (4 - len(stages)) / 2)  # keep bars narrow when there are few stages
+    ax.set_xlim(-0.5 - pad, len(stages) - 0.5 + pad)
+    ax.set_ylim(0, max(cap, max(bottom)) * 1.12)
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title("(b) memory per GPU of each stage at its peak", fontsize=10, loc="left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+
+def sweep_figure(rows: Sequence["SweepRow"]) -> Figure:
+    """Throughput (with ideal linear scaling from the first count that fits) and scaling efficiency."""
+    fitted = [r for r in rows if r.plan is not None]
+    if not fitted:
+        raise AutoparError("nothing to plot: no GPU count of the sweep has a plan that fits")
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    speed, eff = fig.subplots(1, 2)
+    gpus = [r.gpus for r in fitted]
+    tokens = [r.plan.prediction.tokens_per_s for r in fitted]  # type: ignore[union-attr]
+    base = tokens[0] / gpus[0]
+    speed.plot(gpus, tokens, "o-", label="best plan")
+    speed.plot(gpus, [base * g for g in gpus], "--", color="grey",
+               label=f"linear from {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
+    for r, t in zip(fitted, tokens):
+        par = r.plan.parallelism  # type: ignore[union-attr]
+        speed.annotate(f"tp{par.tp} pp{par.pp} dp{par.dp}", (r.gpus, t), textcoords="offset points", xytext=(4, -12),
+                       fontsize=7)
+    eff.plot(gpus, [100 * r.efficiency for r in fitted], "o-", color="#55A868")  # type: ignore[operator]
+    eff.axhline(100, color="grey", linestyle="--", linewidth=1)
+    eff.set_ylim(0, max(110, max(100 * r.efficiency for r in fitted) * 1.1))  # type: ignore[operator]
+    every = [r.gpus for r in rows]
+    for ax in (speed, eff):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(every, [str(g) for g in every])
+        ax.set_xlim(min(every) / 1.25, max(every) * 1.25)
+        for r in rows:
+            if r.plan is None:
+                ax.axvline(r.gpus, color="#C44E52", linestyle=":", linewidth=1)
+                ax.text(r.gpus, 0.5, " does not fit", transform=ax.get_xaxis_transform(), rotation=90,
+                        color="#C44E52", fontsize=8, va="center")
+        ax.minorticks_off()
+        ax.set_xlabel("GPUs")
+        ax.grid(alpha=0.3)
+    speed.set_yscale("log")  # log-log: linear scaling is a straight line
+    speed.set_ylabel("tokens/s")
+    speed.set_title("(a) throughput of the best plan", fontsize=10, loc="left")
+    speed.legend(fontsize=8)
+    eff.set_ylabel(f"tokens/s per GPU, % of that on {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
+    eff.set_title("(b) scaling efficiency", fontsize=10, loc="left")
+    first: Plan = fitted[0].plan  # type: ignore[assignment]
+    fig.suptitle(f"{first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}", fontsize=12)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write the figure atomically; the format follows the suffix (png, svg or pdf)."""
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        raise AutoparError(f"cannot write a figure to {path}: use a .png, .svg or .pdf file name")
+    if path.parent and not path.parent.is_dir():
+        raise AutoparError(f"cannot write {path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp.{fmt}")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=fmt, dpi=110)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a figure is for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_plan(plan: Plan, path: str | Path, max_microbatches: int = 16) -> Path:
+    if max_microbatches < 1:
+        raise AutoparError(f"--max-microbatches {max_microbatches}: draw at least one micro-batch")
+    return save_figure(plan_figure(plan, max_microbatches), path)
+
+
+def plot_sweep(rows: Sequence["SweepRow"], path: str | Path) -> Path:
+    return save_figure(sweep_figure(rows), path)

@@ -1,0 +1,130 @@
+"""`autopar sweep`: the best plan for each of several GPU counts, and how well throughput scales.
+
+The model is captured once; every count is solved from the same ModelProfile. A count where nothing
+fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU relative
+to the smallest count that has a plan (1.0 there; linear scaling keeps it at 1.0).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from autopar.errors import AutoparError
+from autopar.plan import Plan
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    gpus: int
+    plan: Plan | None                 # None: nothing fits (reason says why)
+    reason: str = ""
+    efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan
+
+    def as_dict(self) -> dict:
+        row: dict = {"gpus": self.gpus, "fits": self.plan is not None, "reason": self.reason,
+                     "scaling_efficiency": self.efficiency}
+        if self.plan is not None:
+            par, pred = self.plan.parallelism, self.plan.prediction
+            row.update(tp=par.tp, pp=par.pp, dp=par.dp, micro_batch_size=par.micro_batch_size,
+                       num_microbatches=par.num_microbatches, global_batch_size=par.global_batch_size,
+                       zero_stage=par.zero_stage, schedule=par.schedule, virtual_stages=par.virtual_stages,
+                       step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s,
+                       tflops_per_gpu=pred.tflops_per_gpu, mfu=pred.mfu, peak_memory_gib=pred.peak_memory_gib,
+                       solver_status=self.plan.solver.status if self.plan.solver else None,
+                       solver_gap=self.plan.solver.gap if self.plan.solver else None)
+        return row
+
+
+def parse_gpus(text: str) -> list[int]:
+    """'8,16,32' → [8, 16, 32] (sorted, without repeats); raises AutoparError on anything else."""
+    counts = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise AutoparError(f"--gpus {text!r}: give positive whole GPU counts separated by commas, e.g. 8,16,32")
+        counts.append(int(part))
+    return sorted(set(counts))
+
+
+def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = "h100-80gb",
+          hardware_file: str | Path | None = None, global_batch: int | None = None, seq_len: int | None = None,
+          time_limit_s: float = 60.0, threads: int = 2, overrides: Mapping[str, str] | None = None,
+          dtype: str = "bf16", progress: Callable[[int], None] | None = None) -> list[SweepRow]:
+    """Solve MODEL for every count. Counts that are not whole nodes are rejected up front (bad input);
+    a count where no plan fits becomes a row with the reason."""
+    from autopar.estimate import load_profile
+    from autopar.search import solve
+
+    if not gpu_counts:
+        raise AutoparError("--gpus: give at least one GPU count")
+    for n in gpu_counts:
+        if n > gpus_per_node and n % gpus_per_node:
+            raise AutoparError(f"--gpus {n} is not a whole number of {gpus_per_node}-GPU nodes; "
+                               "use multiples of --gpus-per-node above one node")
+    profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)  # captured once
+    rows = []
+    for n in sorted(gpu_counts):
+        if progress is not None:
+            progress(n)
+        try:
+            plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
+                         global_batch=global_batch, time_limit_s=time_limit_s, threads=threads)
+            rows.append(SweepRow(n, plan))
+        except AutoparError as err:
+            rows.append(SweepRow(n, None, reason=str(err)))
+    return with_efficiency(rows)
+
+
+def with_efficiency(rows: Sequence[SweepRow]) -> list[SweepRow]:
+    fitted = [r for r in rows if r.plan is not None]
+    if not fitted:
+        return list(rows)
+    base = fitted[0].plan.prediction.tokens_per_s / fitted[0].gpus  # type: ignore[union-attr]
+    return [SweepRow(r.gpus, r.plan, r.reason, r.plan.prediction.tokens_per_s / r.gpus / base)
+            if r.plan is not None else r for r in rows]
+
+
+def wide_console() -> Console:
+    """A console for tables: the terminal's width, or 160 columns when writing to a file or pipe (rich's
+    default there, 80, would cut numbers short); COLUMNS still wins."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=160)
+
+
+def print_sweep(rows: Sequence[SweepRow], console: Console | None = None) -> None:
+    console = console or wide_console()
+    first = next((r.plan for r in rows if r.plan is not None), None)
+    title = "best plan per GPU count"
+    if first is not None:
+        title += f": {first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("GPUs", "tp·pp·dp", "micro×m", "ZeRO", "schedule", "step s", "tokens/s", "TFLOP/s/GPU", "MFU",
+                "scaling", "GiB", "solver"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        if r.plan is None:
+            table.add_row(str(r.gpus), *[""] * 10, "[red]does not fit[/]")
+            continue
+        par, pred = r.plan.parallelism, r.plan.prediction
+        solver = r.plan.solver
+        status = "-" if solver is None else solver.status if solver.status == "OPTIMAL" else \
+            f"gap {100 * solver.gap:.1f}%"
+        table.add_row(str(r.gpus), f"{par.tp}·{par.pp}·{par.dp}", f"{par.micro_batch_size}×{par.num_microbatches}",
+                      str(par.zero_stage), par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else ""),
+                      f"{pred.step_time_s:.4g}", f"{pred.tokens_per_s:,.0f}", f"{pred.tflops_per_gpu:.1f}",
+                      f"{100 * pred.mfu:.1f}%", f"{r.efficiency:.3f}", f"{pred.peak_memory_gib:.1f}", status)
+    console.print(table)
+    batches = {r.plan.parallelism.global_batch_size for r in rows if r.plan is not None}
+    console.print(f"global batch {', '.join(map(str, sorted(batches)))} samples; scaling: tokens/s per GPU relative to "
+                  "the smallest count with a plan; solver: OPTIMAL or the gap to its proven bound")
+    for r in rows:
+        if r.plan is None:
+            console.print(f"[red]{r.gpus} GPU{'s' if r.gpus > 1 else ''}: does not fit[/] — {r.reason}")
