@@ -61,6 +61,8 @@ from autopar.commands.estimate import estimate_command  # noqa: E402
 app.command("estimate")(estimate_command)
 from autopar.commands.solve import solve_command  # noqa: E402
 app.command("solve")(solve_command)
+from autopar.commands.calibrate import calibrate_command  # noqa: E402
+app.command("calibrate")(calibrate_command)
 from autopar.commands.explain import explain_command  # noqa: E402
 app.command("explain")(explain_command)
 from autopar.commands.plot import plot_command  # noqa: E402
@@ -69,6 +71,8 @@ from autopar.commands.sweep import sweep_command  # noqa: E402
 app.command("sweep")(sweep_command)
 from autopar.commands.export import export_command  # noqa: E402
 app.command("export")(export_command)
+from autopar.commands.validate import validate_command  # noqa: E402
+app.command("validate")(validate_command)
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ from autopar.errors import AutoparError
 from autopar.plan import (Breakdown, ClusterSpec, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism, Plan,
                           Prediction, SolverInfo, StagePrediction)
 from autopar.profile import ModelProfile
-from cost_models import ConfigError, CostModel, HardwareProfile, StepEstimate, load_hardware, make_config
+from cost_models import (PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate,
+                         load_hardware, make_config)
 from cost_models.hardware import GIB
 from cost_models.partition import chunk_ranges, stage_layer_counts
 
@@ -119,3 +120,35 @@ def to_plan(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
     return Plan(world_size=cfg.gpus, model=model,
                 cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
+
+
+def plan_config(plan: Plan, profile: ModelProfile) -> ParallelConfig:
+    """The cost model's configuration of a plan (degrees, batch split, cuts, per-layer modes and degrees),
+    for re-predicting it on other hardware; raises AutoparError if the plan is not for this profile."""
+    names = [layer.name for layer in profile.layers]
+    if [layer.name for layer in plan.layers] != names:
+        raise AutoparError(f"the plan's layers are not the model's ({len(plan.layers)} vs {len(names)} layers); "
+                           "pass the model and overrides the plan was made for")
+    par = plan.parallelism
+    counts = [0] * (par.pp * par.virtual_stages)
+    for layer in plan.layers:
+        counts[layer.stage] += 1
+    degrees = tuple(layer.tp for layer in plan.layers)
+    return ParallelConfig(
+        tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch_size, num_microbatches=par.num_microbatches,
+        zero_stage=par.zero_stage, recompute=par.recompute, sequence_parallel=par.sequence_parallel,
+        schedule=par.schedule, virtual_stages=par.virtual_stages, offload_activations=par.offload_activations,
+        gpus_per_node=plan.cluster.gpus_per_node, precision=PRECISIONS.get(par.precision),
+        attention_kernel=par.attention_kernel, stage_layers=tuple(counts),
+        layer_recompute=tuple(layer.recompute for layer in plan.layers),
+        layer_tp=degrees if any(t != par.tp for t in degrees) else None)
+
+
+def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_name: str) -> Plan:
+    """The same plan, its prediction made again under ``hw`` (e.g. a calibrated profile)."""
+    try:
+        est = CostModel(profile, hw).evaluate(plan_config(plan, profile))
+    except ConfigError as err:
+        raise AutoparError(str(err)) from err
+    return to_plan(profile, est, hw, gpus_per_node=plan.cluster.gpus_per_node, hardware_name=hardware_name,
+                   solver=plan.solver)

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable
 
 import torch
@@ -108,5 +109,7 @@ def optimizer_for(params: list[nn.Parameter], meshes: Meshes, *, zero1: bool,
     if not zero1:
         return factory(params)
     probe = factory([torch.nn.Parameter(torch.zeros(1))])  # learn the class and hyper-parameters
-    kwargs = {k: v for k, v in probe.defaults.items() if k not in ("differentiable", "fused", "foreach")}
+    accepted = inspect.signature(type(probe).__init__).parameters  # AdamW's defaults carry Adam's
+    kwargs = {k: v for k, v in probe.defaults.items()  # decoupled_weight_decay, which AdamW() refuses
+              if k in accepted and k not in ("differentiable", "fused", "foreach")}
     return zero1_optimizer(params, meshes, type(probe), **kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -105,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
 
     records = train(pm, loaded, optimizer, args.steps, on_step=report)
+    ranks: list = [None] * spec.world_size  # every rank's step times and peak memory, for `autopar validate`
+    dist.all_gather_object(ranks, {"rank": rank, "step_time_s": [r["step_time_s"] for r in records],
+                                   "peak_memory_bytes": [r.get("peak_memory_bytes") for r in records],
+                                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     if rank == 0 and args.json:
         print(json.dumps({"plan": str(args.plan), "world_size": spec.world_size, "device": str(meshes.device),
-                          "global_batch": spec.global_batch, "steps": records}), flush=True)
+                          "global_batch": spec.global_batch, "steps": records, "ranks": ranks}), flush=True)
     dist.destroy_process_group()
     return 0
 

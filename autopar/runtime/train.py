@@ -116,6 +116,7 @@ def train(pm: ParallelModel, loaded: LoadedModel, optimizer: torch.optim.Optimiz
         batch = tuple(t.to(device) for t in synthetic_batch(loaded, pm.spec, step))
         if device.type == "cuda":
             torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(batch)
@@ -123,6 +124,8 @@ def train(pm: ParallelModel, loaded: LoadedModel, optimizer: torch.optim.Optimiz
         if device.type == "cuda":
             torch.cuda.synchronize()
         record = {"step": step + 1, "loss": loss, "step_time_s": time.perf_counter() - start}
+        if device.type == "cuda":
+            record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
         records.append(record)
         if on_step is not None:
             on_step(record)

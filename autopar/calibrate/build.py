@@ -1,0 +1,250 @@
+"""Turn the workers' raw measurements into a hardware profile (cost_models/profiles/*.json format).
+
+Every field gets a ``sources`` line saying how it was measured, numbers included. A ``calibration``
+block (ignored by ``cost_models.hardware.hardware_from_dict``, which reads only the fields it knows)
+keeps the raw medians, the fits' residuals and the held-out GEMM shapes, so `validate` and fidelity
+tables can show them. Residuals are computed with the cost model's own functions on the profile as
+written (rounded), so they are exactly what a plan would see.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any, Mapping
+
+from cost_models import comm, compute
+from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
+
+from autopar.calibrate.fit import (CollectiveFit, CollectivePoint, GemmPoint, fit_collectives, fit_gemm, fit_memory,
+                                   relative_errors, summarize)
+
+INTER_NODE_FIELDS = ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us")
+
+
+def sig(x: float, digits: int = 4) -> float:
+    """Round to ``digits`` significant digits (profiles are read by people)."""
+    return float(f"{x:.{digits}g}") if x else 0.0
+
+
+def _table(points: tuple[tuple[float, float], ...], scale: float) -> list[list[float]]:
+    return [[sig(x / scale), sig(e)] for x, e in points]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: str, nproc: int,
+                  gpus_per_node: int | None = None) -> dict[str, Any]:
+    """The profile dict (with ``sources`` and ``calibration``) for ``results`` from autopar.calibrate.bench."""
+    dev = results["device"]
+    primary = results["primary_dtype"]
+    cuda = results["device_type"] == "cuda"
+    gpus_per_node = gpus_per_node or nproc
+    who = f"{nproc} process{'es' if nproc > 1 else ''} at once ({results['backend']})"
+
+    fitted = [p for p in results["gemm"] if not p["holdout"]]
+    gemm = fit_gemm([GemmPoint(p["m"], p["k"], p["n"], p["seconds"]) for p in fitted])
+    ref = {p["dtype"]: p for p in results["dtypes"]}
+    rate = {d: 2 * p["m"] * p["k"] * p["n"] / p["seconds"] for d, p in ref.items()}
+    peaks = {d: gemm.peak_flops * rate[d] / rate[primary] for d in rate}
+    rm, rk, rn = (ref[primary][x] for x in ("m", "k", "n"))
+
+    memory = fit_memory([p["bytes"] for p in results["memory"]], [p["seconds"] for p in results["memory"]],
+                        [p["tensor_bytes"] for p in results["memory"]])
+    mem_ops = sorted({p["op"] for p in results["memory"]})
+    sizes = sorted({p["tensor_bytes"] for p in results["memory"]})
+
+    coll_points = [CollectivePoint(p["op"], p["group_size"], p["bytes"], p["seconds"]) for p in results["collectives"]]
+    coll: CollectiveFit | None = fit_collectives(coll_points) if coll_points else None
+
+    link = dev.get("host_link")
+    host_bw = (link["bytes"] / ((link["h2d_s"] + link["d2h_s"]) / 2)) if link else None
+    total = dev["memory_total_bytes"]
+    memory_gib = total / GIB if cuda else total / GIB / nproc
+    reserve_gib = math.ceil(100 * dev["reserve_bytes"] / GIB) / 100
+
+    profile: dict[str, Any] = {
+        "name": name,
+        "description": f"{dev['name']} calibrated by `autopar calibrate` on {datetime.date.today().isoformat()}: "
+                       f"{who}, torch {dev['torch']}",
+        "peak_dense_tflops": {d: sig(peaks[d] / 1e12) for d in ("bf16", "fp16", "fp32") if d in peaks},
+        "memory_gib": sig(memory_gib),
+        "memory_reserve_gib": reserve_gib,
+        "hbm_bandwidth_gbytes_per_s": sig(memory.peak_bytes_per_s / 1e9),
+        "gpus_per_node": gpus_per_node,
+        "nvlink_bandwidth_bidirectional_gbytes_per_s": sig(2 * coll.bytes_per_s / 1e9) if coll else
+        base["nvlink_bandwidth_bidirectional_gbytes_per_s"],
+        "intra_node_latency_us": sig(coll.latency_s * 1e6) if coll else base["intra_node_latency_us"],
+        **{k: base[k] for k in INTER_NODE_FIELDS},
+        "host_link_bandwidth_gbytes_per_s": sig(host_bw / 1e9) if host_bw else base["host_link_bandwidth_gbytes_per_s"],
+        "gemm_efficiency_by_mflop_per_token": _table(gemm.by_flops_per_token, 1e6),
+        "gemm_efficiency_by_rows": _table(gemm.by_rows, 1.0),
+        "memory_bandwidth_efficiency": sig(memory.efficiency),
+        "collective_efficiency_by_mbytes": _table(coll.efficiency, 1e6) if coll else
+        base["collective_efficiency_by_mbytes"],
+    }
+    layers: list[dict[str, Any]] = []
+    kernel_efficiency = profile["memory_bandwidth_efficiency"]
+    if results.get("layer"):
+        from autopar.calibrate.layer_fit import fit_layers
+
+        efficiency, layers = fit_layers(results["layer"], profile)
+        profile["memory_bandwidth_efficiency"] = sig(efficiency)
+    hw = hardware_from_dict(profile)
+    residuals = _residuals(results, hw, primary)
+    base_name = base.get("name", "base")
+    best = max(fitted, key=lambda p: 2 * p["m"] * p["k"] * p["n"] / p["seconds"])
+    mem_best = max(results["memory"], key=lambda p: p["bytes"] / p["seconds"])
+    src = {
+        "peak_dense_tflops": (
+            f"fitted asymptote of torch.mm {primary} over {len(fitted)} shapes (rows {_list(gemm.by_rows)}, "
+            f"K=N weights; median of the samples of {_rounds(results)} shuffled rounds), {who}: {peaks[primary] / 1e9:.4g} GFLOP/s per process (best measured "
+            f"{2 * best['m'] * best['k'] * best['n'] / best['seconds'] / 1e9:.4g} at {best['m']}x{best['k']}x{best['n']}); "
+            + "; ".join(f"{d} = {primary} peak x measured {d}/{primary} throughput at {rm}x{rk}x{rn} "
+                        f"({rate[d] / 1e9:.4g} vs {rate[primary] / 1e9:.4g} GFLOP/s)" for d in peaks if d != primary)),
+        "memory_gib": (f"torch.cuda.mem_get_info total: {total / GIB:.2f} GiB" if cuda else
+                       f"host RAM (sysconf) {total / GIB:.2f} GiB shared by the {nproc} processes of one host: "
+                       f"{memory_gib:.2f} GiB each"),
+        "memory_reserve_gib": (f"largest over ranks of GPU memory outside the caching allocator after the benchmarks "
+                               f"(CUDA context, NCCL, cuBLAS workspaces): {dev['reserve_bytes'] / GIB:.3f} GiB" if cuda
+                               else f"largest over ranks of peak RSS after import torch + init_process_group: "
+                                    f"{dev['reserve_bytes'] / GIB:.3f} GiB"),
+        "hbm_bandwidth_gbytes_per_s": (
+            f"highest bandwidth per process of {', '.join(mem_ops)} on {_bytes(sizes[0])}..{_bytes(sizes[-1])} "
+            f"tensors, {who}: {mem_best['op']} {_bytes(mem_best['tensor_bytes'])} "
+            f"{mem_best['bytes'] / mem_best['seconds'] / 1e9:.4g} GB/s (bytes = inputs read + output written)"),
+        "memory_bandwidth_efficiency": (
+            f"fitted to the summed time of the {len(mem_ops)} kernels at each of {len(sizes)} tensor sizes (least "
+            f"squares of log time; a layer's memory-bound ops share one bandwidth in the cost model): mix residuals "
+            f"median {_pct(residuals['memory_mix']['median_abs_rel_error'])}, max "
+            f"{_pct(residuals['memory_mix']['max_abs_rel_error'])}; single kernels median "
+            f"{_pct(residuals['memory']['median_abs_rel_error'])}, max {_pct(residuals['memory']['max_abs_rel_error'])} "
+            f"({_worst(residuals['memory'])})"),
+        "gpus_per_node": f"processes per node of the calibration run ({nproc})" if gpus_per_node == nproc else
+        "given on the command line",
+        "host_link_bandwidth_gbytes_per_s": (f"{link['method']} of {_bytes(link['bytes'])}: "
+                                             f"{host_bw / 1e9:.4g} GB/s (mean of both directions)" if link else
+                                             f"kept from {base_name}"),
+        "gemm_efficiency_by_mflop_per_token": (
+            f"joint least-squares fit with the rows table (log space) of torch.mm {primary} times, x = 2*K*N/1e6 of "
+            f"one GEMM (the cost model reads it at a layer's summed matmul FLOPs per token); "
+            f"residuals median {_pct(residuals['gemm']['median_abs_rel_error'])}, "
+            f"max {_pct(residuals['gemm']['max_abs_rel_error'])} over {residuals['gemm']['points']} shapes; held-out "
+            f"shapes {_pct(residuals['gemm_holdout']['median_abs_rel_error'])} median; tables shared by all dtypes"),
+        "gemm_efficiency_by_rows": "joint fit with gemm_efficiency_by_mflop_per_token (see there), x = rows M",
+    }
+    for field in INTER_NODE_FIELDS:
+        src[field] = f"kept from {base_name}: one host, nothing measured between nodes"
+    if coll:
+        impl = results.get("collective_impl", {})
+        counts = sorted({p.n for p in coll_points})
+        fit_note = (f"Levenberg-Marquardt fit of t = steps*latency + volume/(bandwidth*eff(volume)) (cost_models/comm.py) "
+                    f"to the medians of all_reduce, all_gather ({impl.get('all_gather', '?')}), reduce_scatter "
+                    f"({impl.get('reduce_scatter', '?')}), send/recv ping-pong; {_bytes(min(p.nbytes for p in coll_points))}"
+                    f"..{_bytes(max(p.nbytes for p in coll_points))}, groups of {counts} ranks, all groups at once; "
+                    f"residuals median {_pct(residuals['collectives']['median_abs_rel_error'])}, "
+                    f"max {_pct(residuals['collectives']['max_abs_rel_error'])} ({_worst(residuals['collectives'])})")
+        src["intra_node_latency_us"] = f"{coll.latency_s * 1e6:.4g} us per ring step: {fit_note}"
+        src["nvlink_bandwidth_bidirectional_gbytes_per_s"] = (
+            f"2 x the fitted one-direction bandwidth {coll.bytes_per_s / 1e9:.4g} GB/s (the best bus bandwidth "
+            f"over message sizes; {results['backend']} between processes of this host)")
+        src["collective_efficiency_by_mbytes"] = f"fitted bus bandwidth / link bandwidth by transferred MB: {fit_note}"
+    else:
+        for field in ("intra_node_latency_us", "nvlink_bandwidth_bidirectional_gbytes_per_s",
+                      "collective_efficiency_by_mbytes"):
+            src[field] = f"kept from {base_name}: one process, no collective to measure"
+    if layers:
+        held = [r for r in layers if r["holdout"]]
+        src["memory_bandwidth_efficiency"] = (
+            f"fitted to whole reference transformer layers (autopar/calibrate/reference.py, forward + backward, "
+            f"{who}): the time the GEMM tables leave unexplained at {layers[0]['shape']} "
+            f"({layers[0]['measured_s'] * 1e3:.4g} ms measured, {layers[0]['gemm_s'] * 1e3:.4g} ms GEMM) charged to "
+            f"its memory-bound bytes; held-out {', '.join(r['shape'] for r in held)}: "
+            f"{', '.join(_pct(r['rel_error']) for r in held)}. The kernel-mix fit alone gave "
+            f"{kernel_efficiency:.4g} (" + src["memory_bandwidth_efficiency"] + ")")
+    profile["sources"] = src
+    profile["calibration"] = {
+        "command": f"autopar calibrate --nproc {nproc} --backend {results['backend']}"
+                   + (" --quick" if results.get("quick") else ""),
+        "base": base_name,
+        "device": dev,
+        "primary_dtype": primary,
+        "collective_impl": results.get("collective_impl", {}),
+        "residuals": residuals,
+        "collective_fit": {"latency_us": coll.latency_s * 1e6, "bandwidth_gbytes_per_s": coll.bytes_per_s / 1e9,
+                           "iterations": coll.iterations} if coll else None,
+        "sweep": results.get("sweep", {}),
+        "wall_s": results.get("wall_s", {}),
+        "gemm": [_raw(p, "m", "k", "n", "holdout") for p in results["gemm"]],
+        "dtypes": [_raw(p, "dtype", "m", "k", "n") for p in results["dtypes"]],
+        "memory": [_raw(p, "op", "tensor_bytes", "bytes") for p in results["memory"]],
+        "collectives": [_raw(p, "op", "group_size", "bytes") for p in results["collectives"]],
+        "layers": layers,
+    }
+    return profile
+
+
+def _residuals(results: Mapping[str, Any], hw: HardwareProfile, dtype: str) -> dict[str, Any]:
+    """Cost-model prediction vs measured median, per suite (and per op where one number serves many ops),
+    for the profile as written."""
+    out: dict[str, Any] = {}
+    for key, holdout in (("gemm", False), ("gemm_holdout", True)):
+        pts = [p for p in results["gemm"] if p["holdout"] == holdout]
+        pred = [compute.gemm_time(2 * p["m"] * p["k"] * p["n"], 2 * p["k"] * p["n"], p["m"], hw, dtype) for p in pts]
+        out[key] = summarize(relative_errors(pred, [p["seconds"] for p in pts]))
+    mem = results["memory"]
+    out["memory"] = _by_op(mem, [compute.memory_time(p["bytes"], hw) for p in mem])
+    sizes = sorted({p["tensor_bytes"] for p in mem})
+    mix = [[p for p in mem if p["tensor_bytes"] == s] for s in sizes]
+    out["memory_mix"] = summarize(relative_errors([compute.memory_time(sum(p["bytes"] for p in ps), hw) for ps in mix],
+                                                  [sum(p["seconds"] for p in ps) for ps in mix]))
+    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    coll = results["collectives"]
+    out["collectives"] = _by_op(coll, [predict_collective(p["op"], p["group_size"], p["bytes"], link, hw) for p in coll])
+    return out
+
+
+def _by_op(points: list[Mapping[str, Any]], predicted: list[float]) -> dict[str, Any]:
+    errors = relative_errors(predicted, [p["seconds"] for p in points])
+    ops = sorted({p["op"] for p in points})
+    return {**summarize(errors),
+            "by_op": {op: summarize([e for e, p in zip(errors, points) if p["op"] == op]) for op in ops}}
+
+
+def predict_collective(op: str, n: int, nbytes: float, link: comm.Link, hw: HardwareProfile) -> float:
+    """The cost model's time for one measured collective."""
+    if op == "all_reduce":
+        return comm.all_reduce_time(nbytes, n, link, hw)
+    if op == "all_gather":
+        return comm.all_gather_time(nbytes, n, link, hw)
+    if op == "reduce_scatter":
+        return comm.reduce_scatter_time(nbytes, n, link, hw)
+    if op == "send_recv":
+        return comm.p2p_time(nbytes, link, hw)
+    raise ValueError(f"unknown collective {op}")
+
+
+def _raw(p: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {**{k: p[k] for k in keys}, "seconds": sig(p["seconds"], 5), "per_rank": [sig(s, 5) for s in p["per_rank"]]}
+
+
+def _worst(res: Mapping[str, Any]) -> str:
+    """The ops the one-size-fits-all model fits worst, by median error."""
+    ops = sorted(res["by_op"].items(), key=lambda kv: -kv[1]["median_abs_rel_error"])
+    return "median by op: " + ", ".join(f"{op} {_pct(r['median_abs_rel_error'])}" for op, r in ops)
+
+
+def _rounds(results: Mapping[str, Any]) -> str:
+    return str(results.get("sweep", {}).get("rounds", "?"))
+
+
+def _list(points: tuple[tuple[float, float], ...]) -> str:
+    return ",".join(f"{x:g}" for x, _ in points)
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} B"

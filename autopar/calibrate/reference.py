@@ -1,0 +1,64 @@
+"""Reference transformer layers that `autopar calibrate` times, end to end, on every rank at once.
+
+GEMMs, memory-bound kernels and collectives are measured one by one (kernels.py); what a real layer adds
+beyond them — attention kernels slower than their FLOPs say, transcendental element-wise ops (tanh-GELU,
+softmax, norms) that are compute-bound on a CPU, freshly allocated activations — is measured here: a
+GPT-2-style pre-LayerNorm block stack, forward + backward, whose FLOPs and bytes come from the same
+capture as a user's model. The fit charges the time the GEMM tables do not explain to the memory-bound
+bytes (build.py). A second shape is timed too and never fitted: its error is the held-out check.
+
+It is an ordinary autopar model file (build_model / example_inputs / loss_fn), so capture traces it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+TRAINING = {"seq_len": 256, "global_batch": 2}
+
+# (n_layer, n_embd, n_head, batch, seq_len) per device type: the fitted shape, then the held-out one
+SHAPES = {"cpu": ((2, 384, 6, 2, 256), (2, 256, 4, 4, 128)),
+          "cuda": ((2, 2048, 16, 1, 2048), (2, 1024, 8, 2, 1024))}
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(h, dim=2)
+        q, k, v = (t.view(b, s, self.n_head, h // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Reference(nn.Module):
+    def __init__(self, n_layer: int, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.h = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.h:
+            x = block(x)
+        return x
+
+
+def build_model(n_layer: int = 2, n_embd: int = 384, n_head: int = 6) -> nn.Module:
+    return Reference(n_layer, n_embd, n_head)
+
+
+def example_inputs(batch_size: int, seq_len: int, n_embd: int = 384) -> tuple[torch.Tensor]:
+    return (torch.randn(batch_size, seq_len, n_embd),)
+
+
+def loss_fn(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()

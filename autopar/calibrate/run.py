@@ -1,0 +1,187 @@
+"""`autopar calibrate`: check the request, run the microbenchmarks under torchrun, fit, write the profile.
+
+The benchmarks run in K torchrun workers (autopar/calibrate/bench.py) exactly as a plan runs: same
+launcher (``python -m torch.distributed.run --standalone``), OMP_NUM_THREADS defaulting to 1 as
+`autopar launch` does, the same process-group timeout. Rank 0 prints progress lines; this side turns
+them into a rich progress bar (one row per benchmark group) and keeps the rest of the output for the
+error message if a worker fails. The profile is written atomically, only after every check passed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cost_models import ConfigError, load_hardware
+from cost_models.hardware import PROFILE_DIR
+
+from autopar.errors import AutoparError
+
+WORKER_TIMEOUT_S = 900
+GROUP_TITLES = {"gemm": "GEMM (torch.mm)", "memory": "memory-bound kernels", "collectives": "collectives",
+                "layer": "reference transformer layers", "device": "dtypes, memory, host link"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked calibration request."""
+
+    output: Path
+    nproc: int
+    backend: str
+    quick: bool
+    base: dict[str, Any]
+    gpus_per_node: int | None
+    name: str
+
+
+def default_backend() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def check_request(output: str | Path, *, nproc: int = 2, backend: str | None = None, quick: bool = False,
+                  base: str | None = None, gpus_per_node: int | None = None, name: str | None = None) -> Request:
+    """Validate everything before any process starts; raises AutoparError with what to do."""
+    if nproc < 1:
+        raise AutoparError(f"--nproc {nproc}: give at least 1 process (2 or more to measure collectives)")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise AutoparError(f"--gpus-per-node {gpus_per_node}: give a positive number")
+    backend = backend or default_backend()
+    if backend not in ("gloo", "nccl"):
+        raise AutoparError(f"--backend {backend}: choose gloo (CPU) or nccl (CUDA GPUs)")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise AutoparError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo on CPU")
+        if torch.cuda.device_count() < nproc:
+            raise AutoparError(f"--nproc {nproc} with nccl needs {nproc} GPUs, this node has "
+                               f"{torch.cuda.device_count()}; lower --nproc")
+    out = Path(output)
+    if out.suffix != ".json":
+        raise AutoparError(f"-o {out}: the profile must be a .json file (--hardware only loads .json)")
+    if out.is_dir():
+        raise AutoparError(f"-o {out} is a directory; give a file path like {out}/profile.json")
+    folder = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise AutoparError(f"-o {out}: cannot write there ({folder} is not writable); choose another path")
+    base_name = base or ("cpu" if backend == "gloo" else default_gpu_profile())
+    try:
+        load_hardware(base_name)  # checks every field once
+    except ConfigError as err:
+        raise AutoparError(f"--base: {err}") from err
+    base_path = Path(base_name) if Path(base_name).suffix == ".json" else PROFILE_DIR / f"{base_name.lower()}.json"
+    raw = json.loads(base_path.read_text())
+    raw.setdefault("name", base_path.stem)
+    return Request(out, nproc, backend, quick, raw, gpus_per_node, name or out.stem)
+
+
+def default_gpu_profile() -> str:
+    """The built-in profile closest to the visible GPU: the base for fields one host cannot measure."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0).upper()
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    for key, profile in (("H200", "h200-141gb"), ("H100", "h100-80gb"), ("V100", "v100-32gb")):
+        if key in gpu:
+            return profile
+    return "a100-40gb" if "A100" in gpu and gib < 60 else "a100-80gb"
+
+
+def worker_command(req: Request, out: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={req.nproc}",
+            "-m", "autopar.calibrate.bench", "--out", str(out), "--backend", req.backend] + \
+        (["--quick"] if req.quick else [])
+
+
+def run_workers(req: Request, on_event: Callable[[dict], None] = lambda e: None) -> dict[str, Any]:
+    """Run the torchrun job; ``on_event`` gets rank 0's progress events. Returns the raw measurements."""
+    from autopar.calibrate.bench import PROGRESS_PREFIX
+
+    env = {**os.environ}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    root = str(Path(__file__).resolve().parents[2])  # the workers import this same autopar
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="autopar-calibrate-") as tmp:
+        out = Path(tmp) / "raw.json"
+        proc = subprocess.Popen(worker_command(req, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, bufsize=1)
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if line.startswith(PROGRESS_PREFIX):
+                    on_event(json.loads(line[len(PROGRESS_PREFIX):]))
+                elif line.strip():
+                    lines.append(line.rstrip())
+            code = proc.wait(timeout=WORKER_TIMEOUT_S)
+        except BaseException:
+            proc.terminate()  # torchrun forwards SIGTERM to its workers; SIGKILL would orphan them
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        if code != 0 or not out.exists():
+            raise AutoparError(f"the benchmark workers failed (exit {code}): {worker_error(lines)[:300]}")
+        return json.loads(out.read_text())
+
+
+def worker_error(lines: list[str]) -> str:
+    """The workers' own last error line, not torchrun's failure report that follows it."""
+    end = next((i for i, t in enumerate(lines) if "ChildFailedError" in t), len(lines))
+    mine = [t.strip() for t in lines[:end] if re.search(r"(Error|Exception)\b:|No module named", t)]
+    return mine[-1] if mine else (lines[end - 1].strip() if end else "no output")
+
+
+def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -> dict[str, Any]:
+    """Measure, fit and write ``req.output``; returns the profile dict written."""
+    from autopar.calibrate.build import build_profile
+    from autopar.profile import write_atomic
+
+    t0 = time.perf_counter()
+    raw = run_workers(req, on_event)
+    profile = build_profile(raw, req.base, name=req.name, nproc=req.nproc, gpus_per_node=req.gpus_per_node)
+    profile["calibration"]["wall_s"]["total"] = round(time.perf_counter() - t0, 2)
+    write_atomic(req.output, json.dumps(profile, indent=1) + "\n")
+    return profile
+
+
+class ProgressBar:
+    """Rich progress bar with one row per benchmark group, fed by the workers' events."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("[dim]{task.fields[label]}"), TimeElapsedColumn(),
+                                 console=console, transient=False)
+        self.tasks: dict[str, Any] = {}
+        self.starting = self.progress.add_task("starting torchrun workers", total=None, label="")
+
+    def __enter__(self) -> "ProgressBar":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, event: dict) -> None:
+        if event.get("event") == "plan":
+            self.progress.remove_task(self.starting)
+            for group, total in event["groups"].items():
+                if total:
+                    self.tasks[group] = self.progress.add_task(GROUP_TITLES.get(group, group), total=total, label="")
+        elif event.get("event") == "step" and event.get("group") in self.tasks:
+            self.progress.update(self.tasks[event["group"]], advance=1, label=event.get("label", ""))

@@ -1,0 +1,40 @@
+"""`autopar calibrate`: measure this machine and write a hardware profile (the work is in autopar.calibrate)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from autopar.errors import AutoparError
+
+
+def calibrate_command(
+    output: Annotated[Path, typer.Option("-o", "--output", help="profile JSON to write (use it with "
+                                         "--hardware in solve / estimate)")],
+    nproc: Annotated[int, typer.Option(help="processes (GPUs) benchmarked at once, as a plan of this size runs")] = 2,
+    backend: Annotated[Optional[str], typer.Option(help="gloo (CPU) or nccl (CUDA); default: nccl when a GPU "
+                                                   "is visible")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and sizes (~15 s on CPU; for tests)")] = False,
+    base: Annotated[Optional[str], typer.Option(help="profile (built-in name or .json) whose inter-node fields "
+                                                "are kept (default: cpu, or the closest built-in GPU)")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option(help="GPUs per node to record (default: --nproc)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="profile name (default: the output file's stem)")] = None,
+) -> None:
+    """Benchmark GEMMs, memory-bound kernels and collectives under torchrun and fit a hardware profile."""
+    from rich.console import Console
+
+    from autopar.calibrate.run import ProgressBar, calibrate, check_request
+
+    console = Console(stderr=True)
+    try:
+        req = check_request(output, nproc=nproc, backend=backend, quick=quick, base=base,
+                            gpus_per_node=gpus_per_node, name=name)
+        with ProgressBar(console) as bar:
+            profile = calibrate(req, bar)
+    except AutoparError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2)
+    from autopar.calibrate.report import print_calibration
+
+    print_calibration(profile, req.output)

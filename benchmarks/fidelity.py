@@ -1,0 +1,95 @@
+"""Cost-model fidelity: predicted vs measured step time of small plans at world size 2 (CPU/gloo here,
+the same on a GPU machine with --backend nccl). Printed figures, not a test.
+
+    python benchmarks/fidelity.py                                  # calibrate first (--nproc 2), then run
+    python benchmarks/fidelity.py --hardware cpu-calibrated.json   # use an existing calibrated profile
+
+Every plan is made with `autopar estimate` on the calibrated profile and run with `autopar validate`
+(the runtime under torchrun): DP, ZeRO-1, ZeRO-3, TP, TP + SP, PP (1F1B and GPipe), recomputation.
+The profile is fitted from microbenchmarks only (GEMMs, memory-bound kernels, collectives), never
+from these runs, so the errors are out-of-sample.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autopar.calibrate.validate import validate  # noqa: E402
+from autopar.errors import AutoparError  # noqa: E402
+from autopar.estimate import estimate, load_profile  # noqa: E402
+
+# Model shapes (examples/*.py build_model keywords) and plans: (name, model, plan options).
+GPT = {"n_layer": "4", "n_embd": "256", "n_head": "8", "vocab_size": "2048", "block_size": "128", "tie_weights": "false"}
+LLAMA = {"n_layer": "4", "dim": "256", "n_head": "8", "n_kv_head": "4", "vocab_size": "2048", "max_seq_len": "128"}
+PLANS = [
+    ("DP (DDP)", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="none")),
+    ("DP + full recompute", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="full")),
+    ("ZeRO-1", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, zero=1, recompute="none")),
+    ("ZeRO-3 (FSDP2)", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, zero=3, recompute="none")),
+    ("TP 2", "gpt", dict(tp=2, pp=1, micro_batch=8, global_batch=16, recompute="none")),
+    ("TP 2 + SP", "llama", dict(tp=2, pp=1, micro_batch=8, global_batch=16, recompute="none",
+                                sequence_parallel=True)),
+    ("PP 2, 1F1B", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="none")),
+    ("PP 2, GPipe + selective", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="selective",
+                                            schedule="gpipe")),
+]
+MODELS = {"gpt": (ROOT / "examples" / "gpt.py", GPT), "llama": (ROOT / "examples" / "llama.py", LLAMA)}
+SEQ = 128
+
+
+def run(hardware: Path, steps: int, warmup: int) -> list[tuple[str, float, float, float]]:
+    rows = []
+    profiles = {name: load_profile(str(path), overrides=kw, seq_len=SEQ, dtype="fp32")
+                for name, (path, kw) in MODELS.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, model, options in PLANS:
+            plan = estimate(profiles[model], gpus=2, gpus_per_node=2, hardware_file=hardware, **options)
+            path = Path(tmp) / "plan.json"
+            plan.save(path)
+            started = time.perf_counter()
+            try:
+                v = validate(path, hardware_file=hardware, steps=steps, warmup=warmup)
+            except AutoparError as err:
+                print(f"{label:<26} failed: {err}", flush=True)
+                continue
+            rows.append((label, v.predicted_step_s, v.measured_step_s, v.error))
+            print(f"{label:<26} {v.predicted_step_s * 1e3:>10.1f} {v.measured_step_s * 1e3:>10.1f} "
+                  f"{100 * v.error:>+8.1f}%   ({time.perf_counter() - started:.0f} s)", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hardware", type=Path, help="calibrated profile (default: run autopar calibrate first)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    hardware = args.hardware
+    if hardware is None:
+        hardware = Path(tempfile.mkdtemp()) / "calibrated.json"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "autopar.cli", "calibrate", "--nproc", "2", "-o", str(hardware)],
+                       check=True)
+        print(f"[calibrate: {time.perf_counter() - started:.0f} s]")
+    print(f"{'plan (world size 2)':<26} {'pred ms':>10} {'meas ms':>10} {'error':>9}")
+    rows = run(hardware, args.steps, args.warmup)
+    errors = [abs(e) for *_, e in rows]
+    print(f"median |error| {100 * statistics.median(errors):.1f}%, max |error| {100 * max(errors):.1f}% "
+          f"over {len(rows)} plans")
+    if args.json:
+        args.json.write_text(json.dumps([dict(zip(("plan", "predicted_s", "measured_s", "error"), r)) for r in rows],
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""`autopar calibrate`: the fits recover known parameters from synthetic data; a quick calibration at
+--nproc 2 (gloo) writes a profile the cost model loads, that predicts a held-out GEMM and that estimate
+accepts; bad input is one line, exit 2, nothing written."""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autopar.calibrate.build import predict_collective
+from autopar.calibrate.fit import (CollectivePoint, GemmPoint, fit_collectives, fit_gemm, fit_memory,
+                                   relative_errors, summarize)
+from autopar.cli import app
+from cost_models import comm, compute
+from cost_models.hardware import hardware_from_dict, load_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = json.loads((ROOT / "cost_models/profiles/cpu.json").read_text())
+runner = CliRunner()
+
+
+def _profile(**fields: object) -> dict:
+    return {**BASE, **fields}
+
+
+# -- fits on synthetic data ---------------------------------------------------------------------------
+WIDTHS = (64, 256, 1024, 4096)
+ROWS = (16, 128, 1024, 8192)
+EFF_W = (0.2, 0.55, 1.0, 0.8)      # by 2KN: rises, then falls (cache) — the fit must not assume a shape
+EFF_R = (0.3, 0.7, 0.9, 1.0)
+
+
+def _gemm_truth() -> dict:
+    return _profile(peak_dense_tflops={"fp32": 0.15},
+                    gemm_efficiency_by_mflop_per_token=[[2 * w * w / 1e6, e] for w, e in zip(WIDTHS, EFF_W)],
+                    gemm_efficiency_by_rows=[[r, e] for r, e in zip(ROWS, EFF_R)])
+
+
+def _gemm_points(hw, noise: float = 0.0, skip: set | None = None) -> list[GemmPoint]:
+    rng = random.Random(0)
+    return [GemmPoint(m, w, w, compute.gemm_time(2 * m * w * w, 2 * w * w, m, hw, "fp32") * (1 + rng.uniform(-noise, noise)))
+            for m in ROWS for w in WIDTHS if (m, w) not in (skip or set())]
+
+
+def test_gemm_fit_recovers_peak_and_both_tables() -> None:
+    hw = hardware_from_dict(_gemm_truth())
+    # a missing corner (too slow to measure) must not matter: the grid stays connected
+    fit = fit_gemm(_gemm_points(hw, skip={(8192, 4096), (1024, 4096)}))
+    assert fit.peak_flops == pytest.approx(0.15e12, rel=1e-9)
+    assert [x for x, _ in fit.by_flops_per_token] == [2 * w * w for w in WIDTHS]
+    assert [e for _, e in fit.by_flops_per_token] == pytest.approx(EFF_W, rel=1e-9)
+    assert [r for r, _ in fit.by_rows] == list(ROWS)
+    assert [e for _, e in fit.by_rows] == pytest.approx(EFF_R, rel=1e-9)
+
+
+def test_gemm_fit_with_noise_predicts_within_the_noise() -> None:
+    hw = hardware_from_dict(_gemm_truth())
+    points = _gemm_points(hw, noise=0.05)
+    fit = fit_gemm(points)
+    assert all(0 < e <= 1 for _, e in fit.by_flops_per_token + fit.by_rows)
+    fitted = hardware_from_dict(_profile(
+        peak_dense_tflops={"fp32": fit.peak_flops / 1e12},
+        gemm_efficiency_by_mflop_per_token=[[x / 1e6, e] for x, e in fit.by_flops_per_token],
+        gemm_efficiency_by_rows=[[r, e] for r, e in fit.by_rows]))
+    pred = [compute.gemm_time(p.flops, p.flops_per_token, p.m, fitted, "fp32") for p in points]
+    errors = relative_errors(pred, [p.seconds for p in points])
+    assert summarize(errors)["max_abs_rel_error"] < 0.1
+    assert fit.peak_flops == pytest.approx(0.15e12, rel=0.1)
+
+
+def test_memory_fit_matches_each_sizes_op_mix() -> None:
+    # at each size a fast op (add) and a slow one (softmax); sizes differ in bandwidth (cache vs DRAM)
+    sizes = [2**16, 2**20, 2**26]
+    bandwidth = {("add", 2**16): 60e9, ("softmax", 2**16): 8e9, ("add", 2**20): 40e9, ("softmax", 2**20): 7e9,
+                 ("add", 2**26): 6e9, ("softmax", 2**26): 1e9}
+    moved, secs, size = [], [], []
+    for (op, s), bw in bandwidth.items():
+        moved.append((3 if op == "add" else 2) * s)
+        secs.append(moved[-1] / bw)
+        size.append(s)
+    fit = fit_memory(moved, secs, size)
+    assert fit.peak_bytes_per_s == 60e9 and 0 < fit.efficiency <= 1
+    # least squares in log space over sizes: the mix's predicted/measured ratios multiply to 1
+    ratios = [sum(m for m, z in zip(moved, size) if z == s) / (fit.peak_bytes_per_s * fit.efficiency)
+              / sum(t for t, z in zip(secs, size) if z == s) for s in sizes]
+    assert math.prod(ratios) == pytest.approx(1.0, rel=1e-9)
+    one = fit_memory([3e6, 2e6], [3e6 / 20e9, 2e6 / 20e9], [1e6, 1e6])  # a single bandwidth is exact
+    assert one.peak_bytes_per_s * one.efficiency == pytest.approx(20e9, rel=1e-12)
+
+
+SIZES = [4096 * 4**i for i in range(8)]
+COLL_EFF = [0.05, 0.12, 0.25, 0.45, 0.65, 0.8, 0.92, 1.0]
+
+
+def test_collective_fit_recovers_latency_bandwidth_and_table() -> None:
+    truth = hardware_from_dict(_profile(intra_node_latency_us=60.0, nvlink_bandwidth_bidirectional_gbytes_per_s=5.0,
+                                        collective_efficiency_by_mbytes=[[s / 1e6, e] for s, e in zip(SIZES, COLL_EFF)]))
+    link = comm.Link(truth.intra_node_bytes_per_s, truth.intra_node_latency_s, inter_node=False)
+    points = [CollectivePoint(op, n, s, predict_collective(op, n, s, link, truth))
+              for n in (2, 4) for s in SIZES for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+              if op != "send_recv" or n == 2]
+    fit = fit_collectives(points)
+    assert fit.latency_s == pytest.approx(60e-6, rel=1e-3)
+    assert fit.bytes_per_s == pytest.approx(2.5e9, rel=1e-3)     # one direction = bidirectional / 2
+    assert [x for x, _ in fit.efficiency] == SIZES
+    assert [e for _, e in fit.efficiency] == pytest.approx(COLL_EFF, abs=2e-3)
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    from autopar.calibrate.run import calibrate, check_request
+
+    out = tmp_path_factory.mktemp("calibrate") / "quick.json"
+    events: list[dict] = []
+    calibrate(check_request(out, nproc=2, backend="gloo", quick=True), events.append)
+    assert events[0]["event"] == "plan" and sum(e["event"] == "step" for e in events) == sum(events[0]["groups"].values())
+    return out, json.loads(out.read_text())
+
+
+def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, dict]) -> None:
+    path, raw = quick_profile
+    hw = load_hardware(path)
+    assert hw.name == "quick" and hw.gpus_per_node == 2
+    assert all(hw.peak(d) > 0 for d in ("bf16", "fp16", "fp32"))
+    assert hw.hbm_bytes_per_s > 0 and 0 < hw.memory_efficiency <= 1 and hw.intra_node_bytes_per_s > 0
+    assert 0 < hw.memory_reserve_bytes < hw.memory_bytes
+    fields = set(raw) - {"name", "description", "sources", "calibration"}
+    assert fields <= set(raw["sources"]), f"fields without a source: {fields - set(raw['sources'])}"
+    cal = raw["calibration"]
+    assert cal["collective_impl"]["reduce_scatter"] and cal["residuals"]["collectives"]["points"] > 0
+    for field in ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us"):
+        assert raw[field] == BASE[field] and "kept from cpu" in raw["sources"][field]
+
+
+def test_quick_calibration_predicts_a_held_out_gemm(quick_profile: tuple[Path, dict]) -> None:
+    path, raw = quick_profile
+    hw = load_hardware(path)
+    cal = raw["calibration"]
+    fitted = {(p["m"], p["k"], p["n"]) for p in cal["gemm"] if not p["holdout"]}
+    held_out = [p for p in cal["gemm"] if p["holdout"]]
+    assert held_out
+    knots_w = {x for x, _ in raw["gemm_efficiency_by_mflop_per_token"]}
+    knots_r = {r for r, _ in raw["gemm_efficiency_by_rows"]}
+    for p in held_out:
+        assert (p["m"], p["k"], p["n"]) not in fitted
+        assert p["m"] not in knots_r and round(2 * p["k"] * p["n"] / 1e6, 6) not in knots_w  # interpolated
+        predicted = compute.gemm_time(2 * p["m"] * p["k"] * p["n"], 2 * p["k"] * p["n"], p["m"], hw, "fp32")
+        assert 0.5 < predicted / p["seconds"] < 2.0, (p, predicted)   # loose: the machine is shared
+
+
+def test_estimate_accepts_the_calibrated_profile(quick_profile: tuple[Path, dict]) -> None:
+    path, _ = quick_profile
+    result = runner.invoke(app, ["estimate", str(ROOT / "examples/gpt.py"), "--set", "n_layer=2", "--set", "n_embd=64",
+                                 "--set", "n_head=4", "--seq-len", "64", "--gpus", "2", "--gpus-per-node", "2",
+                                 "--tp", "1", "--pp", "1", "--micro-batch", "1", "--global-batch", "4", "--dtype", "fp32",
+                                 "--hardware", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["prediction"]["step_time_s"] > 0
+
+
+# -- errors -------------------------------------------------------------------------------------------
+def _fails(tmp_path: Path, *args: str, message: str) -> None:
+    result = runner.invoke(app, ["calibrate", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    out = str(tmp_path / "p.json")
+    _fails(tmp_path, "-o", out, "--nproc", "0", message="--nproc 0")
+    _fails(tmp_path, "-o", out, "--backend", "mpi", message="choose gloo")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    _fails(tmp_path, "-o", str(blocker / "p.json"), message="cannot write there")
+    _fails(tmp_path, "-o", str(tmp_path / "p.yaml"), message="must be a .json file")
+    _fails(tmp_path, "-o", out, "--base", "tpu-v9", message="unknown hardware 'tpu-v9'")
+
+
+def test_nccl_without_cuda_is_refused(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    _fails(tmp_path, "-o", str(tmp_path / "p.json"), "--backend", "nccl", message="--backend nccl needs CUDA")
