@@ -68,6 +68,10 @@ class HardwareProfile:
     memory_efficiency: float                   # achieved / peak HBM bandwidth for elementwise kernels
     collective_efficiency: EfficiencyTable     # by message bytes: achieved bus bandwidth / link bandwidth
     sources: Mapping[str, str]
+    # Share of communication that can run while the device computes (1: separate engines, as NCCL on GPUs;
+    # near 0 on a CPU, where gloo's threads take the cores the compute needs). Scales the data-parallel
+    # and ZeRO-3 overlap; kept to 3 decimals so the solver's integer model sees the same number.
+    comm_overlap: float = 1.0
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -119,6 +123,7 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             memory_efficiency=float(raw["memory_bandwidth_efficiency"]),
             collective_efficiency=_table(raw["collective_efficiency_by_mbytes"], scale=1e6),
             sources=dict(raw.get("sources", {})),
+            comm_overlap=_fraction(raw.get("comm_compute_overlap", 1.0)),
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
@@ -127,6 +132,13 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' has a bad value: {err}") from err
+
+
+def _fraction(x: Any) -> float:
+    value = round(float(x), 3)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"comm_compute_overlap must lie in [0, 1], got {x}; fix the hardware profile")
+    return value
 
 
 def _table(points: list[list[float]], scale: float) -> EfficiencyTable:

@@ -320,10 +320,11 @@ class CostModel:
         overlappable = sum(c.dp_overlappable_s + (c.tied_dp_overlappable_s if copy else 0.0) for c in mine)
         exposed = sum(c.dp_exposed_s + (c.tied_dp_exposed_s if copy else 0.0) for c in mine)
         tied_sync = sum(c.tied_sync_s for c in mine) if copy else 0.0
-        dp_tail = max(0.0, overlappable - cfg.dp_overlap * bwd / max(1, len(chunk_ids))) + exposed + tied_sync
+        dp_tail = max(0.0, overlappable - cfg.dp_overlap * hw.comm_overlap * bwd / max(1, len(chunk_ids))) + \
+            exposed + tied_sync
         compute = fwd + bwd
         zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
-        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * compute)
+        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.comm_overlap * compute)
 
         # Activations: kept bytes × micro-batches in flight, plus one layer rematerialised in backward.
         kept = sum(c.kept_bytes for c in mine)

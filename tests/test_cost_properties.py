@@ -95,3 +95,20 @@ def test_breakdown_adds_up(cost_model: CostModel) -> None:
             est = run(cost_model, zero_stage=zero, **kw)
             assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s)
             assert 0.0 < est.mfu < 1.0 and est.tflops_per_gpu * 1e12 <= 312e12
+
+
+def test_hardware_comm_overlap_exposes_zero3_traffic_and_grad_sync(cost_model: CostModel) -> None:
+    """comm_overlap = 0 (a CPU): ZeRO-3 traffic and the gradient all-reduce add to the step in full; 1: they hide."""
+    from dataclasses import replace
+
+    hidden, exposed = cost_model, CostModel(cost_model.model, replace(cost_model.hw, comm_overlap=0.0))
+    z3 = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=2, num_microbatches=2, zero_stage=3, recompute="none")
+    a, b = hidden.evaluate(z3), exposed.evaluate(z3)
+    dev = b.devices[0]
+    traffic = sum(c.zero3_s for c in exposed.layer_costs(z3, *exposed.links(z3), b.precision))
+    assert dev.zero3_comm_s == pytest.approx(traffic)
+    assert b.step_time_s - a.step_time_s == pytest.approx(2 * (traffic - a.devices[0].zero3_comm_s), rel=1e-9)
+    ddp = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=2, num_microbatches=2, zero_stage=0, recompute="none")
+    costs = exposed.layer_costs(ddp, *exposed.links(ddp), b.precision)
+    assert exposed.evaluate(ddp).devices[0].dp_comm_tail_s == pytest.approx(sum(c.dp_overlappable_s for c in costs))
+    assert exposed.evaluate(ddp).step_time_s > hidden.evaluate(ddp).step_time_s

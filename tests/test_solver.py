@@ -66,6 +66,7 @@ def random_instance(seed: int) -> tuple:
     hw = replace(HW, memory_bytes=int(HW.memory_reserve_bytes + state_and_acts * rng.uniform(0.02, 1.2)))
     pins = Pins(zero=rng.choice([None, 0, 1, 3]), sequence_parallel=rng.choice([None, False]),
                 micro_batch=rng.choice([None, 1, 2]) if gpus > 2 else None)
+    hw = replace(hw, comm_overlap=rng.choice([1.0, 1.0, 0.0, 0.375]))  # GPUs, a CPU, something between
     return profile, hw, gpus, gpus_per_node, batch, pins
 
 

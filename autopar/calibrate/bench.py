@@ -119,6 +119,53 @@ class Bench:
             print(PROGRESS_PREFIX + json.dumps(event), flush=True)
 
 
+def measure_overlap(bench: Bench, dtype: str, repeats: int = 5) -> dict | None:
+    """How much of a collective hides behind compute: GEMMs alone (t_g), an all-reduce alone (t_c, sized to
+    take about as long), then the all-reduce issued asynchronously while the same GEMMs run (t_b).
+    overlap = (t_g + t_c − t_b) / min(t_g, t_c), median over repeats, clamped to [0, 1]. None alone."""
+    if bench.world < 2:
+        return None
+    from autopar.calibrate.kernels import DTYPES
+
+    dev, dt = bench.device, DTYPES[dtype]
+    n = 2048 if dev.type == "cuda" else 384
+    a, b = torch.randn(n, n, dtype=dt, device=dev), torch.randn(n, n, dtype=dt, device=dev)
+
+    def timed(fn: Callable[[], object]) -> float:
+        bench.agree_max(0.0)
+        bench.sync()
+        start = time.perf_counter()
+        fn()
+        bench.sync()
+        return bench.agree_max(time.perf_counter() - start)
+
+    def gemms() -> None:
+        for _ in range(20):
+            torch.mm(a, b)
+
+    probe = torch.zeros(1 << 20, dtype=torch.float32, device=dev)
+    timed(lambda: dist.all_reduce(probe))
+    t_g = statistics.median(timed(gemms) for _ in range(3))
+    t_probe = statistics.median(timed(lambda: dist.all_reduce(probe)) for _ in range(3))
+    numel = int(min(64 << 20, max(1 << 16, (1 << 20) * t_g / max(t_probe, 1e-9))))
+    msg = torch.zeros(numel, dtype=torch.float32, device=dev)
+
+    def both() -> None:
+        work = dist.all_reduce(msg, async_op=True)
+        gemms()
+        work.wait()
+
+    shares, rows = [], []
+    for _ in range(repeats):
+        t_c = timed(lambda: dist.all_reduce(msg))
+        g = timed(gemms)
+        t_b = timed(both)
+        shares.append((g + t_c - t_b) / min(g, t_c))
+        rows.append({"gemm_s": g, "all_reduce_s": t_c, "both_s": t_b})
+    return {"overlap": min(1.0, max(0.0, statistics.median(shares))), "message_bytes": numel * 4,
+            "samples": rows}
+
+
 def device_info(bench: Bench, memory: list[dict], host_link: list[dict], baseline_rss: int) -> dict:
     """Capacity, per-process reserve and host link of this device."""
     info: dict[str, object] = {"world_size": bench.world, "torch": torch.__version__,
@@ -190,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         results[name] = bench.run(suites.pop(name))  # popped: its tensors go when the suite is done
         wall[name] = round(time.perf_counter() - t0, 3)
+    overlap = measure_overlap(bench, primary)
     dtypes = [r for r in results["device"] if "dtype" in r]
     info = device_info(bench, results["memory"], [r for r in results["device"] if "direction" in r], rss)
     if bench.rank == 0:
@@ -198,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"backend": args.backend, "device_type": device.type, "primary_dtype": primary,
                   "quick": args.quick, "sweep": asdict(sweep), "device": info, "gemm": results["gemm"],
                   "dtypes": dtypes, "memory": results["memory"], "collectives": results["collectives"],
-                  "collective_impl": impl, "layer": results["layer"], "wall_s": wall}
+                  "collective_impl": impl, "layer": results["layer"], "overlap": overlap, "wall_s": wall}
         write_atomic(Path(args.out), json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()

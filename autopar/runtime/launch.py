@@ -74,6 +74,16 @@ def launch(plan_path: str | Path, model: str | None = None, *, steps: int = 3, a
     return subprocess.call(cmd, env=run_env)
 
 
+def fused_adamw(params: list, lr: float):  # noqa: ANN201 - a torch.optim.AdamW
+    """AdamW(fused=True) with DTensor and plain parameters in separate groups (one fused call each: the
+    fused kernel refuses a mix)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return torch.optim.AdamW([{"params": g} for g in groups if g], lr=lr, fused=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autopar.runtime.launch",
                                      description="per-rank entry point of `autopar launch` (start it with torchrun)")
@@ -98,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
         return EXIT_PLAN_ERROR
-    optimizer = pm.build_optimizer(lambda params: torch.optim.AdamW(params, lr=args.lr))
+    # fused AdamW: one kernel per step instead of a dozen per parameter group (on DTensor parameters the
+    # foreach path dispatches every op through DTensor: 4x slower on a CPU mesh)
+    optimizer = pm.build_optimizer(lambda params: fused_adamw(params, args.lr))
 
     def report(record: dict) -> None:
         if rank == 0 and not args.json:

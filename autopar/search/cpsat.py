@@ -64,6 +64,9 @@ def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> l
             and all(t == 1 or all(dv % t == 0 for dv in lp.tp.divisors) for lp in blocks)] or [cfg.tp]
 
 
+OVERLAP_UNIT = 1000  # the hardware's comm overlap, in thousandths
+
+
 def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...], time_limit_s: float,
                 threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None,
                 degrees: list[int] | None = None) -> InnerResult:
@@ -71,6 +74,7 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
     if cfg.dp_overlap != 1.0 or cfg.zero3_overlap != 1.0:
         raise ValueError("the CP-SAT model encodes full overlap (dp_overlap = zero3_overlap = 1), the cost model's default")
     profile: ModelProfile = cost.model  # type: ignore[assignment]
+    ov = round(OVERLAP_UNIT * cost.hw.comm_overlap)
     layers = profile.layers
     L, pp, v, m = len(layers), cfg.pp, cfg.virtual_stages, cfg.num_microbatches
     C = pp * v
@@ -185,7 +189,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         z3 = 0
         if cfg.zero_stage == 3:
             z3 = model.new_int_var(0, horizon_t, f"z3_{d}")
-            model.add(z3 >= device_sum("z3", d, chunks) + extra["z3"] - compute)  # zero3_overlap = 1 (default)
+            # z3 ≥ traffic − overlap·compute, overlap = ov/1000 (the hardware's, 3 decimals; zero3_overlap = 1)
+            model.add(OVERLAP_UNIT * z3 >= OVERLAP_UNIT * (device_sum("z3", d, chunks) + extra["z3"]) - ov * compute)
         t_d = model.new_int_var(0, horizon_t, f"T_{d}")
         model.add(t_d == compute + tpc + p2p + offload + z3)
         T.append(t_d)
@@ -205,7 +210,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
 
         # tail (× v): v·dp_tail + v·optimizer − v·Σ_{k<d} bwd_k; dp_tail = max(0, dpo − bwd/v) + dpe + tied
         hidden = model.new_int_var(0, horizon_t, f"dpo_exposed_{d}")
-        model.add(hidden >= v * (device_sum("dpo", d, chunks) + extra["dpo"]) - bwd_var)  # dp_overlap = 1 (default)
+        model.add(OVERLAP_UNIT * hidden >= OVERLAP_UNIT * v * (device_sum("dpo", d, chunks) + extra["dpo"])
+                  - ov * bwd_var)  # dp_overlap = 1 (default) × the hardware's overlap
         end = model.new_int_var(-horizon_t, horizon_t, f"end_{d}")
         model.add(end == hidden + v * (device_sum("dpe", d, chunks) + extra["dpe"] + device_sum("tied", d, chunks)
                                        + device_sum("opt", d, chunks) + extra["opt"]) - v * sum(bwd_d[:d]))
