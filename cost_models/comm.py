@@ -61,8 +61,11 @@ def all_gather_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> f
 
 
 def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
-    """Ring reduce-scatter of a ``nbytes`` tensor: same volume and steps as all-gather."""
-    return all_gather_time(nbytes, n, link, hw)
+    """Ring reduce-scatter of a ``nbytes`` tensor: the steps and volume of all-gather, at the hardware's
+    reduce-scatter bandwidth (the same on NCCL; lower where the reduction runs on the host, as gloo's)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / hw.reduce_scatter_bandwidth_ratio
 
 
 def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:

@@ -72,6 +72,9 @@ class HardwareProfile:
     # near 0 on a CPU, where gloo's threads take the cores the compute needs). Scales the data-parallel
     # and ZeRO-3 overlap; kept to 3 decimals so the solver's integer model sees the same number.
     comm_overlap: float = 1.0
+    # Reduce-scatter bus bandwidth relative to all-gather's (NCCL: 1; gloo on a CPU reduces on the host
+    # and runs 2-3x slower than it gathers).
+    reduce_scatter_bandwidth_ratio: float = 1.0
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -124,6 +127,7 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             collective_efficiency=_table(raw["collective_efficiency_by_mbytes"], scale=1e6),
             sources=dict(raw.get("sources", {})),
             comm_overlap=_fraction(raw.get("comm_compute_overlap", 1.0)),
+            reduce_scatter_bandwidth_ratio=_positive(raw.get("reduce_scatter_relative_bandwidth", 1.0)),
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
@@ -138,6 +142,13 @@ def _fraction(x: Any) -> float:
     value = round(float(x), 3)
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"comm_compute_overlap must lie in [0, 1], got {x}; fix the hardware profile")
+    return value
+
+
+def _positive(x: Any) -> float:
+    value = float(x)
+    if not 0.0 < value <= 4.0:
+        raise ConfigError(f"reduce_scatter_relative_bandwidth must lie in (0, 4], got {x}; fix the hardware profile")
     return value
 
 

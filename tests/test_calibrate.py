@@ -110,6 +110,24 @@ def test_collective_fit_recovers_latency_bandwidth_and_table() -> None:
     assert [e for _, e in fit.efficiency] == pytest.approx(COLL_EFF, abs=2e-3)
 
 
+def test_reduce_scatter_ratio_is_recovered_from_the_measured_collectives() -> None:
+    """A backend whose reduce-scatter runs at 0.4 of its all-gather bandwidth: the shared fit leaves it out
+    and the ratio comes back."""
+    from autopar.calibrate.build import _reduce_scatter_ratio
+
+    raw = _profile(intra_node_latency_us=60.0, nvlink_bandwidth_bidirectional_gbytes_per_s=5.0,
+                   collective_efficiency_by_mbytes=[[s / 1e6, e] for s, e in zip(SIZES, COLL_EFF)],
+                   reduce_scatter_relative_bandwidth=0.4)
+    truth = hardware_from_dict(raw)
+    link = comm.Link(truth.intra_node_bytes_per_s, truth.intra_node_latency_s, inter_node=False)
+    points = [{"op": op, "group_size": n, "bytes": s, "seconds": predict_collective(op, n, s, link, truth)}
+              for n in (2, 4) for s in SIZES for op in ("all_gather", "reduce_scatter")]
+    assert points[1]["seconds"] > points[0]["seconds"]
+    ratio, used = _reduce_scatter_ratio(points, {**raw, "reduce_scatter_relative_bandwidth": 1.0})
+    assert used == sum(s >= 1 << 20 for s in SIZES) * 2 and used > 0
+    assert ratio == pytest.approx(0.4, rel=1e-6)
+
+
 # -- end to end ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:

@@ -56,7 +56,9 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     sizes = sorted({p["tensor_bytes"] for p in results["memory"]})
 
     coll_points = [CollectivePoint(p["op"], p["group_size"], p["bytes"], p["seconds"]) for p in results["collectives"]]
-    coll: CollectiveFit | None = fit_collectives(coll_points) if coll_points else None
+    # reduce-scatter gets its own bandwidth ratio (below), so the shared fit leaves it out when it can
+    shared = [p for p in coll_points if p.op != "reduce_scatter"] or coll_points
+    coll: CollectiveFit | None = fit_collectives(shared) if coll_points else None
 
     link = dev.get("host_link")
     host_bw = (link["bytes"] / ((link["h2d_s"] + link["d2h_s"]) / 2)) if link else None
@@ -84,6 +86,8 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         "collective_efficiency_by_mbytes": _table(coll.efficiency, 1e6) if coll else
         base["collective_efficiency_by_mbytes"],
     }
+    rs_ratio, rs_points = _reduce_scatter_ratio(results["collectives"], profile) if coll else (1.0, 0)
+    profile["reduce_scatter_relative_bandwidth"] = sig(rs_ratio)
     overlap = results.get("overlap")
     profile["comm_compute_overlap"] = round(overlap["overlap"], 3) if overlap else base.get("comm_compute_overlap", 1.0)
     layers: list[dict[str, Any]] = []
@@ -156,6 +160,9 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         for field in ("intra_node_latency_us", "nvlink_bandwidth_bidirectional_gbytes_per_s",
                       "collective_efficiency_by_mbytes"):
             src[field] = f"kept from {base_name}: one process, no collective to measure"
+    src["reduce_scatter_relative_bandwidth"] = (
+        f"median over {rs_points} reduce-scatters of at least 1 MiB of the fitted all-gather bandwidth time / the "
+        f"measured time less its latency steps" if rs_points else "no reduce-scatter of 1 MiB or more measured: 1")
     if overlap:
         first = overlap["samples"][0]
         src["comm_compute_overlap"] = (
@@ -195,6 +202,23 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         "overlap": overlap,
     }
     return profile
+
+
+def _reduce_scatter_ratio(points: list[Mapping[str, Any]], profile: Mapping[str, Any]) -> tuple[float, int]:
+    """Reduce-scatter bandwidth / all-gather bandwidth: for each reduce-scatter of ≥ 1 MiB, the fitted
+    all-gather bandwidth term over the measured time less the latency steps; the median, and how many."""
+    hw = hardware_from_dict(profile)
+    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    ratios = []
+    for p in points:
+        if p["op"] == "reduce_scatter" and p["bytes"] >= 1 << 20:
+            latency = (p["group_size"] - 1) * hw.intra_node_latency_s
+            ratios.append((comm.all_gather_time(p["bytes"], p["group_size"], link, hw) - latency)
+                          / max(p["seconds"] - latency, 1e-9))
+    if not ratios:
+        return 1.0, 0
+    ratios.sort()
+    return min(4.0, max(0.05, ratios[len(ratios) // 2])), len(ratios)
 
 
 def _residuals(results: Mapping[str, Any], hw: HardwareProfile, dtype: str) -> dict[str, Any]:

@@ -275,12 +275,14 @@ def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...], boun
         if best is not None and not bound.beats(cfg, best.estimate.step_time_s):
             continue
         counts = stage_layer_counts(cost.model.layers, cfg.chunks)
-        for mode in modes:
+        for mode in modes:  # MODES run from least to most recomputation: the first that fits is the fastest
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
             plan = replace(cfg, stage_layers=counts, layer_recompute=per_layer)
             est = cost.evaluate(plan)
             if est.fits and (best is None or est.step_time_s < best.estimate.step_time_s):
                 best = Candidate(outer, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts, per_layer))
+            if est.fits:
+                break
     return best
 
 
