@@ -181,7 +181,7 @@ class LowerBound:
         fractional knapsack over the layers (most time per tail second first), the first layer forced.
         Conditional on beating ``upper``, so it prunes, it does not bound."""
         m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
-        if pp < 2 or cfg.zero_stage == 3 or m - 1 / v <= 0:
+        if pp < 2 or m - 1 / v <= 0:
             return True
         busy, heaviest = self._parts(cfg)
         if busy == math.inf:
@@ -211,11 +211,17 @@ class LowerBound:
             rates[t] = (exposed + opt, over)
         first = self.cost.model.layers[0].block_id
         offload = 2 / hw.host_link_bytes_per_s if cfg.offload_activations else 0.0
+        # a layer adds at most its busy time, its offload transfers and (ZeRO-3) its whole gather traffic
+        def z3(t: int, params: float) -> float:
+            return comm.zero3_layer_time(params, dp=devices // t, param_bytes=precision.param_bytes,
+                                         grad_bytes=precision.grad_bytes, link=comm.group_link(hw, devices // t, t, gpn),
+                                         hw=hw) if cfg.zero_stage == 3 else 0.0
+
         tails = []
         for with_overlap in (False, True):
             items = []  # (count, most time, least tail) per distinct layer
             for block, (n, opts) in zip(self._rep, self._options_raw(cfg)):
-                most = max(busy_o + offload * kept for _, kept, _, busy_o, _, _ in opts)
+                most = max(busy_o + offload * kept + z3(t, params) for t, kept, params, busy_o, _, _ in opts)
                 least = min(params * (rates[t][0] + (rates[t][1] if with_overlap else 0.0))
                             - (bwd / v if with_overlap else 0.0) for t, _, params, _, _, bwd in opts)
                 items.append((n, most, least, block == first))
@@ -321,11 +327,16 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
     fits_without_offload: set[tuple] = set()
     if greedy is not None and not greedy.outer.offload:
         fits_without_offload.add(dataclasses.astuple(greedy.outer))
+    if greedy is not None:  # refine the incumbent's own choice first: its non-uniform optimum prunes the rest
+        first = next(i for i, item in enumerate(queue) if item[2] == greedy.outer)
+        queue.insert(0, queue.pop(first))
     for visited, (lb, _, outer, cfg) in enumerate(queue):
         if progress is not None:
             progress(visited, len(queue), best[0].estimate.step_time_s if best else None)
         kth = best[top_k - 1].estimate.step_time_s if len(best) >= top_k else None
         if kth is not None and lb >= kth:
+            if visited == 0 and greedy is not None:
+                continue  # the incumbent's choice, moved out of order: the rest are still sorted
             bound = min(bound, lb)
             break
         if outer.offload and dataclasses.astuple(replace(outer, offload=False)) in fits_without_offload \
