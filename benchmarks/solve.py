@@ -53,20 +53,28 @@ def table(limit: float) -> None:
               f"{megatron.step_time_s / best.step_time_s:>5.2f}x")
 
 
+def _gap(r) -> float:  # noqa: ANN001 - a SearchResult
+    """(best − proven bound) / best; 0 when OPTIMAL, nan when nothing fits."""
+    if not r.best:
+        return float("nan")
+    best = r.best[0].estimate.step_time_s
+    return (best - r.bound_s) / best
+
+
 def layers_growth(limit: float) -> None:
-    print(f"{'layers':>6} {'GPUs':>5} {'status':>9} {'solve s':>8} {'solves':>6}")
+    print(f"{'layers':>6} {'GPUs':>5} {'status':>9} {'solve s':>8} {'gap':>7} {'solves':>6}")
     for n in (4, 16, 64, 128, 256, 512):
         profile = gpt(n, 4096, 32)
         r = search(profile, A100, gpus=256, gpus_per_node=8, global_batch=512, time_limit_s=limit)
-        print(f"{n:>6} {256:>5} {r.status:>9} {r.wall_s:>8.2f} {r.solved:>6}")
+        print(f"{n:>6} {256:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * _gap(r):>6.2f}% {r.solved:>6}")
 
 
 def gpus_growth(limit: float) -> None:
-    print(f"{'GPUs':>6} {'status':>9} {'solve s':>8} {'choices':>8} {'solves':>6}")
+    print(f"{'GPUs':>6} {'status':>9} {'solve s':>8} {'gap':>7} {'choices':>8} {'solves':>6}")
     profile = gpt(48, 8192, 64)
     for g in (8, 64, 512, 4096, 16384):
         r = search(profile, A100, gpus=g, gpus_per_node=8, global_batch=max(512, g), time_limit_s=limit)
-        print(f"{g:>6} {r.status:>9} {r.wall_s:>8.2f} {r.choices:>8} {r.solved:>6}")
+        print(f"{g:>6} {r.status:>9} {r.wall_s:>8.2f} {100 * _gap(r):>6.2f}% {r.choices:>8} {r.solved:>6}")
 
 
 def best_uniform(profile, hw, gpus: int, batch: int, pins: Pins):  # noqa: ANN001, ANN201
