@@ -64,6 +64,9 @@ class LayerProfile(_Frozen):
     fwd_memory_bytes_per_sample: float = Field(
         description="bytes read + written by the memory-bound (non-matmul) ops of the forward")
     fwd_memory_bytes_fixed: float = 0.0
+    fwd_heavy_bytes_per_sample: float = Field(
+        default=0.0, description="of the memory-bound bytes, those of transcendental and normalisation ops")
+    fwd_heavy_bytes_fixed: float = 0.0
     saved_bytes_per_sample: int = Field(description="activation bytes autograd saves for backward")
     saved_bytes_fixed: int = 0
     input_bytes_per_sample: int = Field(description="bytes of the layer's external activation inputs")

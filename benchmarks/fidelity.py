@@ -41,6 +41,8 @@ PLANS = [
     ("PP 2, 1F1B", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="none")),
     ("PP 2, GPipe + selective", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="selective",
                                             schedule="gpipe")),
+    ("Llama DP", "llama", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="none")),
+    ("Llama PP 2, 1F1B", "llama", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="none")),
 ]
 MODELS = {"gpt": (ROOT / "examples" / "gpt.py", GPT), "llama": (ROOT / "examples" / "llama.py", LLAMA)}
 SEQ = 128

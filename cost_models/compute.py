@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.hardware import HardwareProfile
-from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample,
+from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample, heavy_share,
                                attention_scores_per_sample, fwd_flops, fwd_matmul_flops, fwd_memory_bytes,
                                input_bytes, is_tp_sharded, unfused_attention_traffic_per_score)
 
@@ -51,9 +51,13 @@ def gemm_time(flops: float, flops_per_token: float, rows: int, hw: HardwareProfi
     return flops / (hw.peak(dtype) * eff)
 
 
-def memory_time(nbytes: float, hw: HardwareProfile) -> float:
-    """Seconds to stream ``nbytes`` through HBM at the achievable fraction of peak bandwidth."""
-    return nbytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) if nbytes > 0 else 0.0
+def memory_time(nbytes: float, hw: HardwareProfile, heavy: float = 0.0) -> float:
+    """Seconds to stream ``nbytes`` through HBM at the achievable fraction of peak bandwidth; the ``heavy``
+    share (transcendental and normalisation ops) at the profile's heavy-op efficiency."""
+    if nbytes <= 0:
+        return 0.0
+    heavy_eff = hw.heavy_memory_efficiency or hw.memory_efficiency
+    return nbytes / hw.hbm_bytes_per_s * ((1.0 - heavy) / hw.memory_efficiency + heavy / heavy_eff)
 
 
 def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) -> float:
@@ -84,7 +88,7 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
     per_token = matmul / max(1, b * seq_len)
     rows = b * seq_len
     t_matmul = gemm_time(matmul, per_token, rows, hw, dtype)
-    t_memory = memory_time(tp_memory_bytes(layer, b, tp, sequence_parallel), hw)
+    t_memory = memory_time(tp_memory_bytes(layer, b, tp, sequence_parallel), hw, heavy_share(layer, b))
     t_scores = 0.0
     if attention_kernel == "unfused":
         scores = attention_scores_per_sample(layer, seq_len) * b / split

@@ -75,6 +75,8 @@ class HardwareProfile:
     # Reduce-scatter bus bandwidth relative to all-gather's (NCCL: 1; gloo on a CPU reduces on the host
     # and runs 2-3x slower than it gathers).
     reduce_scatter_bandwidth_ratio: float = 1.0
+    # Achieved / peak bandwidth of heavy element-wise ops (transcendentals, norms); None: memory_efficiency.
+    heavy_memory_efficiency: float | None = None
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -128,6 +130,8 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             sources=dict(raw.get("sources", {})),
             comm_overlap=_fraction(raw.get("comm_compute_overlap", 1.0)),
             reduce_scatter_bandwidth_ratio=_positive(raw.get("reduce_scatter_relative_bandwidth", 1.0)),
+            heavy_memory_efficiency=float(raw["heavy_op_bandwidth_efficiency"])
+            if "heavy_op_bandwidth_efficiency" in raw else None,
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "

@@ -69,6 +69,14 @@ def fwd_memory_bytes(layer: LayerLike, b: int) -> float:
     return layer.fwd_memory_bytes_per_sample * b + layer.fwd_memory_bytes_fixed
 
 
+def heavy_share(layer: LayerLike, b: int) -> float:
+    """Share of the memory-bound bytes moved by heavy element-wise ops (transcendentals, norms); profiles
+    captured before the split have none."""
+    total = fwd_memory_bytes(layer, b)
+    heavy = getattr(layer, "fwd_heavy_bytes_per_sample", 0.0) * b + getattr(layer, "fwd_heavy_bytes_fixed", 0.0)
+    return min(1.0, heavy / total) if total > 0 else 0.0
+
+
 def saved_bytes(layer: LayerLike, b: int) -> int:
     return layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
 

@@ -112,3 +112,28 @@ def test_hardware_comm_overlap_exposes_zero3_traffic_and_grad_sync(cost_model: C
     costs = exposed.layer_costs(ddp, *exposed.links(ddp), b.precision)
     assert exposed.evaluate(ddp).devices[0].dp_comm_tail_s == pytest.approx(sum(c.dp_overlappable_s for c in costs))
     assert exposed.evaluate(ddp).step_time_s > hidden.evaluate(ddp).step_time_s
+
+
+def test_heavy_element_wise_bytes_are_counted_apart_and_priced_at_their_own_efficiency(cost_model: CostModel) -> None:
+    """Capture counts GELU / LayerNorm bytes as heavy (a subset of the memory-bound bytes); a profile whose
+    heavy ops run at a quarter of the light ones' efficiency slows exactly that share of the traffic."""
+    from dataclasses import replace
+
+    from cost_models import comm
+    from cost_models.compute import memory_time
+    from cost_models.model import fwd_memory_bytes, heavy_share
+
+    block = next(lp for lp in cost_model.model.layers if lp.kind == "block")
+    assert 0 < block.fwd_heavy_bytes_per_sample < block.fwd_memory_bytes_per_sample
+    hw = cost_model.hw
+    slow = replace(hw, heavy_memory_efficiency=hw.memory_efficiency / 4)
+    share = heavy_share(block, 2)
+    nbytes = fwd_memory_bytes(block, 2)
+    expected = nbytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) * ((1 - share) + 4 * share)
+    assert memory_time(nbytes, slow, share) == pytest.approx(expected)
+    link = comm.group_link(hw, 1, 1, 8)
+    fast_c = cost_model.layer_cost(block, b=2, tp=1, sequence_parallel=False, recompute="none", tp_link=link)
+    slow_c = CostModel(cost_model.model, slow).layer_cost(block, b=2, tp=1, sequence_parallel=False,
+                                                          recompute="none", tp_link=link)
+    added = memory_time(nbytes, slow, share) - memory_time(nbytes, hw, share)
+    assert slow_c.fwd_s - fast_c.fwd_s == pytest.approx(added)

@@ -30,6 +30,10 @@ def _table(points: tuple[tuple[float, float], ...], scale: float) -> list[list[f
     return [[sig(x / scale), sig(e)] for x, e in points]
 
 
+def _ms(row: Mapping[str, Any]) -> str:
+    return f"{row['measured_s'] * 1e3:.4g}"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -95,8 +99,9 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     if results.get("layer"):
         from autopar.calibrate.layer_fit import fit_layers
 
-        efficiency, layers = fit_layers(results["layer"], profile)
-        profile["memory_bandwidth_efficiency"] = sig(efficiency)
+        light, heavy, layers = fit_layers(results["layer"], profile)
+        profile["memory_bandwidth_efficiency"] = sig(light)
+        profile["heavy_op_bandwidth_efficiency"] = sig(heavy)
     hw = hardware_from_dict(profile)
     residuals = _residuals(results, hw, primary)
     base_name = base.get("name", "base")
@@ -174,13 +179,17 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         src["comm_compute_overlap"] = f"kept from {base.get('name', 'base')}: one process, no collective to overlap"
     if layers:
         held = [r for r in layers if r["holdout"]]
+        fits = [r for r in layers if not r["holdout"]]
         src["memory_bandwidth_efficiency"] = (
-            f"fitted to whole reference transformer layers (autopar/calibrate/reference.py, forward + backward, "
-            f"{who}): the time the GEMM tables leave unexplained at {layers[0]['shape']} "
-            f"({layers[0]['measured_s'] * 1e3:.4g} ms measured, {layers[0]['gemm_s'] * 1e3:.4g} ms GEMM) charged to "
-            f"its memory-bound bytes; held-out {', '.join(r['shape'] for r in held)}: "
-            f"{', '.join(_pct(r['rel_error']) for r in held)}. The kernel-mix fit alone gave "
-            f"{kernel_efficiency:.4g} (" + src["memory_bandwidth_efficiency"] + ")")
+            f"light element-wise ops (adds, multiplies, copies), fitted with heavy_op_bandwidth_efficiency to whole "
+            f"reference transformer stacks (autopar/calibrate/reference.py, forward + backward, {who}): the time "
+            f"the GEMM tables leave unexplained in {', '.join(r['stack'] for r in fits)} "
+            f"({', '.join(_ms(r) for r in fits)} ms measured), least squares over "
+            f"their light and heavy bytes; held-out {', '.join(r['stack'] for r in held)}: "
+            f"{', '.join(_pct(r['rel_error']) for r in held)}. The kernel-mix fit alone gave {kernel_efficiency:.4g} "
+            "(" + src["memory_bandwidth_efficiency"] + ")")
+        src["heavy_op_bandwidth_efficiency"] = ("transcendental and normalisation ops (GELU, SiLU, softmax, "
+                                                "LayerNorm, ...): see memory_bandwidth_efficiency")
     profile["sources"] = src
     profile["calibration"] = {
         "command": f"autopar calibrate --nproc {nproc} --backend {results['backend']}"

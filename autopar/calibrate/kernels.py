@@ -234,13 +234,14 @@ def host_link_cases(sweep: Sweep, device: torch.device) -> list[Case]:
 
 
 def layer_cases(dtype: str, device: torch.device) -> list[Case]:
-    """Forward + backward of the reference block stack (reference.py): the fitted shape, then the held-out one."""
+    """Forward + backward of the reference block stacks (reference.py): the fitted ones, then the held-out one."""
     from autopar.calibrate import reference
 
-    def build(n_layer: int, n_embd: int, n_head: int, batch: int, seq: int) -> Callable[[], Callable[[], object]]:
+    def build(family: str, n_layer: int, n_embd: int, n_head: int, batch: int,
+              seq: int) -> Callable[[], Callable[[], object]]:
         def make() -> Callable[[], object]:
             torch.manual_seed(0)
-            model = reference.build_model(n_layer, n_embd, n_head).to(device=device, dtype=DTYPES[dtype])
+            model = reference.build_model(n_layer, n_embd, n_head, family).to(device=device, dtype=DTYPES[dtype])
             x = torch.randn(batch, seq, n_embd, dtype=DTYPES[dtype], device=device, requires_grad=True)
 
             def step() -> None:
@@ -251,6 +252,7 @@ def layer_cases(dtype: str, device: torch.device) -> list[Case]:
         return make
 
     shapes = reference.SHAPES["cuda" if device.type == "cuda" else "cpu"]
-    return [Case("layer", f"reference {n}x{h} b{b} s{s}", dict(n_layer=n, n_embd=h, n_head=a, batch=b, seq_len=s,
-                                                               dtype=dtype, holdout=i > 0), build(n, h, a, b, s))
-            for i, (n, h, a, b, s) in enumerate(shapes)]
+    return [Case("layer", f"reference {f} {n}x{h} b{b} s{s}",
+                 dict(family=f, n_layer=n, n_embd=h, n_head=a, batch=b, seq_len=s, dtype=dtype,
+                      holdout=i == len(shapes) - 1), build(f, n, h, a, b, s))
+            for i, (f, n, h, a, b, s) in enumerate(shapes)]

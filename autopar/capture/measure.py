@@ -26,12 +26,22 @@ _VIEW_OPS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "un
              "split_with_sizes", "as_strided", "narrow", "contiguous", "lift_fresh_copy", "size"}
 
 
+# Element-wise ops that take many instructions per element (transcendentals, normalisations): on a CPU
+# they run far below memory bandwidth, on a GPU they are memory-bound like the rest. Their bytes are
+# counted apart (heavy_bytes ⊆ memory_bytes) so a hardware profile can give them their own efficiency.
+HEAVY_OPS = {"gelu", "gelu_backward", "silu", "tanh", "exp", "log", "sigmoid", "erf", "softmax", "_softmax",
+             "log_softmax", "_log_softmax", "layer_norm", "native_layer_norm", "group_norm", "native_group_norm",
+             "sin", "cos", "cross_entropy", "cross_entropy_loss", "nll_loss", "nll_loss2d", "nll_loss_forward", "_safe_softmax", "mish", "softplus",
+             "hardswish", "elu", "selu", "celu"}
+
+
 @dataclasses.dataclass
 class NodeCost:
     out_bytes: int = 0
     flops: float = 0.0
     matmul_flops: float = 0.0
     memory_bytes: float = 0.0
+    heavy_bytes: float = 0.0
     saved_bytes: int = 0
 
 
@@ -81,6 +91,8 @@ class _Meter(torch.fx.Interpreter):
         elif n.op in ("call_function", "call_method", "call_module") and op_name(n) not in _VIEW_OPS:
             inputs = [self.env[a] for a in n.all_input_nodes if a in self.env]
             cost.memory_bytes = float(sum(tensor_bytes(v) for v in inputs) + cost.out_bytes)
+            if op_name(n) in HEAVY_OPS:
+                cost.heavy_bytes = cost.memory_bytes
         self.costs[n.name] = cost
         self._current = None
         return result

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 
@@ -94,8 +95,12 @@ class ParallelModel:
                 size = self.spec.parallelism.micro_batch_size
                 for k in range(m):
                     micro = tuple(t[k * size:(k + 1) * size] for t in local)
-                    loss = self.loss_fn(part(*micro), *micro)
-                    (loss / m).backward()
+                    # DDP syncs gradients once per step, on the last micro-batch (as Megatron and the cost model)
+                    sync = part.no_sync() if isinstance(part, DistributedDataParallel) and k < m - 1 else \
+                        contextlib.nullcontext()
+                    with sync:
+                        loss = self.loss_fn(part(*micro), *micro)
+                        (loss / m).backward()
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, self.spec.parallelism.dp)
