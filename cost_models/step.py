@@ -296,7 +296,7 @@ class CostModel:
     def _device(self, d: int, chunk_ids: list[int], ranges: list[range], costs: list[LayerCost],
                 cfg: ParallelConfig, precision: Precision, tp_link: comm.Link, dp_link: comm.Link,
                 pp_link: comm.Link) -> DeviceEstimate:
-        hw, tp, b = self.hw, cfg.tp, cfg.micro_batch
+        hw = self.hw
         layer_ids = [i for c in chunk_ids for i in ranges[c]]
         mine = [costs[i] for i in layer_ids]
         fwd = sum(c.fwd_s for c in mine)

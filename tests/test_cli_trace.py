@@ -1,7 +1,6 @@
 """`autopar trace` wiring and its one-line errors (exit code 2, no traceback)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -13,7 +13,7 @@ import time
 import networkx as nx
 import torch
 
-from autopar.capture.graph import Layer, build_graph, cut_bytes, group_layers, layer_inputs, split
+from autopar.capture.graph import Layer, build_graph, cut_bytes, group_layers, layer_inputs
 from autopar.capture.layers import Reduced, Stack, expand, find_stacks, layer_units, signature
 from autopar.capture.loader import ModelSpec, load_spec, parse_set
 from autopar.capture.measure import measure

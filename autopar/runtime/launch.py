@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    import torch
     import torch.distributed as dist
 
     from autopar.runtime.train import setup, train
