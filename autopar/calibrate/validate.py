@@ -10,7 +10,6 @@ the peak of its ranks.
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -70,13 +69,9 @@ class Validation:
 def measure(plan_path: str | Path, model: str | None, *, steps: int, warmup: int,
             timeout_s: float = RUN_TIMEOUT_S) -> dict:
     """Run the plan for warmup + steps steps under torchrun; the runtime's JSON report (rank 0)."""
-    from autopar.runtime.launch import torchrun_command
-    from autopar.runtime.spec import RunSpec
+    from autopar.runtime.launch import prepare
 
-    spec = RunSpec.from_file(plan_path)
-    cmd = torchrun_command(plan_path, spec, model=model, steps=warmup + steps, as_json=True)
-    env = {**os.environ}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd, env = prepare(plan_path, model, steps=warmup + steps, as_json=True)
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

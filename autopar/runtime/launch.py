@@ -60,6 +60,14 @@ def multi_node_hint(plan_path: str | Path, spec: RunSpec, gpus_per_node: int, *,
 def launch(plan_path: str | Path, model: str | None = None, *, steps: int = 3, as_json: bool = False,
            lr: float = 1e-3, env: dict[str, str] | None = None) -> int:
     """Validate the plan here, then run torchrun on this node; returns its exit code."""
+    cmd, run_env = prepare(plan_path, model, steps=steps, as_json=as_json, lr=lr, env=env)
+    return subprocess.call(cmd, env=run_env)
+
+
+def prepare(plan_path: str | Path, model: str | None = None, *, steps: int, as_json: bool, lr: float = 1e-3,
+            env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """Check the plan against this node, then the torchrun command that runs it on this node and its
+    environment (OMP_NUM_THREADS 1 unless set: one thread per rank)."""
     spec = RunSpec.from_file(plan_path)
     if model is not None and not Path(model).exists():
         raise AutoparError(f"model file not found: {model}")
@@ -71,7 +79,7 @@ def launch(plan_path: str | Path, model: str | None = None, *, steps: int = 3, a
     cmd = torchrun_command(plan_path, spec, model=model, steps=steps, as_json=as_json, lr=lr)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=run_env)
+    return cmd, run_env
 
 
 def fused_adamw(params: list, lr: float):  # noqa: ANN201 - a torch.optim.AdamW

@@ -217,14 +217,16 @@ class LowerBound:
                                          grad_bytes=precision.grad_bytes, link=comm.group_link(hw, devices // t, t, gpn),
                                          hw=hw) if cfg.zero_stage == 3 else 0.0
 
+        layers = list(zip(self._rep, self._options_raw(cfg)))
+        most = [max(busy_o + offload * kept + z3(t, params) for t, kept, params, busy_o, _, _ in opts)
+                for _, (_, opts) in layers]
         tails = []
         for with_overlap in (False, True):
-            items = []  # (count, most time, least tail) per distinct layer
-            for block, (n, opts) in zip(self._rep, self._options_raw(cfg)):
-                most = max(busy_o + offload * kept + z3(t, params) for t, kept, params, busy_o, _, _ in opts)
+            items = []  # (count, most time, least tail, forced) per distinct layer
+            for (block, (n, opts)), most_l in zip(layers, most):
                 least = min(params * (rates[t][0] + (rates[t][1] if with_overlap else 0.0))
                             - (bwd / v if with_overlap else 0.0) for t, _, params, _, _, bwd in opts)
-                items.append((n, most, least, block == first))
+                items.append((n, most_l, least, block == first))
             tails.append(_least_cost_cover(items, need))
         tail = max(tails)
         return (m - 1 / v) * max(busy / pp, heaviest) + busy / v + tail < upper
