@@ -41,6 +41,8 @@ class TPPattern(_Frozen):
     plan: dict[str, TPStyle] = Field(
         default={}, description="module path (relative to the layer) → style, for parallelize_module")
     divisors: list[int] = Field(default=[], description="the tp degree must divide every one of these")
+    module_ops: dict[str, int] = Field(
+        default={}, description="forward aten ops of each plan module (each runs through DTensor under its style)")
     reason: str = Field(default="", description="why a layer has no tensor-parallel pattern")
 
     def allows(self, tp: int) -> bool:

@@ -60,6 +60,11 @@ def memory_time(nbytes: float, hw: HardwareProfile, heavy: float = 0.0) -> float
     return nbytes / hw.hbm_bytes_per_s * ((1.0 - heavy) / hw.memory_efficiency + heavy / heavy_eff)
 
 
+def optimizer_time_per_param(traffic_bytes: float, hw: HardwareProfile) -> float:
+    """Seconds of one fused Adam step per parameter that moves ``traffic_bytes`` (config.Precision)."""
+    return traffic_bytes / (hw.hbm_bytes_per_s * (hw.optimizer_efficiency or hw.memory_efficiency))
+
+
 def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) -> float:
     """Memory-bound bytes one tp rank moves in one forward. Without SP the norms and residual adds
     outside the column→row pairs are replicated (Korthikanti et al. 2022 §4.2.2 make the same split for

@@ -23,17 +23,17 @@ _DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
-class EfficiencyTable:
-    """Piecewise-linear in log10(x), clamped at both ends. ``points`` are (x, fraction of peak), x ascending."""
+class LogTable:
+    """Piecewise-linear in log10(x), clamped at both ends. ``points`` are (x, value), x ascending, value ≥ 0."""
 
     points: tuple[tuple[float, float], ...]
 
     def __post_init__(self) -> None:
         xs = [x for x, _ in self.points]
         if not self.points or xs != sorted(xs) or any(x <= 0 for x in xs):
-            raise ConfigError("efficiency table needs points [[x, efficiency], ...] with x > 0 ascending")
-        if any(not 0.0 < e <= 1.0 for _, e in self.points):
-            raise ConfigError("efficiencies must lie in (0, 1]; fix the hardware profile")
+            raise ConfigError("a hardware table needs points [[x, value], ...] with x > 0 ascending")
+        if any(v < 0 for _, v in self.points):
+            raise ConfigError("hardware table values must be ≥ 0; fix the hardware profile")
 
     def __call__(self, x: float) -> float:
         pts = self.points
@@ -45,6 +45,36 @@ class EfficiencyTable:
         (x0, e0), (x1, e1) = pts[i - 1], pts[i]
         w = (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
         return e0 + w * (e1 - e0)
+
+
+@dataclass(frozen=True)
+class EfficiencyTable(LogTable):
+    """A LogTable of fractions of peak, each in (0, 1]."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(not 0.0 < e <= 1.0 for _, e in self.points):
+            raise ConfigError("efficiencies must lie in (0, 1]; fix the hardware profile")
+
+
+@dataclass(frozen=True)
+class LockstepCosts:
+    """What ranks pay for working in lock-step, beyond the kernels and collectives timed alone
+    (autopar/calibrate/lockstep.py measures both; absent from a profile: nothing).
+
+    - ``sync``: seconds a blocking collective costs when it follows compute, beyond its own time (waiting
+      for the slowest rank, waking the communication threads), by the compute before it (seconds);
+    - DTensor dispatch under a tensor-parallel style: ``module_s`` per styled module, ``op_s`` per
+      forward aten op of it, ``collective_s`` per collective DTensor issues; forward and backward
+      together (the cost model gives the forward a third, as it does compute)."""
+
+    sync: LogTable | None = None
+    module_s: float = 0.0
+    op_s: float = 0.0
+    collective_s: float = 0.0
+
+    def sync_after(self, compute_s: float) -> float:
+        return self.sync(compute_s) if self.sync is not None and compute_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +107,9 @@ class HardwareProfile:
     reduce_scatter_bandwidth_ratio: float = 1.0
     # Achieved / peak bandwidth of heavy element-wise ops (transcendentals, norms); None: memory_efficiency.
     heavy_memory_efficiency: float | None = None
+    # Achieved / peak bandwidth of the fused Adam step (its own kernel: sqrt, divide); None: memory_efficiency.
+    optimizer_efficiency: float | None = None
+    lockstep: LockstepCosts = LockstepCosts()
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -132,6 +165,9 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             reduce_scatter_bandwidth_ratio=_positive(raw.get("reduce_scatter_relative_bandwidth", 1.0)),
             heavy_memory_efficiency=float(raw["heavy_op_bandwidth_efficiency"])
             if "heavy_op_bandwidth_efficiency" in raw else None,
+            optimizer_efficiency=float(raw["optimizer_bandwidth_efficiency"])
+            if "optimizer_bandwidth_efficiency" in raw else None,
+            lockstep=_lockstep(raw),
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
@@ -154,6 +190,16 @@ def _positive(x: Any) -> float:
     if not 0.0 < value <= 4.0:
         raise ConfigError(f"reduce_scatter_relative_bandwidth must lie in (0, 4], got {x}; fix the hardware profile")
     return value
+
+
+def _lockstep(raw: Mapping[str, Any]) -> LockstepCosts:
+    sync = raw.get("collective_sync_overhead_us_by_compute_us")
+    dtensor = raw.get("dtensor_overhead_us", {})
+    values = {k: float(dtensor.get(k, 0.0)) * 1e-6 for k in ("per_module", "per_op", "per_collective")}
+    if any(v < 0 for v in values.values()):
+        raise ConfigError("dtensor_overhead_us values must be ≥ 0; fix the hardware profile")
+    return LockstepCosts(sync=LogTable(tuple((float(x) * 1e-6, float(v) * 1e-6) for x, v in sync)) if sync else None,
+                         module_s=values["per_module"], op_s=values["per_op"], collective_s=values["per_collective"])
 
 
 def _table(points: list[list[float]], scale: float) -> EfficiencyTable:

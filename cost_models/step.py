@@ -2,8 +2,10 @@
 
 The composition (DESIGN.md, "The model of a training step"):
   device time per micro-batch  t_d = compute + TP collectives + pipeline p2p + exposed offload / ZeRO-3
+                               (TP and ZeRO-3 collectives with their lock-step costs: lockstep.py)
   pipelined part               pipeline.pipeline_time(t, m, schedule, v)
-  tail                         gradient sync not hidden behind the last backward, then the optimizer
+  tail                         gradient sync not hidden behind the last backward (the last bucket never
+                               is), then the optimizer
   step                         pipelined part + the latest device's tail
 Per-layer costs depend only on (block_id, micro-batch, tp, SP, recompute) and are cached, so the many
 identical blocks of a deep model are costed once (the solver calls ``CostModel.evaluate`` a lot).
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from cost_models import comm
-from cost_models.compute import layer_compute
+from cost_models import comm, lockstep
+from cost_models.compute import layer_compute, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import (StageMemory, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
@@ -52,6 +54,7 @@ class LayerCost:
     tied_optimizer_s: float = 0.0
     zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
     zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
+    zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
     tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
 
 
@@ -150,6 +153,9 @@ class CostModel:
         c = layer_compute(layer, b=b, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,
                           dtype=self.model.dtype, attention_kernel=attn[0], attention_dropout=attn[1])
         tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=b, seq_len=seq, tp=tp, link=link, hw=hw)
+        over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
+                                                  hw=hw)
+        tp_fwd, tp_bwd = tp_fwd + over_fwd, tp_bwd + over_bwd
         if mode == "full":
             tp_bwd += tp_fwd  # the recomputed forward repeats its all-reduces (Megatron)
         split = tp if is_tp_sharded(layer, tp) else 1
@@ -199,15 +205,16 @@ class CostModel:
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
             over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
                                                grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
-            opt = precision.optimizer_traffic_bytes / (self.hw.hbm_bytes_per_s * self.hw.memory_efficiency) / \
+            opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, self.hw) / \
                 (dp_l if cfg.zero_stage >= 1 else 1)
             zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
                                                        grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
                                  if cfg.zero_stage == 3 else 0.0 for n in (c.params_per_gpu, c.tied_params_per_gpu))
             tied = comm.all_reduce_time(c.tied_params_per_gpu * precision.grad_bytes, 2, pp_link, self.hw)
             own, copy = c.params_per_gpu, c.tied_params_per_gpu
+            z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
             out.append(replace(
-                c, zero3_s=zero3, zero3_tied_s=zero3_tied, tied_sync_s=tied,
+                c, zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, tied_sync_s=tied,
                 state_bytes=model_state_bytes(own, precision, dp=dp_l, zero_stage=cfg.zero_stage),
                 state_tied_bytes=model_state_bytes(copy, precision, dp=dp_l, zero_stage=cfg.zero_stage),
                 dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
@@ -226,6 +233,15 @@ class CostModel:
         b_hi = cfg.micro_batch * hi // cfg.tp
         return (comm.all_gather_time(input_bytes(layer, b_hi), hi // lo, group, self.hw),
                 comm.all_gather_time(cut_bytes(layer, b_hi), hi // lo, group, self.hw))
+
+    def last_bucket_s(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> float:
+        """Seconds of one full gradient bucket's sync (ZeRO-0/1/2): the last bucket fills only when the
+        backward ends, so min(this, the stage's overlappable sync) never hides behind it."""
+        if cfg.zero_stage == 3 or cfg.dp <= 1:
+            return 0.0
+        over, _ = comm.dp_step_rates(dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
+                                     grad_bytes=precision.grad_bytes, link=dp_link, hw=self.hw)
+        return over * comm.GRAD_BUCKET_BYTES / precision.grad_bytes
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
         """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient
@@ -320,11 +336,13 @@ class CostModel:
         overlappable = sum(c.dp_overlappable_s + (c.tied_dp_overlappable_s if copy else 0.0) for c in mine)
         exposed = sum(c.dp_exposed_s + (c.tied_dp_exposed_s if copy else 0.0) for c in mine)
         tied_sync = sum(c.tied_sync_s for c in mine) if copy else 0.0
-        dp_tail = max(0.0, overlappable - cfg.dp_overlap * hw.comm_overlap * bwd / max(1, len(chunk_ids))) + \
-            exposed + tied_sync
+        last = min(overlappable, self.last_bucket_s(cfg, precision, dp_link))  # ready only when backward ends
+        dp_tail = max(0.0, overlappable - last - cfg.dp_overlap * hw.comm_overlap * bwd / max(1, len(chunk_ids))) + \
+            last + exposed + tied_sync
         compute = fwd + bwd
         zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
-        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.comm_overlap * compute)
+        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.comm_overlap * compute) + \
+            sum(c.zero3_sync_s for c in mine)
 
         # Activations: kept bytes × micro-batches in flight, plus one layer rematerialised in backward.
         kept = sum(c.kept_bytes for c in mine)

@@ -13,8 +13,10 @@ from autopar.search.cpsat import solve_inner
 from autopar.search.engine import search
 from autopar.search.space import Pins
 from cost_models import CostModel, ParallelConfig, load_hardware
+from cost_models.hardware import LockstepCosts, LogTable
 
 HW = load_hardware("a100-80gb")
+LOCKSTEP = LockstepCosts(sync=LogTable(((1e-4, 2e-5), (1e-2, 1e-4))), module_s=3e-5, op_s=5e-6, collective_s=2e-5)
 
 
 def random_profile(rng: random.Random, n_blocks: int) -> ModelProfile:
@@ -67,6 +69,7 @@ def random_instance(seed: int) -> tuple:
     pins = Pins(zero=rng.choice([None, 0, 1, 3]), sequence_parallel=rng.choice([None, False]),
                 micro_batch=rng.choice([None, 1, 2]) if gpus > 2 else None)
     hw = replace(hw, comm_overlap=rng.choice([1.0, 1.0, 0.0, 0.375]))  # GPUs, a CPU, something between
+    hw = replace(hw, lockstep=rng.choice([LockstepCosts(), LOCKSTEP]))  # calibrated lock-step costs or none
     return profile, hw, gpus, gpus_per_node, batch, pins
 
 

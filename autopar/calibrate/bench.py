@@ -33,7 +33,9 @@ import torch
 import torch.distributed as dist
 
 from autopar.calibrate.kernels import (Case, Sweep, collective_cases, dtype_cases, gemm_cases,
-                                       host_link_cases, layer_cases, memory_cases, sweep_for)
+                                       host_link_cases, layer_cases, memory_cases, optimizer_case,
+                                       sweep_for)
+from autopar.calibrate.lockstep import measure_dtensor, measure_sync
 from autopar.runtime.mesh import PROCESS_GROUP_TIMEOUT_S
 
 PROGRESS_PREFIX = "@@autopar-calibrate "
@@ -109,6 +111,15 @@ class Bench:
             case.fn = None  # free its tensors
         return records
 
+    def timed(self, fn: Callable[[], object]) -> float:
+        """Seconds of one call of ``fn`` started together on every rank, as the slowest rank sees it."""
+        self.agree_max(0.0)
+        self.sync()
+        start = time.perf_counter()
+        fn()
+        self.sync()
+        return self.agree_max(time.perf_counter() - start)
+
     def gather(self, value: float) -> list[float]:
         out: list[float] = [0.0] * self.world
         dist.all_gather_object(out, value)
@@ -131,14 +142,7 @@ def measure_overlap(bench: Bench, dtype: str, repeats: int = 5) -> dict | None:
     n = 2048 if dev.type == "cuda" else 384
     a, b = torch.randn(n, n, dtype=dt, device=dev), torch.randn(n, n, dtype=dt, device=dev)
 
-    def timed(fn: Callable[[], object]) -> float:
-        bench.agree_max(0.0)
-        bench.sync()
-        start = time.perf_counter()
-        fn()
-        bench.sync()
-        return bench.agree_max(time.perf_counter() - start)
-
+    timed = bench.timed
     def gemms() -> None:
         for _ in range(20):
             torch.mm(a, b)
@@ -229,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     impl: dict[str, str] = {}
     suites = {"gemm": gemm_cases(sweep, primary, device), "memory": memory_cases(sweep, primary, device),
               "collectives": collective_cases(sweep, device, impl), "layer": layer_cases(primary, device),
-              "device": dtype_cases(sweep, device) + (host_link_cases(sweep, device) if device.type == "cuda" else [])}
-    bench.progress(event="plan", groups={name: len(cases) * sweep.rounds for name, cases in suites.items()})
+              "device": dtype_cases(sweep, device) + [optimizer_case(device)]
+              + (host_link_cases(sweep, device) if device.type == "cuda" else [])}
+    groups = {name: len(cases) * sweep.rounds for name, cases in suites.items()}
+    bench.progress(event="plan", groups={**groups, "lockstep": 2 if bench.world > 1 else 0})
     results: dict[str, list[dict]] = {}
     wall: dict[str, float] = {}
     for name in list(suites):
@@ -238,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = bench.run(suites.pop(name))  # popped: its tensors go when the suite is done
         wall[name] = round(time.perf_counter() - t0, 3)
     overlap = measure_overlap(bench, primary)
+    bench.progress(event="step", group="lockstep", label="sync after compute")
+    sync = measure_sync(bench, primary)
+    bench.progress(event="step", group="lockstep", label="DTensor dispatch")
+    dtensor = measure_dtensor(bench, primary)
     dtypes = [r for r in results["device"] if "dtype" in r]
     info = device_info(bench, results["memory"], [r for r in results["device"] if "direction" in r], rss)
     if bench.rank == 0:
@@ -245,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result = {"backend": args.backend, "device_type": device.type, "primary_dtype": primary,
                   "quick": args.quick, "sweep": asdict(sweep), "device": info, "gemm": results["gemm"],
-                  "dtypes": dtypes, "memory": results["memory"], "collectives": results["collectives"],
-                  "collective_impl": impl, "layer": results["layer"], "overlap": overlap, "wall_s": wall}
+                  "dtypes": dtypes, "optimizer": [r for r in results["device"] if r.get("kind") == "optimizer"],
+                  "memory": results["memory"], "collectives": results["collectives"],
+                  "collective_impl": impl, "layer": results["layer"], "overlap": overlap, "sync": sync,
+                  "dtensor": dtensor, "wall_s": wall}
         write_atomic(Path(args.out), json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()

@@ -102,6 +102,15 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         light, heavy, layers = fit_layers(results["layer"], profile)
         profile["memory_bandwidth_efficiency"] = sig(light)
         profile["heavy_op_bandwidth_efficiency"] = sig(heavy)
+    from autopar.calibrate.lockstep_fit import lockstep_fields
+
+    adam = (results.get("optimizer") or [None])[0]
+    if adam:
+        profile["optimizer_bandwidth_efficiency"] = sig(min(1.0, adam["bytes"] / adam["seconds"] /
+                                                            (profile["hbm_bandwidth_gbytes_per_s"] * 1e9)))
+
+    lock_fields, lock_src, lock_raw = lockstep_fields(results, who)
+    profile.update(lock_fields)
     hw = hardware_from_dict(profile)
     residuals = _residuals(results, hw, primary)
     base_name = base.get("name", "base")
@@ -190,6 +199,12 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
             "(" + src["memory_bandwidth_efficiency"] + ")")
         src["heavy_op_bandwidth_efficiency"] = ("transcendental and normalisation ops (GELU, SiLU, softmax, "
                                                 "LayerNorm, ...): see memory_bandwidth_efficiency")
+    src.update(lock_src)
+    if adam:
+        src["optimizer_bandwidth_efficiency"] = (
+            f"torch.optim.AdamW(fused=True).step() over {adam['params'] / 2**20:g} Mi fp32 parameters, {who}: "
+            f"{adam['seconds'] * 1e3:.3g} ms, {adam['bytes'] / adam['seconds'] / 1e9:.3g} GB/s of 28 bytes per "
+            "parameter (parameter and both moments read and written, gradient read), over the fitted bandwidth")
     profile["sources"] = src
     profile["calibration"] = {
         "command": f"autopar calibrate --nproc {nproc} --backend {results['backend']}"
@@ -209,6 +224,7 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         "collectives": [_raw(p, "op", "group_size", "bytes") for p in results["collectives"]],
         "layers": layers,
         "overlap": overlap,
+        **lock_raw,
     }
     return profile
 

@@ -214,6 +214,25 @@ def _ping_pong(nbytes: int, peer: int, device: torch.device) -> Callable[[], Cal
     return build
 
 
+# One fused Adam step on fp32 parameters, gradients and moments moves 28 bytes per parameter: read and
+# write the parameter and both moments, read the gradient (config.Precision.optimizer_traffic_bytes).
+ADAM_FP32_BYTES_PER_PARAM = 28
+
+
+def optimizer_case(device: torch.device) -> Case:
+    """torch.optim.AdamW(fused=True) — what `autopar launch` runs — over 8 fp32 tensors with gradients."""
+    numel = (64 if device.type == "cuda" else 4) * MIB
+
+    def build() -> Callable[[], object]:
+        params = [torch.zeros(numel // 8, device=device, requires_grad=True) for _ in range(8)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+        return opt.step
+    return Case("device", f"AdamW step {numel // MIB}M params", dict(kind="optimizer", params=numel,
+                                                                     bytes=ADAM_FP32_BYTES_PER_PARAM * numel), build)
+
+
 def host_link_cases(sweep: Sweep, device: torch.device) -> list[Case]:
     """Pinned host <-> device copies (CUDA only: on CPU the link is the copy kernel of the memory suite)."""
     n = sweep.host_link_bytes

@@ -26,7 +26,8 @@ from autopar.errors import AutoparError
 
 WORKER_TIMEOUT_S = 900
 GROUP_TITLES = {"gemm": "GEMM (torch.mm)", "memory": "memory-bound kernels", "collectives": "collectives",
-                "layer": "reference transformer layers", "device": "dtypes, memory, host link"}
+                "layer": "reference transformer layers", "device": "dtypes, memory, host link",
+                "lockstep": "lock-step: sync after compute, DTensor"}
 
 
 @dataclass(frozen=True)

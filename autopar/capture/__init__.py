@@ -138,6 +138,8 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
     is_head = layer.index == head
     pattern = tp_pattern(unit, module, gm, g, layer.nodes, is_head) if len(layer.units) == 1 else \
         tp_pattern(unit, torch.nn.Module(), gm, g, [], False)
+    if pattern.plan:
+        pattern = pattern.model_copy(update={"module_ops": _module_ops(g, layer.nodes, unit, pattern.plan)})
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
     return LayerProfile(
         index=layer.index, name=layer.name, kind=_kind(unit, module, is_head), module_type=type(module).__name__,
@@ -148,6 +150,16 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern)
+
+
+def _module_ops(g: nx.DiGraph, nodes: list[str], unit: str, plan: dict[str, str]) -> dict[str, int]:
+    """Forward aten ops of each plan module (path relative to the layer's unit; '' is the unit itself)."""
+    out = {}
+    for rel in plan:
+        path = f"{unit}.{rel}" if rel else unit
+        out[rel] = sum(g.nodes[n]["aten_ops"] for n in nodes
+                       if g.nodes[n]["module"] == path or g.nodes[n]["module"].startswith(path + "."))
+    return out
 
 
 def _head_index(layers: list[Layer], model: torch.nn.Module) -> int | None:

@@ -107,6 +107,7 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
             per_sample, fixed = split(getattr(c1, field), getattr(c2, field), batch2, cost1 is cost2)
             attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
         attrs["param_bytes"] = c2.out_bytes if attrs["kind"] == "param" else 0
+        attrs["aten_ops"] = c2.aten_ops
         g.add_node(n.name, **attrs)
         for src in n.all_input_nodes:
             g.add_edge(src.name, n.name)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from autopar.capture.trace import Traced, default_dtype, meta_inputs
@@ -35,6 +36,19 @@ HEAVY_OPS = {"gelu", "gelu_backward", "silu", "tanh", "exp", "log", "sigmoid", "
              "hardswish", "elu", "selu", "celu"}
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops a piece of forward dispatches (views included): under a tensor-parallel style
+    each of them runs through DTensor, whose per-op overhead calibration measures."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 @dataclasses.dataclass
 class NodeCost:
     out_bytes: int = 0
@@ -43,6 +57,7 @@ class NodeCost:
     memory_bytes: float = 0.0
     heavy_bytes: float = 0.0
     saved_bytes: int = 0
+    aten_ops: int = 0
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -82,7 +97,9 @@ class _Meter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
         before = self._flops.get_total_flops()
-        result = super().run_node(n)
+        with OpCounter() as ops:
+            result = super().run_node(n)
+        cost.aten_ops = ops.count
         cost.flops += self._flops.get_total_flops() - before
         cost.out_bytes = tensor_bytes(result)
         n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own

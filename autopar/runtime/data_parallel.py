@@ -65,7 +65,8 @@ def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
 
 def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_class: type,
                     **kwargs: Any) -> torch.optim.Optimizer:
-    return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class,
+    """Parameters as bucket views: one broadcast per rank's bucket after the step, not one per parameter."""
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class, parameters_as_bucket_view=True,
                                    process_group=meshes.world.get_group("dp"), **kwargs)
 
 

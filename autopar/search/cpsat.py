@@ -100,7 +100,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
             "dpo": _t(c.dp_overlappable_s + tied * c.tied_dp_overlappable_s),
             "dpe": _t(c.dp_exposed_s + tied * c.tied_dp_exposed_s),
             "opt": _t(c.optimizer_s + tied * c.tied_optimizer_s),
-            "z3": _t(c.zero3_s + tied * c.zero3_tied_s), "tied": _t(c.tied_sync_s) if with_tied else 0,
+            "z3": _t(c.zero3_s + tied * c.zero3_tied_s), "z3s": _t(c.zero3_sync_s),
+            "tied": _t(c.tied_sync_s) if with_tied else 0,
         }
 
     per_layer = {tied: [quantities(c, tied) for c in base] for tied in (False, True)}
@@ -119,6 +120,9 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
             delta[j, opt] = {q: quantities(c, False)[q] - per_layer[False][rep[j]][q] for q in per_layer[False][0]}
             delta[j, opt]["remat"] = round(c.remat_bytes)
 
+    bucket_t = _t(cost.last_bucket_s(cfg, precision, dp_link))
+    dpo_cap = sum(row["dpo"] for row in per_layer[True]) + \
+        L * max([0] + [dq["dpo"] for dq in delta.values()])  # bounds that keep the products in 64 bits
     model = cp_model.CpModel()
     segs = segments(layers)
     cuts = [Cut.fixed(model, 0, segs)] + [Cut.free(model, c, C, L, segs) for c in range(1, C)] + \
@@ -152,7 +156,7 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         tpc = device_sum("tp", d, chunks)
         kept = device_sum("kept", d, chunks)
         remat = model.new_int_var(0, 1 << 50, f"remat_{d}")
-        extra = {q: 0 for q in ("state", "dpo", "dpe", "opt", "z3")}
+        extra = {q: 0 for q in ("state", "dpo", "dpe", "opt", "z3", "z3s")}
         for j in types:
             count = sum(count_lookup(j, c + 1) - count_lookup(j, c) for c in chunks)
             n = {opt: model.new_int_var(0, L, f"n_{d}_{j}_{opt[0]}_{opt[1]}") for opt in options
@@ -191,6 +195,7 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
             z3 = model.new_int_var(0, horizon_t, f"z3_{d}")
             # z3 ≥ traffic − overlap·compute, overlap = ov/1000 (the hardware's, 3 decimals; zero3_overlap = 1)
             model.add(OVERLAP_UNIT * z3 >= OVERLAP_UNIT * (device_sum("z3", d, chunks) + extra["z3"]) - ov * compute)
+            z3 = z3 + device_sum("z3s", d, chunks) + extra["z3s"]  # their sync overhead is never hidden
         t_d = model.new_int_var(0, horizon_t, f"T_{d}")
         model.add(t_d == compute + tpc + p2p + offload + z3)
         T.append(t_d)
@@ -209,11 +214,16 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
                   <= in_flight_scale * (hw.memory_bytes - hw.memory_reserve_bytes))
 
         # tail (× v): v·dp_tail + v·optimizer − v·Σ_{k<d} bwd_k; dp_tail = max(0, dpo − bwd/v) + dpe + tied
+        # the last gradient bucket, min(dpo, one bucket), waits for the end of backward: never hidden
+        dpo = model.new_int_var(0, dpo_cap, f"dpo_{d}")
+        model.add(dpo == device_sum("dpo", d, chunks) + extra["dpo"])
+        last = model.new_int_var(0, dpo_cap, f"last_bucket_{d}")
+        model.add_min_equality(last, [dpo, model.new_constant(bucket_t)])
         hidden = model.new_int_var(0, horizon_t, f"dpo_exposed_{d}")
-        model.add(OVERLAP_UNIT * hidden >= OVERLAP_UNIT * v * (device_sum("dpo", d, chunks) + extra["dpo"])
+        model.add(OVERLAP_UNIT * hidden >= OVERLAP_UNIT * v * (dpo - last)
                   - ov * bwd_var)  # dp_overlap = 1 (default) × the hardware's overlap
         end = model.new_int_var(-horizon_t, horizon_t, f"end_{d}")
-        model.add(end == hidden + v * (device_sum("dpe", d, chunks) + extra["dpe"] + device_sum("tied", d, chunks)
+        model.add(end == hidden + v * (last + device_sum("dpe", d, chunks) + extra["dpe"] + device_sum("tied", d, chunks)
                                        + device_sum("opt", d, chunks) + extra["opt"]) - v * sum(bwd_d[:d]))
         ends.append(end)
 

@@ -21,6 +21,7 @@ from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.space import Outer, Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate, comm
+from cost_models.compute import optimizer_time_per_param
 from cost_models.config import default_precision
 from cost_models.partition import stage_layer_counts
 from cost_models.memory import microbatches_in_flight, model_state_bytes, offload_resident
@@ -206,7 +207,7 @@ class LowerBound:
             over, exposed = comm.dp_step_rates(dp=dp_t, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
                                                grad_bytes=precision.grad_bytes,
                                                link=comm.group_link(hw, dp_t, t, gpn), hw=hw)
-            opt = precision.optimizer_traffic_bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) / \
+            opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, hw) / \
                 (dp_t if cfg.zero_stage >= 1 else 1)
             rates[t] = (exposed + opt, over)
         first = self.cost.model.layers[0].block_id
