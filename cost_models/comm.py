@@ -83,19 +83,33 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
     LM head all-reduces its input gradient in backward, plus the parallel cross-entropy's three small
     all-reduces (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``).
     With SP the all-reduces become reduce-scatter + all-gather of the same size: same time."""
-    if not is_tp_sharded(layer, tp):
-        return 0.0, 0.0
-    if layer.tp.pairs:
+    kind = tp_comm_kind(layer, tp)
+    if kind == "pairs":
         one = all_reduce_time(input_bytes(layer, b), tp, link, hw)
         n = len(layer.tp.pairs)
         return n * one, n * one
-    styles = set(layer.tp.plan.values())
-    if "rowwise" in styles:
+    if kind == "embedding":
         return all_reduce_time(cut_bytes(layer, b), tp, link, hw), 0.0
-    if "colwise" in styles:
+    if kind == "head":
         fwd = 3 * all_reduce_time(4 * b * seq_len, tp, link, hw)
         return fwd, all_reduce_time(input_bytes(layer, b), tp, link, hw)
     return 0.0, 0.0
+
+
+def tp_comm_kind(layer: LayerLike, tp: int) -> str | None:
+    """Which tensor-parallel communication a layer has at degree ``tp``: "pairs" (column→row pairs),
+    "embedding" (vocab-parallel, rowwise, no pair), "head" (vocab-parallel LM head, colwise, no pair) or
+    None (not sharded). tp_layer_comm prices it; lockstep.tp_collectives counts its collectives."""
+    if not is_tp_sharded(layer, tp):
+        return None
+    if layer.tp.pairs:
+        return "pairs"
+    styles = set(layer.tp.plan.values())
+    if "rowwise" in styles:
+        return "embedding"
+    if "colwise" in styles:
+        return "head"
+    return None
 
 
 # -- data parallel and ZeRO ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from cost_models.comm import tp_comm_kind
 from cost_models.hardware import HardwareProfile
 from cost_models.model import LayerLike, is_tp_sharded
 
@@ -22,16 +23,14 @@ def tp_collectives(layer: LayerLike, tp: int, sequence_parallel: bool) -> tuple[
     them: per column→row pair one all-reduce each way (SP: an all-gather and a reduce-scatter); a
     vocab-parallel embedding reduces its output; an LM head its input gradient, plus the parallel
     cross-entropy's three small all-reduces (and under SP the gather of its input)."""
-    if not is_tp_sharded(layer, tp):
-        return 0, 0
+    kind = tp_comm_kind(layer, tp)
     per = 2 if sequence_parallel else 1
-    if layer.tp.pairs:
+    if kind == "pairs":
         n = len(layer.tp.pairs) * per
         return n, n
-    styles = set(layer.tp.plan.values())
-    if "rowwise" in styles:
+    if kind == "embedding":
         return 1, 0
-    if "colwise" in styles:
+    if kind == "head":
         return 3 + per - 1, per
     return 0, 0
 

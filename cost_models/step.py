@@ -276,10 +276,11 @@ class CostModel:
         ranges = chunk_ranges(counts)
         costs = self.layer_costs(cfg, tp_link, dp_link, pp_link, precision)
 
+        last_bucket = self.last_bucket_s(cfg, precision, dp_link)
         devices = []
         for d in range(pp):
             chunk_ids = [c for c in range(cfg.chunks) if c % pp == d]
-            devices.append(self._device(d, chunk_ids, ranges, costs, cfg, precision, tp_link, dp_link, pp_link))
+            devices.append(self._device(d, chunk_ids, ranges, costs, cfg, precision, tp_link, pp_link, last_bucket))
         times = [dev.time_per_microbatch_s for dev in devices]
         pipe = pipeline_time(times, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
 
@@ -310,8 +311,8 @@ class CostModel:
                             peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes)
 
     def _device(self, d: int, chunk_ids: list[int], ranges: list[range], costs: list[LayerCost],
-                cfg: ParallelConfig, precision: Precision, tp_link: comm.Link, dp_link: comm.Link,
-                pp_link: comm.Link) -> DeviceEstimate:
+                cfg: ParallelConfig, precision: Precision, tp_link: comm.Link, pp_link: comm.Link,
+                last_bucket: float) -> DeviceEstimate:
         hw = self.hw
         layer_ids = [i for c in chunk_ids for i in ranges[c]]
         mine = [costs[i] for i in layer_ids]
@@ -336,7 +337,7 @@ class CostModel:
         overlappable = sum(c.dp_overlappable_s + (c.tied_dp_overlappable_s if copy else 0.0) for c in mine)
         exposed = sum(c.dp_exposed_s + (c.tied_dp_exposed_s if copy else 0.0) for c in mine)
         tied_sync = sum(c.tied_sync_s for c in mine) if copy else 0.0
-        last = min(overlappable, self.last_bucket_s(cfg, precision, dp_link))  # ready only when backward ends
+        last = min(overlappable, last_bucket)  # the last bucket is ready only when backward ends
         dp_tail = max(0.0, overlappable - last - cfg.dp_overlap * hw.comm_overlap * bwd / max(1, len(chunk_ids))) + \
             last + exposed + tied_sync
         compute = fwd + bwd

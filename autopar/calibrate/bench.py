@@ -143,6 +143,7 @@ def measure_overlap(bench: Bench, dtype: str, repeats: int = 5) -> dict | None:
     a, b = torch.randn(n, n, dtype=dt, device=dev), torch.randn(n, n, dtype=dt, device=dev)
 
     timed = bench.timed
+
     def gemms() -> None:
         for _ in range(20):
             torch.mm(a, b)

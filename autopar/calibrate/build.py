@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from cost_models import comm, compute
 from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
 
+from autopar.calibrate.lockstep_fit import lockstep_fields
 from autopar.calibrate.fit import (CollectiveFit, CollectivePoint, GemmPoint, fit_collectives, fit_gemm, fit_memory,
                                    relative_errors, summarize)
 
@@ -102,8 +103,6 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         light, heavy, layers = fit_layers(results["layer"], profile)
         profile["memory_bandwidth_efficiency"] = sig(light)
         profile["heavy_op_bandwidth_efficiency"] = sig(heavy)
-    from autopar.calibrate.lockstep_fit import lockstep_fields
-
     adam = (results.get("optimizer") or [None])[0]
     if adam:
         profile["optimizer_bandwidth_efficiency"] = sig(min(1.0, adam["bytes"] / adam["seconds"] /

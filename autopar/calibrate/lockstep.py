@@ -9,8 +9,8 @@ Two costs that the kernel and collective benchmarks cannot see, because each of 
 - **DTensor dispatch.** Under a tensor-parallel style every aten op of the module runs through DTensor's
   sharding propagation and redistribution bookkeeping. The real styles (ColwiseParallel, RowwiseParallel,
   SequenceParallel) on small modules, forward and forward + backward, are timed against the same local
-  modules running the same collectives with plain tensors; the excess, divided by the module's forward
-  aten ops (counted as capture counts them), is the overhead per op.
+  modules running the same collectives with plain tensors; lockstep_fit.py splits the excess into a cost
+  per module, per forward aten op (counted as capture counts them) and per collective.
 
 Both are timed as the slowest rank sees them (``Bench.timed``), median over repeats.
 """
@@ -95,21 +95,24 @@ def measure_dtensor(bench: Any, dtype: str, repeats: int = 5) -> dict | None:
     dev, dt, k = bench.device, DTYPES[dtype], bench.world
     mesh = init_device_mesh(dev.type, (k,))
     h, s = 64 * k, 8 * k
-    cases: list[tuple[str, Callable[[], nn.Module], Any, tuple[int, ...], str]] = [
-        # name, module factory, style, local input shape, plain collective
-        ("colwise linear", lambda: nn.Linear(h, 4 * h), ColwiseParallel(), (2, s, h), "input_grad"),
-        ("rowwise linear", lambda: nn.Linear(4 * h, h, bias=False), RowwiseParallel(), (2, s, 4 * h // k), "output"),
-        ("sequence-parallel LayerNorm", lambda: nn.LayerNorm(h), SequenceParallel(use_local_output=True),
-         (2, s // k, h), ""),
-        ("sequence-parallel RMSNorm", lambda: _RMSNorm(h), SequenceParallel(use_local_output=True), (2, s // k, h), ""),
+    sp = SequenceParallel(use_local_output=True)
+    # name, the full module, the shard one rank holds (same shapes, plain tensors), style, the full and the
+    # local input shape, the collective the style issues (the plain run issues it with torch.distributed)
+    cases: list[tuple[str, Callable[[], nn.Module], Callable[[], nn.Module], Any, tuple[int, ...],
+                      tuple[int, ...], str]] = [
+        ("colwise linear", lambda: nn.Linear(h, 4 * h), lambda: nn.Linear(h, 4 * h // k), ColwiseParallel(),
+         (2, s, h), (2, s, h), "input_grad"),
+        ("rowwise linear", lambda: nn.Linear(4 * h, h, bias=False), lambda: nn.Linear(4 * h // k, h, bias=False),
+         RowwiseParallel(), (2, s, 4 * h), (2, s, 4 * h // k), "output"),
+        ("sequence-parallel LayerNorm", lambda: nn.LayerNorm(h), lambda: nn.LayerNorm(h), sp,
+         (2, s, h), (2, s // k, h), ""),
+        ("sequence-parallel RMSNorm", lambda: _RMSNorm(h), lambda: _RMSNorm(h), sp, (2, s, h), (2, s // k, h), ""),
     ]
     out = []
-    for name, make, style, shape, plain_coll in cases:
+    for name, make, make_local, style, full_shape, shape, plain_coll in cases:
         torch.manual_seed(0)
-        full = make().to(device=dev, dtype=dt)
-        full_shape = (shape[0], shape[1] * (k if "sequence" in name else 1), shape[2] * (k if "rowwise" in name else 1))
-        ops = _forward_ops(full, torch.randn(full_shape, dtype=dt, device=dev))
-        local = _local_copy(full, name, k).to(device=dev, dtype=dt)
+        ops = _forward_ops(make().to(device=dev, dtype=dt), torch.randn(full_shape, dtype=dt, device=dev))
+        local = make_local().to(device=dev, dtype=dt)
         styled = parallelize_module(make().to(device=dev, dtype=dt), mesh, style)
         x = torch.randn(shape, dtype=dt, device=dev, requires_grad=True)
 
@@ -143,13 +146,3 @@ def measure_dtensor(bench: Any, dtype: str, repeats: int = 5) -> dict | None:
                     "forward_backward_s": max(0.0, statistics.median(both))})
     return {"modules": out, "world": k}
 
-
-def _local_copy(full: nn.Module, name: str, k: int) -> nn.Module:
-    """The module one rank holds under the style, as a plain module (weights sliced like the style does)."""
-    if "colwise" in name:
-        local = nn.Linear(full.in_features, full.out_features // k)
-    elif "rowwise" in name:
-        local = nn.Linear(full.in_features // k, full.out_features, bias=False)
-    else:
-        return full
-    return local
