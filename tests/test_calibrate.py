@@ -206,3 +206,30 @@ def test_nccl_without_cuda_is_refused(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     _fails(tmp_path, "-o", str(tmp_path / "p.json"), "--backend", "nccl", message="--backend nccl needs CUDA")
+
+
+# torchrun's report when rank 1 died by SIGSEGV: rank 0 then fails on the broken connection, a consequence
+SIGNAL_REPORT = """[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:24987: Connection reset by peer.
+  File "torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 23942)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -11 (pid: 23943)  (SIGSEGV)
+  error_file: <N/A>"""
+
+
+def test_worker_error_names_the_root_cause() -> None:
+    from autopar.calibrate.run import worker_error
+
+    died = worker_error(SIGNAL_REPORT.splitlines())
+    assert "SIGSEGV" in died and "rank : 1" in died and "SIGTERM" not in died
+    raised = SIGNAL_REPORT.replace("-11 (pid: 23943)  (SIGSEGV)", "1 (pid: 23943)").splitlines()
+    raised[0] = "[rank1]: ValueError: shapes do not match"  # a Python error: the worker's own line says it
+    assert worker_error(raised) == "[rank1]: ValueError: shapes do not match"
+    assert worker_error(raised[1:]) == "rank : 1 (local_rank: 1); exitcode : 1 (pid: 23943)"

@@ -88,6 +88,7 @@ def measure_dtensor(bench: Any, dtype: str, repeats: int = 5) -> dict | None:
     the extra seconds of the styled module over the plain local one, forward and forward + backward."""
     if bench.world < 2:
         return None
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
@@ -129,6 +130,9 @@ def measure_dtensor(bench: Any, dtype: str, repeats: int = 5) -> dict | None:
 
         def parallel(backward: bool) -> None:
             y = styled(x)
+            if not backward and isinstance(y, AsyncCollectiveTensor):
+                y.wait()  # as the plain run waits for its all-reduce (backward's sum waits); un-waited work
+                # outlives the process group and can crash the worker at exit
             if backward:
                 y.sum().backward()
                 x.grad = None

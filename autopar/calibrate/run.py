@@ -140,10 +140,17 @@ def run_workers(req: Request, on_event: Callable[[dict], None] = lambda e: None)
 
 
 def worker_error(lines: list[str]) -> str:
-    """The workers' own last error line, not torchrun's failure report that follows it."""
+    """Why the workers failed: the root cause torchrun reports where a worker died by a signal (the others'
+    errors then only follow from it), else the workers' own last error line, not torchrun's report."""
     end = next((i for i, t in enumerate(lines) if "ChildFailedError" in t), len(lines))
+    root = next((i for i in range(end, len(lines)) if lines[i].startswith("Root Cause")), len(lines))
+    cause = [re.sub(r"\s+", " ", t.strip()) for t in lines[root:] if re.match(r"\s*(rank|exitcode)\s*:", t)]
+    if any(re.match(r"exitcode : -\d", t) for t in cause):
+        return "a worker died by a signal: " + "; ".join(cause[:2])
     mine = [t.strip() for t in lines[:end] if re.search(r"(Error|Exception)\b:|No module named", t)]
-    return mine[-1] if mine else (lines[end - 1].strip() if end else "no output")
+    if mine:
+        return mine[-1]
+    return "; ".join(cause[:2]) or (lines[end - 1].strip() if end else "no output")
 
 
 def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -> dict[str, Any]:
