@@ -69,6 +69,8 @@ class LayerProfile(_Frozen):
     fwd_heavy_bytes_per_sample: float = Field(
         default=0.0, description="of the memory-bound bytes, those of transcendental and normalisation ops")
     fwd_heavy_bytes_fixed: float = 0.0
+    fwd_heavy_bytes_by_kernel: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="the heavy bytes by kernel (gelu_tanh, layer_norm, ...): per sample, fixed")
     saved_bytes_per_sample: int = Field(description="activation bytes autograd saves for backward")
     saved_bytes_fixed: int = 0
     input_bytes_per_sample: int = Field(description="bytes of the layer's external activation inputs")

@@ -7,8 +7,9 @@ read + written measured during capture, unfused) run at ``HBM bandwidth × memor
 classes are different kernels, so their times add.
 
 Assumptions, each stated where it is used:
-- backward = 2 × forward, for both classes (a matmul's backward is two matmuls of the same size, an
-  elementwise op's backward reads the output grad and writes the input grad) — DESIGN.md, Narayanan 2021 §5.1;
+- backward = 2 × forward (a matmul's backward is two matmuls of the same size, an elementwise op's
+  backward reads the output grad and writes the input grad) — DESIGN.md, Narayanan 2021 §5.1 — unless
+  calibration measured a kernel's own ratio (hardware.KernelCosts: heavy element-wise kernels, attention);
 - recomputation re-runs the forward (full: the whole layer; selective: only the attention core);
 - tensor parallelism divides matmul FLOPs by tp; memory-bound traffic divides by tp except, without
   sequence parallelism, one norm + one residual add per column→row pair, which every tp rank repeats.
@@ -16,9 +17,10 @@ Assumptions, each stated where it is used:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from cost_models.hardware import HardwareProfile
-from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample, heavy_share,
+from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample, heavy_mix,
                                attention_scores_per_sample, fwd_flops, fwd_matmul_flops, fwd_memory_bytes,
                                input_bytes, is_tp_sharded, unfused_attention_traffic_per_score)
 
@@ -51,13 +53,32 @@ def gemm_time(flops: float, flops_per_token: float, rows: int, hw: HardwareProfi
     return flops / (hw.peak(dtype) * eff)
 
 
-def memory_time(nbytes: float, hw: HardwareProfile, heavy: float = 0.0) -> float:
-    """Seconds to stream ``nbytes`` through HBM at the achievable fraction of peak bandwidth; the ``heavy``
-    share (transcendental and normalisation ops) at the profile's heavy-op efficiency."""
+def memory_times(nbytes: float, hw: HardwareProfile, mix: Mapping[str, float] | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of memory-bound ops moving ``nbytes`` through HBM. ``mix`` gives each heavy
+    kernel's share of the bytes (model.heavy_mix); each runs at its calibrated efficiency (else the profile's
+    heavy-op one) and backward ratio (else BACKWARD_FACTOR), the rest at ``memory_efficiency``."""
     if nbytes <= 0:
-        return 0.0
-    heavy_eff = hw.heavy_memory_efficiency or hw.memory_efficiency
-    return nbytes / hw.hbm_bytes_per_s * ((1.0 - heavy) / hw.memory_efficiency + heavy / heavy_eff)
+        return 0.0, 0.0
+    kernels, mix = hw.kernels, mix or {}
+    heavy_default = hw.heavy_memory_efficiency or hw.memory_efficiency
+    fwd = max(0.0, 1.0 - sum(mix.values())) / hw.memory_efficiency
+    bwd = fwd * kernels.backward_ratio("light", BACKWARD_FACTOR)
+    for kernel, share in mix.items():
+        t = share / (kernels.heavy_efficiency(kernel) or heavy_default)
+        fwd += t
+        bwd += t * kernels.backward_ratio(kernel, BACKWARD_FACTOR)
+    scale = nbytes / hw.hbm_bytes_per_s
+    return fwd * scale, bwd * scale
+
+
+def memory_time(nbytes: float, hw: HardwareProfile, mix: Mapping[str, float] | None = None) -> float:
+    """Forward seconds of memory-bound ops moving ``nbytes`` (memory_times)."""
+    return memory_times(nbytes, hw, mix)[0]
+
+
+def attention_time(flops: float, hw: HardwareProfile, dtype: str) -> float:
+    """Forward seconds of the fused attention kernel doing ``flops`` (as the flop counter counts them)."""
+    return flops / (hw.peak(dtype) * hw.kernels.attention) if flops > 0 and hw.kernels.attention else 0.0
 
 
 def optimizer_time_per_param(traffic_bytes: float, hw: HardwareProfile) -> float:
@@ -90,24 +111,28 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
     split by tp with the heads; capture traces the fused kernel, which never writes the scores."""
     split = tp if is_tp_sharded(layer, tp) else 1
     matmul = fwd_matmul_flops(layer, b) / split
-    per_token = matmul / max(1, b * seq_len)
     rows = b * seq_len
-    t_matmul = gemm_time(matmul, per_token, rows, hw, dtype)
-    t_memory = memory_time(tp_memory_bytes(layer, b, tp, sequence_parallel), hw, heavy_share(layer, b))
+    core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
+    # A calibrated attention kernel prices its FLOPs apart; otherwise they are GEMM work like the rest.
+    attention = min(core, matmul) if hw.kernels.attention else 0.0
+    gemm = matmul - attention
+    per_token = gemm / max(1, rows)
+    t_matmul = gemm_time(gemm, per_token, rows, hw, dtype)
+    t_attention = attention_time(attention, hw, dtype)
+    t_memory, t_memory_bwd = memory_times(tp_memory_bytes(layer, b, tp, sequence_parallel), hw, heavy_mix(layer, b))
     t_scores = 0.0
     if attention_kernel == "unfused":
         scores = attention_scores_per_sample(layer, seq_len) * b / split
         t_scores = memory_time(scores * unfused_attention_traffic_per_score(DTYPE_BYTES[dtype],
                                                                             attention_dropout), hw)
-    fwd = t_matmul + t_memory + t_scores
-    bwd = BACKWARD_FACTOR * fwd
+    fwd = t_matmul + t_attention + t_memory + t_scores
+    bwd = BACKWARD_FACTOR * (t_matmul + t_scores) + hw.kernels.attention_backward * t_attention + t_memory_bwd
     counted = fwd_flops(layer, b) / split
     executed = (1.0 + BACKWARD_FACTOR) * counted
     if recompute == "full":
         bwd += fwd
         executed += counted
     elif recompute == "selective":
-        core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
-        bwd += gemm_time(core, per_token, rows, hw, dtype) + t_scores
+        bwd += (attention_time(core, hw, dtype) if attention else gemm_time(core, per_token, rows, hw, dtype)) + t_scores
         executed += core
     return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed)

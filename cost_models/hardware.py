@@ -78,6 +78,28 @@ class LockstepCosts:
 
 
 @dataclass(frozen=True)
+class KernelCosts:
+    """Kernels one bandwidth or one GEMM table cannot price (calibrated; absent from a profile: none, and
+    every heavy op runs at ``heavy_memory_efficiency``, attention at the GEMM tables, backward = 2×).
+
+    - ``heavy``: achieved / peak bandwidth of each heavy element-wise kernel (capture's names);
+    - ``backward``: a kernel's backward time over its forward time, per heavy kernel and "light" for the rest;
+    - ``attention``: achieved / peak FLOP/s of the fused attention kernel on the FLOPs the flop counter
+      gives it (full S×S: a causal kernel skips half of them), with ``attention_backward`` its ratio."""
+
+    heavy: tuple[tuple[str, float], ...] = ()
+    backward: tuple[tuple[str, float], ...] = ()
+    attention: float | None = None
+    attention_backward: float = 2.0
+
+    def heavy_efficiency(self, kernel: str) -> float | None:
+        return dict(self.heavy).get(kernel)
+
+    def backward_ratio(self, kernel: str, default: float) -> float:
+        return dict(self.backward).get(kernel, default)
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """One accelerator model in SI units. Bandwidths are per GPU and per direction."""
 
@@ -110,6 +132,7 @@ class HardwareProfile:
     # Achieved / peak bandwidth of the fused Adam step (its own kernel: sqrt, divide); None: memory_efficiency.
     optimizer_efficiency: float | None = None
     lockstep: LockstepCosts = LockstepCosts()
+    kernels: KernelCosts = KernelCosts()
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -168,6 +191,7 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             optimizer_efficiency=float(raw["optimizer_bandwidth_efficiency"])
             if "optimizer_bandwidth_efficiency" in raw else None,
             lockstep=_lockstep(raw),
+            kernels=_kernels(raw),
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
@@ -200,6 +224,19 @@ def _lockstep(raw: Mapping[str, Any]) -> LockstepCosts:
         raise ConfigError("dtensor_overhead_us values must be ≥ 0; fix the hardware profile")
     return LockstepCosts(sync=LogTable(tuple((float(x) * 1e-6, float(v) * 1e-6) for x, v in sync)) if sync else None,
                          module_s=values["per_module"], op_s=values["per_op"], collective_s=values["per_collective"])
+
+
+def _kernels(raw: Mapping[str, Any]) -> KernelCosts:
+    heavy = {str(k): float(v) for k, v in raw.get("heavy_op_bandwidth_efficiency_by_kernel", {}).items()}
+    backward = {str(k): float(v) for k, v in raw.get("backward_over_forward_by_kernel", {}).items()}
+    attention = raw.get("attention_efficiency")
+    if any(not 0.0 < v <= 1.0 for v in heavy.values()) or (attention is not None and not 0.0 < attention <= 1.0):
+        raise ConfigError("kernel efficiencies must lie in (0, 1]; fix the hardware profile")
+    ratios = list(backward.values()) + [float(raw.get("attention_backward_over_forward", 2.0))]
+    if any(not 0.0 < v <= 10.0 for v in ratios):
+        raise ConfigError("backward / forward ratios must lie in (0, 10]; fix the hardware profile")
+    return KernelCosts(heavy=tuple(sorted(heavy.items())), backward=tuple(sorted(backward.items())),
+                       attention=float(attention) if attention is not None else None, attention_backward=ratios[-1])
 
 
 def _table(points: list[list[float]], scale: float) -> EfficiencyTable:

@@ -77,6 +77,20 @@ def heavy_share(layer: LayerLike, b: int) -> float:
     return min(1.0, heavy / total) if total > 0 else 0.0
 
 
+def heavy_mix(layer: LayerLike, b: int) -> dict[str, float]:
+    """Share of the memory-bound bytes moved by each heavy kernel (capture's names: gelu_tanh, layer_norm,
+    softmax, ...); heavy bytes of no named kernel (profiles captured before the split) go under ""."""
+    total = fwd_memory_bytes(layer, b)
+    if total <= 0:
+        return {}
+    mix = {k: (per_sample * b + fixed) / total
+           for k, (per_sample, fixed) in getattr(layer, "fwd_heavy_bytes_by_kernel", {}).items()}
+    rest = heavy_share(layer, b) - sum(mix.values())
+    if rest > 1e-9:
+        mix[""] = rest
+    return {k: v for k, v in mix.items() if v > 0}
+
+
 def saved_bytes(layer: LayerLike, b: int) -> int:
     return layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
 

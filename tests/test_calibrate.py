@@ -128,6 +128,34 @@ def test_reduce_scatter_ratio_is_recovered_from_the_measured_collectives() -> No
     assert ratio == pytest.approx(0.4, rel=1e-6)
 
 
+def test_kernel_fit_recovers_each_kernels_efficiency_and_backward_ratio() -> None:
+    """Synthetic element-wise and attention timings with known per-kernel efficiencies and backward ratios
+    (noise-free, three sizes) come back exactly; light ops do not enter the heavy fits."""
+    from autopar.calibrate.kernel_fit import kernel_fields
+
+    hbm, peak = 50e9, 90e9
+    truth = {"gelu_tanh": (0.04, 1.1), "layer_norm": (0.2, 2.0), "softmax": (0.12, 0.8)}
+    memory = []
+    for size in (2**16, 2**20, 2**24):
+        memory.append(dict(op="add", tensor_bytes=size, bytes=3 * size, seconds=3 * size / (0.9 * hbm), backward=False))
+        for op, (eff, ratio) in truth.items():
+            fwd = 2 * size / (eff * hbm)
+            memory += [dict(op=op, tensor_bytes=size, bytes=2 * size, seconds=fwd, backward=False),
+                       dict(op=op, tensor_bytes=size, bytes=2 * size, seconds=fwd * (1 + ratio), backward=True)]
+    attention = []
+    for b, h, s, d in ((4, 8, 128, 32), (2, 8, 256, 48)):
+        flops = 4 * b * h * s * s * d
+        t = flops / (0.5 * peak)
+        attention += [dict(batch=b, heads=h, seq_len=s, head_dim=d, flops=flops, seconds=t, backward=False),
+                      dict(batch=b, heads=h, seq_len=s, head_dim=d, flops=flops, seconds=t * 3.8, backward=True)]
+    fields, src = kernel_fields(memory, attention, hbm, peak, "test")
+    assert fields["heavy_op_bandwidth_efficiency_by_kernel"] == pytest.approx({op: e for op, (e, _) in truth.items()})
+    assert fields["backward_over_forward_by_kernel"] == pytest.approx({op: r for op, (_, r) in truth.items()})
+    assert min(e for e, _ in truth.values()) < fields["heavy_op_bandwidth_efficiency"] < 0.2
+    assert fields["attention_efficiency"] == pytest.approx(0.5) and fields["attention_backward_over_forward"] == pytest.approx(2.8)
+    assert set(fields) <= set(src)
+
+
 # -- end to end ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
@@ -153,6 +181,11 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert cal["collective_impl"]["reduce_scatter"] and cal["residuals"]["collectives"]["points"] > 0
     for field in ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us"):
         assert raw[field] == BASE[field] and "kept from cpu" in raw["sources"][field]
+    from autopar.calibrate.kernels import HEAVY_KERNELS
+
+    assert {k for k, _ in hw.kernels.heavy} == set(HEAVY_KERNELS) == {k for k, _ in hw.kernels.backward}
+    assert hw.kernels.attention and 0 < hw.kernels.attention <= 1
+    assert len(cal["layers"]) == 3 and all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in cal["layers"])
 
 
 def test_quick_calibration_predicts_a_held_out_gemm(quick_profile: tuple[Path, dict]) -> None:

@@ -128,6 +128,20 @@ def test_tensor_parallel_patterns_of_gpt_and_llama() -> None:
     assert llama.layers[-1].tied_params == 0 and llama.layers[-1].params == 1000 * 256
 
 
+def test_heavy_bytes_are_split_by_the_kernel_calibration_names() -> None:
+    """GPT blocks: two LayerNorms (input + weight + bias + output each) and one tanh-GELU over the 4h MLP
+    width (input + output); the head's cross-entropy; Llama's SwiGLU a SiLU. Exact bytes at fp32."""
+    b, s, h = 2, 64, 256
+    gpt = capture_model(str(EX / "gpt.py"), GPT_SMALL, seq_len=s, dtype="fp32")
+    block = next(lp for lp in gpt.layers if lp.kind == "block")
+    kernels = {k: ps * b + fixed for k, (ps, fixed) in block.fwd_heavy_bytes_by_kernel.items()}
+    assert kernels == {"layer_norm": 2 * (2 * b * s * h * 4 + 2 * h * 4), "gelu_tanh": 2 * b * s * 4 * h * 4}
+    assert sum(kernels.values()) == pytest.approx(block.fwd_heavy_bytes_per_sample * b + block.fwd_heavy_bytes_fixed)
+    assert set(gpt.layers[-1].fwd_heavy_bytes_by_kernel) == {"cross_entropy"}
+    llama = capture_model(str(EX / "llama.py"), LLAMA_SMALL, seq_len=s, dtype="fp32")
+    assert set(next(lp for lp in llama.layers if lp.kind == "block").fwd_heavy_bytes_by_kernel) == {"silu"}
+
+
 def test_repeated_blocks_are_traced_once() -> None:
     small = capture_model(str(EX / "gpt.py"), {**GPT_SMALL, "n_layer": "8"}, seq_len=64)
     deep = capture_model(str(EX / "gpt.py"), {**GPT_SMALL, "n_layer": "128"}, seq_len=64)

@@ -114,26 +114,68 @@ def test_hardware_comm_overlap_exposes_zero3_traffic_and_grad_sync(cost_model: C
     assert exposed.evaluate(ddp).step_time_s > hidden.evaluate(ddp).step_time_s
 
 
-def test_heavy_element_wise_bytes_are_counted_apart_and_priced_at_their_own_efficiency(cost_model: CostModel) -> None:
-    """Capture counts GELU / LayerNorm bytes as heavy (a subset of the memory-bound bytes); a profile whose
-    heavy ops run at a quarter of the light ones' efficiency slows exactly that share of the traffic."""
+def test_heavy_kernels_are_counted_apart_and_priced_at_their_own_efficiency(cost_model: CostModel) -> None:
+    """Capture counts the bytes of each heavy kernel (a GPT block's LayerNorms and tanh-GELU) apart from the
+    light ones; a profile slows exactly those shares, each at its own efficiency and backward ratio."""
     from dataclasses import replace
 
     from cost_models import comm
-    from cost_models.compute import memory_time
-    from cost_models.model import fwd_memory_bytes, heavy_share
+    from cost_models.compute import memory_time, memory_times
+    from cost_models.hardware import KernelCosts
+    from cost_models.model import fwd_memory_bytes, heavy_mix, heavy_share
 
     block = next(lp for lp in cost_model.model.layers if lp.kind == "block")
-    assert 0 < block.fwd_heavy_bytes_per_sample < block.fwd_memory_bytes_per_sample
+    mix = heavy_mix(block, 2)
+    assert set(mix) == {"layer_norm", "gelu_tanh"}
+    assert sum(mix.values()) == pytest.approx(heavy_share(block, 2)) and 0 < heavy_share(block, 2) < 1
     hw = cost_model.hw
-    slow = replace(hw, heavy_memory_efficiency=hw.memory_efficiency / 4)
-    share = heavy_share(block, 2)
-    nbytes = fwd_memory_bytes(block, 2)
-    expected = nbytes / (hw.hbm_bytes_per_s * hw.memory_efficiency) * ((1 - share) + 4 * share)
-    assert memory_time(nbytes, slow, share) == pytest.approx(expected)
+    eff, share, nbytes = hw.memory_efficiency, heavy_share(block, 2), fwd_memory_bytes(block, 2)
+    scale = nbytes / (hw.hbm_bytes_per_s * eff)
+    slow = replace(hw, heavy_memory_efficiency=eff / 4)
+    assert memory_time(nbytes, slow, mix) == pytest.approx(scale * ((1 - share) + 4 * share))
+    gelu = mix["gelu_tanh"]
+    own = replace(slow, kernels=KernelCosts(heavy=(("gelu_tanh", eff / 10),), backward=(("gelu_tanh", 1.0),)))
+    fwd, bwd = memory_times(nbytes, own, mix)
+    assert fwd == pytest.approx(scale * ((1 - share) + 4 * (share - gelu) + 10 * gelu))
+    assert bwd == pytest.approx(scale * (2 * (1 - share) + 2 * 4 * (share - gelu) + 1.0 * 10 * gelu))
     link = comm.group_link(hw, 1, 1, 8)
     fast_c = cost_model.layer_cost(block, b=2, tp=1, sequence_parallel=False, recompute="none", tp_link=link)
-    slow_c = CostModel(cost_model.model, slow).layer_cost(block, b=2, tp=1, sequence_parallel=False,
-                                                          recompute="none", tp_link=link)
-    added = memory_time(nbytes, slow, share) - memory_time(nbytes, hw, share)
-    assert slow_c.fwd_s - fast_c.fwd_s == pytest.approx(added)
+    own_c = CostModel(cost_model.model, own).layer_cost(block, b=2, tp=1, sequence_parallel=False,
+                                                        recompute="none", tp_link=link)
+    fast_fwd, fast_bwd = memory_times(nbytes, hw, mix)
+    assert own_c.fwd_s - fast_c.fwd_s == pytest.approx(fwd - fast_fwd)
+    assert own_c.bwd_s - fast_c.bwd_s == pytest.approx(bwd - fast_bwd)
+
+
+def test_a_calibrated_attention_kernel_is_priced_apart_from_the_gemms(cost_model: CostModel) -> None:
+    """With an attention efficiency, the attention core's FLOPs (flop counter: 4·S²·heads·head_dim per
+    sample) leave the GEMM tables and run at that efficiency, backward at its own ratio; selective
+    recomputation re-runs exactly that kernel."""
+    from dataclasses import replace
+
+    from cost_models import comm
+    from cost_models.compute import gemm_time
+    from cost_models.hardware import KernelCosts
+    from cost_models.model import attention_core_fwd_flops_per_sample, fwd_matmul_flops
+
+    block = next(lp for lp in cost_model.model.layers if lp.kind == "block")
+    hw = cost_model.hw
+    fitted = replace(hw, kernels=KernelCosts(attention=0.25, attention_backward=3.0))
+    link = comm.group_link(hw, 1, 1, 8)
+    b, seq = 2, 256
+
+    def cost(profile: object, recompute: str = "none") -> object:
+        return CostModel(cost_model.model, profile).layer_cost(block, b=b, tp=1, sequence_parallel=False,
+                                                               recompute=recompute, tp_link=link)
+
+    core = attention_core_fwd_flops_per_sample(block, seq) * b
+    matmul = fwd_matmul_flops(block, b)
+    assert 0 < core < matmul
+    t_attn = core / (hw.peak("bf16") * 0.25)
+    rows = b * seq
+    t_all = gemm_time(matmul, matmul / rows, rows, hw, "bf16")
+    t_rest = gemm_time(matmul - core, (matmul - core) / rows, rows, hw, "bf16")
+    base, apart = cost(hw), cost(fitted)
+    assert apart.fwd_s - base.fwd_s == pytest.approx(t_rest + t_attn - t_all)
+    assert apart.bwd_s - base.bwd_s == pytest.approx(2 * (t_rest - t_all) + 3.0 * t_attn)
+    assert cost(fitted, "selective").bwd_s - apart.bwd_s == pytest.approx(t_attn)

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from autopar.calibrate.kernels import (Case, Sweep, collective_cases, dtype_cases, gemm_cases,
+from autopar.calibrate.kernels import (Case, Sweep, attention_cases, collective_cases, dtype_cases, gemm_cases,
                                        host_link_cases, layer_cases, memory_cases, optimizer_case,
                                        sweep_for)
 from autopar.calibrate.lockstep import measure_dtensor, measure_sync
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     impl: dict[str, str] = {}
     suites = {"gemm": gemm_cases(sweep, primary, device), "memory": memory_cases(sweep, primary, device),
               "collectives": collective_cases(sweep, device, impl), "layer": layer_cases(primary, device),
-              "device": dtype_cases(sweep, device) + [optimizer_case(device)]
+              "device": dtype_cases(sweep, device) + [optimizer_case(device)] + attention_cases(primary, device)
               + (host_link_cases(sweep, device) if device.type == "cuda" else [])}
     groups = {name: len(cases) * sweep.rounds for name, cases in suites.items()}
     bench.progress(event="plan", groups={**groups, "lockstep": 2 if bench.world > 1 else 0})
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"backend": args.backend, "device_type": device.type, "primary_dtype": primary,
                   "quick": args.quick, "sweep": asdict(sweep), "device": info, "gemm": results["gemm"],
                   "dtypes": dtypes, "optimizer": [r for r in results["device"] if r.get("kind") == "optimizer"],
+                  "attention": [r for r in results["device"] if r.get("kind") == "attention"],
                   "memory": results["memory"], "collectives": results["collectives"],
                   "collective_impl": impl, "layer": results["layer"], "overlap": overlap, "sync": sync,
                   "dtensor": dtensor, "wall_s": wall}

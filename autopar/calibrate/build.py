@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from cost_models import comm, compute
 from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
 
+from autopar.calibrate.kernel_fit import LIGHT, kernel_fields, light_points
+from autopar.calibrate.layer_check import check_layers
 from autopar.calibrate.lockstep_fit import lockstep_fields
 from autopar.calibrate.fit import (CollectiveFit, CollectivePoint, GemmPoint, fit_collectives, fit_gemm, fit_memory,
                                    relative_errors, summarize)
@@ -55,10 +57,10 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     peaks = {d: gemm.peak_flops * rate[d] / rate[primary] for d in rate}
     rm, rk, rn = (ref[primary][x] for x in ("m", "k", "n"))
 
-    memory = fit_memory([p["bytes"] for p in results["memory"]], [p["seconds"] for p in results["memory"]],
-                        [p["tensor_bytes"] for p in results["memory"]])
-    mem_ops = sorted({p["op"] for p in results["memory"]})
-    sizes = sorted({p["tensor_bytes"] for p in results["memory"]})
+    light = light_points(results["memory"])
+    memory = fit_memory([p["bytes"] for p in light], [p["seconds"] for p in light], [p["tensor_bytes"] for p in light])
+    mem_ops = sorted({p["op"] for p in light})
+    sizes = sorted({p["tensor_bytes"] for p in light})
 
     coll_points = [CollectivePoint(p["op"], p["group_size"], p["bytes"], p["seconds"]) for p in results["collectives"]]
     # reduce-scatter gets its own bandwidth ratio (below), so the shared fit leaves it out when it can
@@ -95,14 +97,9 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     profile["reduce_scatter_relative_bandwidth"] = sig(rs_ratio)
     overlap = results.get("overlap")
     profile["comm_compute_overlap"] = round(overlap["overlap"], 3) if overlap else base.get("comm_compute_overlap", 1.0)
-    layers: list[dict[str, Any]] = []
-    kernel_efficiency = profile["memory_bandwidth_efficiency"]
-    if results.get("layer"):
-        from autopar.calibrate.layer_fit import fit_layers
-
-        light, heavy, layers = fit_layers(results["layer"], profile)
-        profile["memory_bandwidth_efficiency"] = sig(light)
-        profile["heavy_op_bandwidth_efficiency"] = sig(heavy)
+    kernel, kernel_src = kernel_fields(results["memory"], results.get("attention", []), memory.peak_bytes_per_s,
+                                       peaks[primary], who)
+    profile.update({k: {op: sig(x) for op, x in v.items()} if isinstance(v, dict) else sig(v) for k, v in kernel.items()})
     adam = (results.get("optimizer") or [None])[0]
     if adam:
         profile["optimizer_bandwidth_efficiency"] = sig(min(1.0, adam["bytes"] / adam["seconds"] /
@@ -112,9 +109,12 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     profile.update(lock_fields)
     hw = hardware_from_dict(profile)
     residuals = _residuals(results, hw, primary)
+    layers = check_layers(results["layer"], profile) if results.get("layer") else []
+    if layers:
+        residuals["layers"] = summarize(relative_errors([r["predicted_s"] for r in layers], [r["measured_s"] for r in layers]))
     base_name = base.get("name", "base")
     best = max(fitted, key=lambda p: 2 * p["m"] * p["k"] * p["n"] / p["seconds"])
-    mem_best = max(results["memory"], key=lambda p: p["bytes"] / p["seconds"])
+    mem_best = max(light, key=lambda p: p["bytes"] / p["seconds"])
     src = {
         "peak_dense_tflops": (
             f"fitted asymptote of torch.mm {primary} over {len(fitted)} shapes (rows {_list(gemm.by_rows)}, "
@@ -134,8 +134,8 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
             f"tensors, {who}: {mem_best['op']} {_bytes(mem_best['tensor_bytes'])} "
             f"{mem_best['bytes'] / mem_best['seconds'] / 1e9:.4g} GB/s (bytes = inputs read + output written)"),
         "memory_bandwidth_efficiency": (
-            f"fitted to the summed time of the {len(mem_ops)} kernels at each of {len(sizes)} tensor sizes (least "
-            f"squares of log time; a layer's memory-bound ops share one bandwidth in the cost model): mix residuals "
+            f"light element-wise ops: fitted to the summed time of the {len(mem_ops)} kernels at each of {len(sizes)} "
+            f"tensor sizes (least squares of log time; heavy kernels have their own, below): mix residuals "
             f"median {_pct(residuals['memory_mix']['median_abs_rel_error'])}, max "
             f"{_pct(residuals['memory_mix']['max_abs_rel_error'])}; single kernels median "
             f"{_pct(residuals['memory']['median_abs_rel_error'])}, max {_pct(residuals['memory']['max_abs_rel_error'])} "
@@ -185,19 +185,7 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
             f"{len(overlap['samples'])}")
     else:
         src["comm_compute_overlap"] = f"kept from {base.get('name', 'base')}: one process, no collective to overlap"
-    if layers:
-        held = [r for r in layers if r["holdout"]]
-        fits = [r for r in layers if not r["holdout"]]
-        src["memory_bandwidth_efficiency"] = (
-            f"light element-wise ops (adds, multiplies, copies), fitted with heavy_op_bandwidth_efficiency to whole "
-            f"reference transformer stacks (autopar/calibrate/reference.py, forward + backward, {who}): the time "
-            f"the GEMM tables leave unexplained in {', '.join(r['stack'] for r in fits)} "
-            f"({', '.join(_ms(r) for r in fits)} ms measured), least squares over "
-            f"their light and heavy bytes; held-out {', '.join(r['stack'] for r in held)}: "
-            f"{', '.join(_pct(r['rel_error']) for r in held)}. The kernel-mix fit alone gave {kernel_efficiency:.4g} "
-            "(" + src["memory_bandwidth_efficiency"] + ")")
-        src["heavy_op_bandwidth_efficiency"] = ("transcendental and normalisation ops (GELU, SiLU, softmax, "
-                                                "LayerNorm, ...): see memory_bandwidth_efficiency")
+    src.update(kernel_src)
     src.update(lock_src)
     if adam:
         src["optimizer_bandwidth_efficiency"] = (
@@ -219,7 +207,10 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
         "wall_s": results.get("wall_s", {}),
         "gemm": [_raw(p, "m", "k", "n", "holdout") for p in results["gemm"]],
         "dtypes": [_raw(p, "dtype", "m", "k", "n") for p in results["dtypes"]],
-        "memory": [_raw(p, "op", "tensor_bytes", "bytes") for p in results["memory"]],
+        "memory": [{**_raw(p, "op", "tensor_bytes", "bytes"), "backward": bool(p.get("backward"))}
+                   for p in results["memory"]],
+        "attention": [_raw(p, "batch", "heads", "seq_len", "head_dim", "flops", "backward")
+                      for p in results.get("attention", [])],
         "collectives": [_raw(p, "op", "group_size", "bytes") for p in results["collectives"]],
         "layers": layers,
         "overlap": overlap,
@@ -254,15 +245,27 @@ def _residuals(results: Mapping[str, Any], hw: HardwareProfile, dtype: str) -> d
         pred = [compute.gemm_time(2 * p["m"] * p["k"] * p["n"], 2 * p["k"] * p["n"], p["m"], hw, dtype) for p in pts]
         out[key] = summarize(relative_errors(pred, [p["seconds"] for p in pts]))
     mem = results["memory"]
-    out["memory"] = _by_op(mem, [compute.memory_time(p["bytes"], hw) for p in mem])
-    sizes = sorted({p["tensor_bytes"] for p in mem})
-    mix = [[p for p in mem if p["tensor_bytes"] == s] for s in sizes]
+    out["memory"] = _by_op(mem, [_memory_prediction(p, hw) for p in mem])
+    light = light_points(mem)
+    mix = [[p for p in light if p["tensor_bytes"] == s] for s in sorted({p["tensor_bytes"] for p in light})]
     out["memory_mix"] = summarize(relative_errors([compute.memory_time(sum(p["bytes"] for p in ps), hw) for ps in mix],
                                                   [sum(p["seconds"] for p in ps) for ps in mix]))
+    attention = results.get("attention", [])
+    if attention and hw.kernels.attention:
+        out["attention"] = summarize(relative_errors(
+            [compute.attention_time(p["flops"], hw, dtype) * (1 + (hw.kernels.attention_backward if p["backward"] else 0))
+             for p in attention], [p["seconds"] for p in attention]))
     link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
     coll = results["collectives"]
     out["collectives"] = _by_op(coll, [predict_collective(p["op"], p["group_size"], p["bytes"], link, hw) for p in coll])
     return out
+
+
+def _memory_prediction(p: Mapping[str, Any], hw: HardwareProfile) -> float:
+    """The cost model's time for one element-wise kernel point (forward, or forward + backward)."""
+    mix = None if p["op"] in LIGHT else {p["op"]: 1.0}
+    fwd, bwd = compute.memory_times(p["bytes"], hw, mix)
+    return fwd + bwd if p.get("backward") else fwd
 
 
 def _by_op(points: list[Mapping[str, Any]], predicted: list[float]) -> dict[str, Any]:

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KIB, MIB = 1024, 1024**2
-MEMORY_OPS = ("add", "mul", "gelu", "layer_norm", "copy", "softmax")
+LIGHT_OPS = ("add", "mul", "copy")
+# Heavy element-wise kernels, by the names capture gives them (autopar/capture/measure.heavy_kernel).
+HEAVY_KERNELS = ("gelu", "gelu_tanh", "silu", "layer_norm", "softmax", "cross_entropy")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -104,8 +106,33 @@ def dtype_cases(sweep: Sweep, device: torch.device) -> list[Case]:
             for name, dt in DTYPES.items()]
 
 
+def _elementwise(op: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The kernel ``op`` as a function of its main input (``y`` the second operand / the targets' source)."""
+    if op == "add":
+        return lambda t: t + y
+    if op == "mul":
+        return lambda t: t * y
+    if op == "copy":
+        return lambda t: y.copy_(t)
+    if op in ("gelu", "gelu_tanh"):
+        approximate = "tanh" if op == "gelu_tanh" else "none"
+        return lambda t: F.gelu(t, approximate=approximate)
+    if op == "silu":
+        return F.silu
+    if op == "softmax":
+        return lambda t: torch.softmax(t, dim=-1)
+    if op == "cross_entropy":
+        target = torch.randint(0, x.shape[-1], (x.shape[0],), device=x.device)
+        return lambda t: F.cross_entropy(t, target)
+    w = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    b = torch.zeros_like(w)
+    return lambda t: F.layer_norm(t, (t.shape[-1],), w, b)
+
+
 def memory_cases(sweep: Sweep, dtype: str, device: torch.device) -> list[Case]:
-    """Every op on tensors of every size; one pair of inputs per size, shared by its ops."""
+    """Every op on tensors of every size; one pair of inputs per size, shared by its ops. Heavy kernels (the
+    names capture gives them) run at sizes up to 16 MiB, forward and forward + backward: on a CPU they are
+    bound by their instructions, not the bytes, and activations of a layer are rarely larger."""
     dt = DTYPES[dtype]
     es = torch.finfo(dt).bits // 8
     inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -118,34 +145,58 @@ def memory_cases(sweep: Sweep, dtype: str, device: torch.device) -> list[Case]:
             inputs[nbytes] = (x, torch.randn_like(x))
         return inputs[nbytes]
 
-    def kernel(op: str, nbytes: int) -> Callable[[], Callable[[], object]]:
+    def kernel(op: str, nbytes: int, backward: bool) -> Callable[[], Callable[[], object]]:
         def build() -> Callable[[], object]:
             x, y = pair(nbytes)
-            if op == "add":
-                return lambda: x + y
-            if op == "mul":
-                return lambda: x * y
-            if op == "gelu":
-                return lambda: F.gelu(x)
-            if op == "softmax":
-                return lambda: torch.softmax(x, dim=-1)
-            if op == "copy":
-                return lambda: y.copy_(x)
-            w = torch.ones(x.shape[-1], dtype=dt, device=device)
-            b = torch.zeros_like(w)
-            return lambda: F.layer_norm(x, (x.shape[-1],), w, b)
+            f = _elementwise(op, x, y)
+            if not backward:
+                return lambda: f(x)
+            leaf = x.detach().requires_grad_()
+            grad = torch.randn_like(f(x))
+
+            def step() -> None:
+                f(leaf).backward(grad)
+                leaf.grad = None
+            return step
         return build
 
     cases = []
     for nbytes in sweep.memory_bytes:
-        full = (nbytes // es // min(1024, nbytes // es)) * min(1024, nbytes // es) * es
-        width_bytes = min(1024, nbytes // es) * es
-        moved = {"add": 3 * full, "mul": 3 * full, "gelu": 2 * full, "softmax": 2 * full, "copy": 2 * full,
-                 "layer_norm": 2 * full + 2 * width_bytes}
-        cases += [Case("memory", f"{op} {nbytes // KIB} KiB", dict(op=op, tensor_bytes=nbytes, bytes=moved[op],
-                                                                   dtype=dtype), kernel(op, nbytes))
-                  for op in MEMORY_OPS]
+        rows, width = nbytes // es // min(1024, nbytes // es), min(1024, nbytes // es)
+        full = rows * width * es
+        moved = {"add": 3 * full, "mul": 3 * full, "copy": 2 * full, "layer_norm": 2 * full + 2 * width * es,
+                 "cross_entropy": full + 8 * rows + es, **{op: 2 * full for op in ("gelu", "gelu_tanh", "silu", "softmax")}}
+        for op in LIGHT_OPS + (HEAVY_KERNELS if nbytes <= 16 * MIB else ()):
+            for backward in (False, True) if op in HEAVY_KERNELS else (False,):
+                cases.append(Case("memory", f"{op}{' fwd+bwd' if backward else ''} {nbytes // KIB} KiB",
+                                  dict(op=op, tensor_bytes=nbytes, bytes=moved[op], dtype=dtype, backward=backward),
+                                  kernel(op, nbytes, backward)))
     return cases
+
+
+def attention_cases(dtype: str, device: torch.device) -> list[Case]:
+    """Causal scaled_dot_product_attention forward and forward + backward (the kernel models call), with the
+    FLOPs torch.utils.flop_counter gives it (4·B·H·S²·D, full S×S) as capture counts them."""
+    shapes = ((4, 16, 2048, 128), (2, 32, 4096, 128)) if device.type == "cuda" else ((4, 8, 128, 32), (2, 8, 256, 48))
+
+    def build(b: int, h: int, s: int, d: int, backward: bool) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[dtype], device=device, requires_grad=backward)
+                       for _ in range(3))
+            if not backward:
+                return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grad = torch.randn(b, h, s, d, dtype=DTYPES[dtype], device=device)
+
+            def step() -> None:
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+                q.grad = k.grad = v.grad = None
+            return step
+        return make
+
+    return [Case("device", f"attention{' fwd+bwd' if bwd else ''} {b}x{h}x{s}x{d}",
+                 dict(kind="attention", batch=b, heads=h, seq_len=s, head_dim=d, flops=4 * b * h * s * s * d,
+                      backward=bwd), build(b, h, s, d, bwd))
+            for b, h, s, d in shapes for bwd in (False, True)]
 
 
 def group_sizes(world: int) -> list[int]:
@@ -253,7 +304,7 @@ def host_link_cases(sweep: Sweep, device: torch.device) -> list[Case]:
 
 
 def layer_cases(dtype: str, device: torch.device) -> list[Case]:
-    """Forward + backward of the reference block stacks (reference.py): the fitted ones, then the held-out one."""
+    """Forward + backward of the reference block stacks (reference.py), each a check of the profile."""
     from autopar.calibrate import reference
 
     def build(family: str, n_layer: int, n_embd: int, n_head: int, batch: int,
@@ -272,6 +323,5 @@ def layer_cases(dtype: str, device: torch.device) -> list[Case]:
 
     shapes = reference.SHAPES["cuda" if device.type == "cuda" else "cpu"]
     return [Case("layer", f"reference {f} {n}x{h} b{b} s{s}",
-                 dict(family=f, n_layer=n, n_embd=h, n_head=a, batch=b, seq_len=s, dtype=dtype,
-                      holdout=i == len(shapes) - 1), build(f, n, h, a, b, s))
-            for i, (f, n, h, a, b, s) in enumerate(shapes)]
+                 dict(family=f, n_layer=n, n_embd=h, n_head=a, batch=b, seq_len=s, dtype=dtype), build(f, n, h, a, b, s))
+            for f, n, h, a, b, s in shapes]

@@ -4,8 +4,8 @@ GEMMs, memory-bound kernels and collectives are measured one by one (kernels.py)
 beyond them — attention kernels slower than their FLOPs say, transcendental element-wise ops (tanh-GELU,
 softmax, norms) that are compute-bound on a CPU, freshly allocated activations — is measured here: a
 GPT-2-style and a Llama-style block stack, forward + backward, whose FLOPs and bytes come from the same
-capture as a user's model. The fit charges the time the GEMM tables do not explain to the light and the
-heavy memory-bound bytes (layer_fit.py). A third stack is timed too and never fitted: the held-out check.
+capture as a user's model. None is fitted: each is predicted from the kernel measurements and the
+error reported (layer_check.py).
 
 It is an ordinary autopar model file (build_model / example_inputs / loss_fn), so capture traces it.
 """
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 TRAINING = {"seq_len": 256, "global_batch": 2}
 
-# (family, n_layer, n_embd, n_head, batch, seq_len) per device type: two fitted stacks (a GPT block is
-# rich in heavy element-wise ops — LayerNorm, tanh-GELU —, a Llama block in light ones — RMSNorm's
-# multiplies, rotary, the SwiGLU product), then the held-out one
+# (family, n_layer, n_embd, n_head, batch, seq_len) per device type: a GPT block is rich in heavy
+# element-wise ops — LayerNorm, tanh-GELU —, a Llama block in light ones — RMSNorm's multiplies, rotary,
+# the SwiGLU product
 SHAPES = {"cpu": (("gpt", 2, 384, 6, 2, 256), ("llama", 2, 384, 6, 2, 256), ("gpt", 2, 256, 4, 4, 128)),
           "cuda": (("gpt", 2, 2048, 16, 1, 2048), ("llama", 2, 2048, 16, 1, 2048), ("gpt", 2, 1024, 8, 2, 1024))}
 

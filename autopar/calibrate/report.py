@@ -9,7 +9,8 @@ from rich.table import Table
 
 _SUITES = (("gemm", "GEMM (fitted shapes)"), ("gemm_holdout", "GEMM (held-out shapes)"),
            ("memory_mix", "memory-bound (op mix per size)"), ("memory", "memory-bound (single kernels)"),
-           ("collectives", "collectives"))
+           ("attention", "attention kernel (fwd, fwd+bwd)"), ("collectives", "collectives"),
+           ("layers", "reference layers (whole stacks, none fitted)"))
 
 
 def print_calibration(profile: Mapping[str, Any], path: Path | str) -> None:

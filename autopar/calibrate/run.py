@@ -26,7 +26,7 @@ from autopar.errors import AutoparError
 
 WORKER_TIMEOUT_S = 900
 GROUP_TITLES = {"gemm": "GEMM (torch.mm)", "memory": "memory-bound kernels", "collectives": "collectives",
-                "layer": "reference transformer layers", "device": "dtypes, memory, host link",
+                "layer": "reference transformer layers", "device": "dtypes, optimizer, attention, host link",
                 "lockstep": "lock-step: sync after compute, DTensor"}
 
 

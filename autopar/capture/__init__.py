@@ -132,6 +132,11 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
     matmul, _ = total("matmul_flops")
     mem, mem_fixed = total("memory_bytes")
     heavy, heavy_fixed = total("heavy_bytes")
+    by_kernel: dict[str, tuple[float, float]] = {}
+    for n in layer.nodes:
+        if kernel := g.nodes[n].get("heavy_kernel"):
+            per_sample, fixed = by_kernel.get(kernel, (0.0, 0.0))
+            by_kernel[kernel] = (per_sample + g.nodes[n]["heavy_bytes_per_sample"], fixed + g.nodes[n]["heavy_bytes_fixed"])
     saved, saved_fixed = total("saved_bytes")
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
@@ -146,7 +151,7 @@ def _layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModul
         block_id=layer.name, params=0, param_bytes=0,
         fwd_flops_per_sample=flops, fwd_flops_fixed=flops_fixed, fwd_matmul_flops_per_sample=matmul,
         fwd_memory_bytes_per_sample=mem, fwd_memory_bytes_fixed=mem_fixed,
-        fwd_heavy_bytes_per_sample=heavy, fwd_heavy_bytes_fixed=heavy_fixed,
+        fwd_heavy_bytes_per_sample=heavy, fwd_heavy_bytes_fixed=heavy_fixed, fwd_heavy_bytes_by_kernel=by_kernel,
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern)

@@ -108,6 +108,7 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
             attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
         attrs["param_bytes"] = c2.out_bytes if attrs["kind"] == "param" else 0
         attrs["aten_ops"] = c2.aten_ops
+        attrs["heavy_kernel"] = c2.heavy_kernel
         g.add_node(n.name, **attrs)
         for src in n.all_input_nodes:
             g.add_edge(src.name, n.name)

@@ -25,6 +25,8 @@ _VIEW_OPS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "un
              "expand", "unsqueeze", "squeeze", "slice", "select", "getitem", "flatten", "unflatten",
              "sym_size", "sym_numel", "sym_stride", "_assert_tensor_metadata", "alias", "detach",
              "split_with_sizes", "as_strided", "narrow", "contiguous", "lift_fresh_copy", "size"}
+# Casts: no kernel when the tensor already has the dtype (the output is the input).
+_CASTS = {"to", "float", "half", "bfloat16", "type", "type_as"}
 
 
 # Element-wise ops that take many instructions per element (transcendentals, normalisations): on a CPU
@@ -34,6 +36,25 @@ HEAVY_OPS = {"gelu", "gelu_backward", "silu", "tanh", "exp", "log", "sigmoid", "
              "log_softmax", "_log_softmax", "layer_norm", "native_layer_norm", "group_norm", "native_group_norm",
              "sin", "cos", "cross_entropy", "cross_entropy_loss", "nll_loss", "nll_loss2d", "nll_loss_forward", "_safe_softmax", "mish", "softplus",
              "hardswish", "elu", "selu", "celu"}
+
+
+# The kernel a heavy op runs, by the names calibration measures (autopar/calibrate/kernels.py): one
+# bandwidth per kernel, since a tanh-GELU on a CPU runs several times slower per byte than an erf one.
+_HEAVY_KERNEL = {"_softmax": "softmax", "_safe_softmax": "softmax", "log_softmax": "softmax",
+                 "_log_softmax": "softmax", "native_layer_norm": "layer_norm", "cross_entropy_loss": "cross_entropy",
+                 "nll_loss": "cross_entropy", "nll_loss_forward": "cross_entropy", "nll_loss2d": "cross_entropy",
+                 "native_group_norm": "group_norm", "gelu_backward": "gelu"}
+
+
+def heavy_kernel(node: torch.fx.Node) -> str:
+    """The kernel name of a heavy element-wise node ("" for any other node): its op, canonicalised, and
+    "gelu_tanh" for GELU's tanh approximation."""
+    name = op_name(node)
+    if name not in HEAVY_OPS:
+        return ""
+    if name == "gelu" and node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "tanh":
+        return "gelu_tanh"
+    return _HEAVY_KERNEL.get(name, name)
 
 
 class OpCounter(TorchDispatchMode):
@@ -56,6 +77,7 @@ class NodeCost:
     matmul_flops: float = 0.0
     memory_bytes: float = 0.0
     heavy_bytes: float = 0.0
+    heavy_kernel: str = ""
     saved_bytes: int = 0
     aten_ops: int = 0
 
@@ -66,6 +88,14 @@ def op_name(node: torch.fx.Node) -> str:
         return str(target)
     name = getattr(target, "__name__", str(target))
     return name.split(".")[0] if node.op == "call_function" else name
+
+
+def _copied(n: torch.fx.Node, result: Any, env: dict) -> bool:
+    """Whether a view-like op or a cast copied (reshape, contiguous, flatten of a non-contiguous tensor; a
+    cast to another dtype): its output shares no storage with its input, so it ran a copy kernel."""
+    src = env.get(n.all_input_nodes[0]) if n.all_input_nodes else None
+    return (isinstance(result, torch.Tensor) and isinstance(src, torch.Tensor)
+            and result.untyped_storage()._cdata != src.untyped_storage()._cdata)
 
 
 def tensor_bytes(value: Any) -> int:
@@ -105,10 +135,12 @@ class _Meter(torch.fx.Interpreter):
         n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own
         if cost.flops > 0:
             cost.matmul_flops = cost.flops
-        elif n.op in ("call_function", "call_method", "call_module") and op_name(n) not in _VIEW_OPS:
+        elif n.op in ("call_function", "call_method", "call_module") and (
+                _copied(n, result, self.env) if op_name(n) in _VIEW_OPS | _CASTS else True):
             inputs = [self.env[a] for a in n.all_input_nodes if a in self.env]
             cost.memory_bytes = float(sum(tensor_bytes(v) for v in inputs) + cost.out_bytes)
-            if op_name(n) in HEAVY_OPS:
+            cost.heavy_kernel = heavy_kernel(n)
+            if cost.heavy_kernel:
                 cost.heavy_bytes = cost.memory_bytes
         self.costs[n.name] = cost
         self._current = None
