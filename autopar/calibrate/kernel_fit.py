@@ -30,8 +30,8 @@ def _clip(x: float) -> float:
 
 def _backward_ratio(points: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """Median over sizes of (forward + backward − forward) / forward."""
-    fwd = {p[key]: p["seconds"] for p in points if not p["backward"]}
-    ratios = [(p["seconds"] - fwd[p[key]]) / fwd[p[key]] for p in points if p["backward"] and p[key] in fwd]
+    fwd = {p[key]: p["seconds"] for p in points if not p.get("backward")}
+    ratios = [(p["seconds"] - fwd[p[key]]) / fwd[p[key]] for p in points if p.get("backward") and p[key] in fwd]
     return min(10.0, max(0.05, statistics.median(ratios))) if ratios else None
 
 
@@ -53,8 +53,7 @@ def kernel_fields(memory: Sequence[Mapping[str, Any]], attention: Sequence[Mappi
         by_kernel = {op: _clip(statistics.median([p["bytes"] / p["seconds"] / hbm_bytes_per_s for p in fwd if p["op"] == op]))
                      for op in heavy_ops}
         fields["heavy_op_bandwidth_efficiency_by_kernel"] = by_kernel
-        ratios = {op: _backward_ratio([{**p, "backward": bool(p.get("backward"))} for p in memory if p["op"] == op],
-                                      "tensor_bytes") for op in heavy_ops}
+        ratios = {op: _backward_ratio([p for p in memory if p["op"] == op], "tensor_bytes") for op in heavy_ops}
         fields["backward_over_forward_by_kernel"] = {op: r for op, r in ratios.items() if r is not None}
         sizes = sorted({p["tensor_bytes"] for p in fwd})
         src["heavy_op_bandwidth_efficiency_by_kernel"] = (

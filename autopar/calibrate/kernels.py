@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from autopar.calibrate.kernel_fit import LIGHT
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KIB, MIB = 1024, 1024**2
-LIGHT_OPS = ("add", "mul", "copy")
 # Heavy element-wise kernels, by the names capture gives them (autopar/capture/measure.heavy_kernel).
 HEAVY_KERNELS = ("gelu", "gelu_tanh", "silu", "layer_norm", "softmax", "cross_entropy")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -166,7 +167,7 @@ def memory_cases(sweep: Sweep, dtype: str, device: torch.device) -> list[Case]:
         full = rows * width * es
         moved = {"add": 3 * full, "mul": 3 * full, "copy": 2 * full, "layer_norm": 2 * full + 2 * width * es,
                  "cross_entropy": full + 8 * rows + es, **{op: 2 * full for op in ("gelu", "gelu_tanh", "silu", "softmax")}}
-        for op in LIGHT_OPS + (HEAVY_KERNELS if nbytes <= 16 * MIB else ()):
+        for op in LIGHT + (HEAVY_KERNELS if nbytes <= 16 * MIB else ()):
             for backward in (False, True) if op in HEAVY_KERNELS else (False,):
                 cases.append(Case("memory", f"{op}{' fwd+bwd' if backward else ''} {nbytes // KIB} KiB",
                                   dict(op=op, tensor_bytes=nbytes, bytes=moved[op], dtype=dtype, backward=backward),
