@@ -75,24 +75,35 @@ def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
 
 # -- tensor parallel --------------------------------------------------------------------------------
 def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link,
-                  hw: HardwareProfile) -> tuple[float, float]:
+                  hw: HardwareProfile, sequence_parallel: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of tensor-parallel collectives for one micro-batch of ``layer``.
 
-    Per column→row pair: one all-reduce of the layer's input-width activation each way. A layer with a
-    plan but no pair: a vocab-parallel embedding all-reduces its output in forward; a vocab-parallel
-    LM head all-reduces its input gradient in backward, plus the parallel cross-entropy's three small
-    all-reduces (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``).
-    With SP the all-reduces become reduce-scatter + all-gather of the same size: same time."""
+    Per column→row pair: one all-reduce of the layer's input-width activation each way; with SP an
+    all-gather (before the column linears) and a reduce-scatter (after the row linear) each way, which is
+    the all-reduce's time where reduce-scatter runs at all-gather bandwidth (NCCL) and more where the
+    reduction runs on the host (gloo). A layer with a plan but no pair: a vocab-parallel embedding
+    all-reduces its output in forward (SP: reduce-scatters it, and all-gathers its gradient in backward);
+    a vocab-parallel LM head all-reduces its input gradient in backward (SP: all-gathers its input in
+    forward and reduce-scatters the gradient), plus the parallel cross-entropy's three small all-reduces
+    (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``)."""
     kind = tp_comm_kind(layer, tp)
     if kind == "pairs":
-        one = all_reduce_time(input_bytes(layer, b), tp, link, hw)
+        nbytes = input_bytes(layer, b)
+        one = (all_gather_time(nbytes, tp, link, hw) + reduce_scatter_time(nbytes, tp, link, hw)
+               if sequence_parallel else all_reduce_time(nbytes, tp, link, hw))
         n = len(layer.tp.pairs)
         return n * one, n * one
     if kind == "embedding":
-        return all_reduce_time(cut_bytes(layer, b), tp, link, hw), 0.0
+        nbytes = cut_bytes(layer, b)
+        if sequence_parallel:
+            return reduce_scatter_time(nbytes, tp, link, hw), all_gather_time(nbytes, tp, link, hw)
+        return all_reduce_time(nbytes, tp, link, hw), 0.0
     if kind == "head":
-        fwd = 3 * all_reduce_time(4 * b * seq_len, tp, link, hw)
-        return fwd, all_reduce_time(input_bytes(layer, b), tp, link, hw)
+        loss = 3 * all_reduce_time(4 * b * seq_len, tp, link, hw)
+        nbytes = input_bytes(layer, b)
+        if sequence_parallel:
+            return loss + all_gather_time(nbytes, tp, link, hw), reduce_scatter_time(nbytes, tp, link, hw)
+        return loss, all_reduce_time(nbytes, tp, link, hw)
     return 0.0, 0.0
 
 

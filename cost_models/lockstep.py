@@ -21,17 +21,17 @@ SP_STYLE = "sequence_parallel"
 def tp_collectives(layer: LayerLike, tp: int, sequence_parallel: bool) -> tuple[int, int]:
     """(forward, backward) tensor-parallel collectives of one micro-batch, as comm.tp_layer_comm counts
     them: per column→row pair one all-reduce each way (SP: an all-gather and a reduce-scatter); a
-    vocab-parallel embedding reduces its output; an LM head its input gradient, plus the parallel
-    cross-entropy's three small all-reduces (and under SP the gather of its input)."""
+    vocab-parallel embedding reduces its output (SP: and gathers its gradient); an LM head reduces its
+    input gradient, plus the parallel cross-entropy's three small all-reduces (SP: and gathers its input)."""
     kind = tp_comm_kind(layer, tp)
-    per = 2 if sequence_parallel else 1
+    sp = 1 if sequence_parallel else 0
     if kind == "pairs":
-        n = len(layer.tp.pairs) * per
+        n = len(layer.tp.pairs) * (1 + sp)
         return n, n
     if kind == "embedding":
-        return 1, 0
+        return 1, sp
     if kind == "head":
-        return 3 + per - 1, per
+        return 3 + sp, 1
     return 0, 0
 
 

@@ -152,7 +152,8 @@ class CostModel:
         seq, hw = self.model.seq_len, self.hw
         c = layer_compute(layer, b=b, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,
                           dtype=self.model.dtype, attention_kernel=attn[0], attention_dropout=attn[1])
-        tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=b, seq_len=seq, tp=tp, link=link, hw=hw)
+        tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=b, seq_len=seq, tp=tp, link=link, hw=hw,
+                                            sequence_parallel=sp)
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
                                                   hw=hw)
         tp_fwd, tp_bwd = tp_fwd + over_fwd, tp_bwd + over_bwd

@@ -29,6 +29,7 @@ from autopar.runtime.spec import RunSpec  # noqa: E402
 from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
 
 STEPS = 3
+COUNT_SHAPES = {"gpt/tp2", "gpt/tp2_sp", "llama/tp2", "llama/tp2_sp"}  # collectives counted for the cost model
 CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2"}
 LR = 0.1
 SEQ = 16
@@ -140,6 +141,21 @@ def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple
     return losses, pm.full_gradients(), pm
 
 
+def collective_counts(pm, loaded: LoadedModel, spec: RunSpec) -> dict[str, int]:
+    """The DTensor (functional) collectives one forward_backward of the spec's micro-batches issues."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        pm.forward_backward(tuple(t.to(pm.meshes.device) for t in synthetic_batch(loaded, spec, 0)))
+    names = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
+    counts = {short: 0 for short in names.values()}
+    for event in prof.key_averages():
+        op = event.key.removeprefix("_c10d_functional::")
+        if event.key.startswith("_c10d_functional::") and op in names:
+            counts[names[op]] += event.count
+    return counts
+
+
 def checkpoint_roundtrip(pm, path: Path) -> float:
     """Save with DCP, zero every weight, load: max |difference| of the full state dict (should be 0)."""
     from autopar.runtime.checkpoint import full_state_dict, load, save
@@ -178,6 +194,7 @@ def main() -> None:
             loaded = loaded_cache[key]
             losses, grads, pm = run_shape(loaded, spec, device)
             ckpt_diff = None
+            counts = collective_counts(pm, loaded, spec) if name in COUNT_SHAPES else None
             if name in CHECKPOINT_SHAPES:
                 ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
             if rank == 0:
@@ -189,6 +206,7 @@ def main() -> None:
                 loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
                 grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
                 results[name] = {"loss_diff": loss_diff, "grad_diff": grad_diff, "losses": losses, "ckpt_diff": ckpt_diff,
+                                 "collectives": counts,
                                  "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
                 print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} "
                       f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",

@@ -133,6 +133,31 @@ def test_tp_comm_per_pair() -> None:
     assert tp_layer_comm(layer(), b=2, seq_len=1000, tp=1, link=link, hw=HW) == (0.0, 0.0)
 
 
+def test_tp_comm_under_sequence_parallelism() -> None:
+    link = Link(100e9, 1e-6, inter_node=False)
+    # SP: each pair all-gathers (3e-5/2 s + 3 latency steps) and reduce-scatters the same 2e6 B each way;
+    # at reduce-scatter bandwidth ratio 1 that is exactly the all-reduce's time
+    fwd, bwd = tp_layer_comm(layer(), b=2, seq_len=1000, tp=4, link=link, hw=HW, sequence_parallel=True)
+    assert fwd == pytest.approx(2 * (2 * 3e-6 + 3e-5)) and bwd == pytest.approx(fwd)
+    assert fwd == pytest.approx(tp_layer_comm(layer(), b=2, seq_len=1000, tp=4, link=link, hw=HW)[0])
+    # a host-side reduction at a quarter of the all-gather bandwidth (gloo) makes the reduce-scatter 4x slower
+    slow_rs = hardware_from_dict({**ROUND_HW, "reduce_scatter_relative_bandwidth": 0.25})
+    fwd, _ = tp_layer_comm(layer(), b=2, seq_len=1000, tp=4, link=link, hw=slow_rs, sequence_parallel=True)
+    assert fwd == pytest.approx(2 * (3e-6 + 1.5e-5 + 3e-6 + 4 * 1.5e-5))
+    # vocab-parallel embedding: SP reduce-scatters its output (2e6 B) and all-gathers the gradient back
+    emb = layer(kind="embedding", block_id="emb", tp=TPPattern(plan={"": "rowwise"}))
+    assert tp_layer_comm(emb, b=2, seq_len=1000, tp=4, link=link, hw=HW) == pytest.approx((6e-6 + 3e-5, 0.0))
+    assert tp_layer_comm(emb, b=2, seq_len=1000, tp=4, link=link, hw=HW, sequence_parallel=True) == \
+        pytest.approx((3e-6 + 1.5e-5, 3e-6 + 1.5e-5))
+    # LM head: three fp32 per-token all-reduces (8000 B) for the loss, the input gradient reduced in backward;
+    # SP adds the all-gather of the input in forward and reduce-scatters the gradient instead
+    head = layer(kind="head", block_id="head", tp=TPPattern(plan={"": "colwise"}))
+    loss = 3 * (6e-6 + 2 * 3 / 4 * 8000 / 100e9)
+    assert tp_layer_comm(head, b=2, seq_len=1000, tp=4, link=link, hw=HW) == pytest.approx((loss, 6e-6 + 3e-5))
+    assert tp_layer_comm(head, b=2, seq_len=1000, tp=4, link=link, hw=HW, sequence_parallel=True) == \
+        pytest.approx((loss + 3e-6 + 1.5e-5, 3e-6 + 1.5e-5))
+
+
 def test_dp_and_zero_traffic() -> None:
     link = Link(10e9, 0.0, inter_node=True)
     # 1e9 params, fp32 grads (4 B), bf16 params (2 B), dp=4

@@ -32,6 +32,10 @@ def test_profiles_without_lockstep_fields_charge_nothing() -> None:
 def test_tp_lockstep_by_hand() -> None:
     blk = layer(tp=TP_SP)
     assert tp_collectives(blk, 2, False) == (2, 2) and tp_collectives(blk, 2, True) == (4, 4)
+    emb = layer(kind="embedding", block_id="emb", tp=TPPattern(plan={"": "rowwise"}))
+    head = layer(kind="head", block_id="head", tp=TPPattern(plan={"": "colwise"}))
+    assert tp_collectives(emb, 2, False) == (1, 0) and tp_collectives(emb, 2, True) == (1, 1)
+    assert tp_collectives(head, 2, False) == (3, 1) and tp_collectives(head, 2, True) == (4, 1)
     assert sorted(styled_modules(blk, 2, False)) == ["fc", "out", "proj", "qkv"]
     assert "ln" in styled_modules(blk, 2, True) and styled_modules(blk, 1, True) == []
     # no SP: 2 collectives each way after 5 ms (forward) and 10 ms (backward) of compute each: log-interpolated

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_worker import shapes  # noqa: E402
+from runtime_worker import COUNT_SHAPES, shapes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
@@ -61,6 +61,28 @@ def test_plan_shape_matches_single_process(world: int, shape: str, tmp_path_fact
     assert r["grad_diff"] <= TOLERANCE, f"max |grad diff| {r['grad_diff']:.3e}"
     if r.get("ckpt_diff") is not None:
         assert r["ckpt_diff"] == 0.0, f"checkpoint round trip changed weights by {r['ckpt_diff']:.3e}"
+
+
+@pytest.mark.parametrize("shape", sorted(COUNT_SHAPES))
+def test_tensor_parallel_collectives_are_those_the_cost_model_prices(shape: str,
+                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One forward_backward issues exactly the all-gathers, reduce-scatters and all-reduces that
+    lockstep.tp_collectives counts per layer (and comm.tp_layer_comm prices), times the micro-batches:
+    e.g. Llama's separate q/k/v projections share one gather of their sequence-sharded input."""
+    from autopar.capture import capture_model
+    from cost_models.lockstep import tp_collectives
+
+    r = _run_world(2, tmp_path_factory.getbasetemp())[shape]
+    assert "error" not in r, r.get("error")
+    raw = shapes(2)[shape]
+    model, p = raw["model"], raw["parallelism"]
+    profile = capture_model(str(ROOT / model["source"]), model["overrides"], batch_size=1, seq_len=model["seq_len"])
+    expected = p["num_microbatches"] * sum(sum(tp_collectives(layer, p["tp"], p["sequence_parallel"]))
+                                           for layer in profile.layers)
+    counts = r["collectives"]
+    assert sum(counts.values()) == expected, counts
+    if p["sequence_parallel"]:  # every all-gather has its reduce-scatter (forward or backward)
+        assert counts["all_gather"] == counts["reduce_scatter"], counts
 
 
 def _plan_file(tmp_path: Path, **kwargs) -> Path:

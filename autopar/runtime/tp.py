@@ -11,17 +11,22 @@ Layout conventions (Megatron, and torchtitan's Llama plan):
 - with sequence parallelism the activations between layers are sharded on the sequence dimension
   (dim 1 of ``(batch, seq, hidden)``), norms run on shards (``SequenceParallel``), and colwise
   linears all-gather their input;
+- the column-parallel linears of a layer that read the same tensor (separate q/k/v projections, the
+  gate and up projections of a SwiGLU MLP) share one input redistribution: one all-gather under
+  sequence parallelism and one backward all-reduce or reduce-scatter of the input gradient, as in
+  Megatron's fused column-parallel linears (``_SharedInputColwise``);
 - with ``loss_parallel`` the LM head keeps its vocabulary-sharded logits and cross-entropy runs on the
   shards (``torch.distributed.tensor.parallel.loss_parallel``).
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
@@ -42,9 +47,63 @@ class _SequenceShardedEmbedding(RowwiseParallel):
         return outputs.to_local() if use_local_output else outputs
 
 
+class _SharedInput:
+    """The last input a layer's column-parallel linears turned into a replicated DTensor, and that DTensor.
+    Held only while the layer's forward runs (``_clearing``), recomputation included."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.value: DTensor | None = None
+
+    def clear(self) -> None:
+        self.key = self.value = None
+
+
+class _SharedInputColwise(ColwiseParallel):
+    """ColwiseParallel whose input redistribution is shared with the layer's other column-parallel linears
+    that read the same tensor. Each separate linear would all-gather its sequence-sharded input (three
+    gathers for q, k and v) and, in backward, reduce its own partial input gradient; sharing one DTensor
+    sums the partial gradients first, so one collective serves them all (torchtitan does the same with
+    ``PrepareModuleInput`` on the attention and MLP modules)."""
+
+    def __init__(self, shared: _SharedInput, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shared = shared
+
+    def _shared_input(self, mod: nn.Module, inputs: tuple, device_mesh: Any) -> DTensor:
+        key = (inputs[0], device_mesh, tuple(self.input_layouts), tuple(self.desired_input_layouts))
+        if self.shared.key is not None and self.shared.key[0] is inputs[0] and self.shared.key[1:] == key[1:]:
+            return self.shared.value
+        value = ColwiseParallel._prepare_input_fn(self.input_layouts, self.desired_input_layouts, mod, inputs,
+                                                  device_mesh)
+        self.shared.key, self.shared.value = key, value
+        return value
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        if not isinstance(module, nn.Linear):
+            return super()._apply(module, device_mesh)
+        return distribute_module(module, device_mesh, self._partition_linear_fn, self._shared_input,
+                                 functools.partial(self._prepare_output_fn, self.output_layouts,
+                                                   self.use_local_output))
+
+
+def _clearing(forward: Callable, shared: _SharedInput) -> Callable:
+    """The unit's forward, holding shared inputs only while it runs (a checkpointed layer wraps this, so
+    its recomputation clears them too)."""
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        shared.clear()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            shared.clear()
+    return run
+
+
 def layer_styles(model: nn.Module, layer: LayerRun, plan: dict[str, str], *, sequence_parallel: bool,
-                 loss_parallel: bool) -> dict[str, ParallelStyle]:
-    """Module FQN -> ParallelStyle for one layer, from the capture's relative plan."""
+                 loss_parallel: bool, shared: _SharedInput | None = None) -> dict[str, ParallelStyle]:
+    """Module FQN -> ParallelStyle for one layer, from the capture's relative plan. Column-parallel
+    linears inside the layer share their input redistribution through ``shared`` when given."""
     seq_in = Shard(1) if sequence_parallel else Replicate()
     styles: dict[str, ParallelStyle] = {}
     for rel, style in plan.items():
@@ -59,6 +118,8 @@ def layer_styles(model: nn.Module, layer: LayerRun, plan: dict[str, str], *, seq
                 styles[fqn] = ColwiseParallel(input_layouts=seq_in,
                                               output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                               use_local_output=not loss_parallel)
+            elif shared is not None:
+                styles[fqn] = _SharedInputColwise(shared, input_layouts=seq_in)
             else:
                 styles[fqn] = ColwiseParallel(input_layouts=seq_in)
         elif style == "rowwise":
@@ -93,10 +154,15 @@ def apply_tp(model: nn.Module, layers: list[LayerRun], plans: dict[str, dict[str
     for layer in layers:
         if layer.tp == 1:
             continue
+        shared = _SharedInput()
         styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sequence_parallel,
-                              loss_parallel=loss_parallel and layer is last)
+                              loss_parallel=loss_parallel and layer is last, shared=shared)
         if styles:
             parallelize_module(model, meshes.layer_mesh(layer.tp)["tp"], styles)
+        if any(isinstance(style, _SharedInputColwise) for style in styles.values()):
+            for unit in layer.units:
+                module = model.get_submodule(unit)
+                module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
     _retie(model, ties)
 
 
