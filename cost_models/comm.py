@@ -42,6 +42,11 @@ def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) 
     return Link(bandwidth, hw.inter_node_latency_s, inter_node=True)
 
 
+def _scale(op: str, nbytes: float, link: Link, hw: HardwareProfile) -> float:
+    """The calibrated measured / modelled time of ``op`` at this message size, inside a node."""
+    return 1.0 if link.inter_node else hw.collective_time_scale(op, nbytes)
+
+
 def _transfer(nbytes: float, link: Link, hw: HardwareProfile) -> float:
     return nbytes / (link.bytes_per_s * hw.collective_efficiency(nbytes)) if nbytes > 0 else 0.0
 
@@ -50,14 +55,15 @@ def all_reduce_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> f
     """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n−1)·α + 2(n−1)/n·S/(B·eff)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) * link.latency_s + _transfer(2 * (n - 1) / n * nbytes, link, hw)
+    return (2 * (n - 1) * link.latency_s + _transfer(2 * (n - 1) / n * nbytes, link, hw)) * \
+        _scale("all_reduce", nbytes, link, hw)
 
 
 def all_gather_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
     """Ring all-gather producing ``nbytes`` (the full tensor) on each of ``n`` ranks: (n−1)·α + (n−1)/n·S/(B·eff)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw)
+    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw)) * _scale("all_gather", nbytes, link, hw)
 
 
 def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
@@ -65,12 +71,13 @@ def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) 
     reduce-scatter bandwidth (the same on NCCL; lower where the reduction runs on the host, as gloo's)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / hw.reduce_scatter_bandwidth_ratio
+    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / hw.reduce_scatter_bandwidth_ratio) * \
+        _scale("reduce_scatter", nbytes, link, hw)
 
 
 def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
     """One send/recv between neighbouring pipeline stages: α + S/(B·eff)."""
-    return link.latency_s + _transfer(nbytes, link, hw) if nbytes > 0 else 0.0
+    return (link.latency_s + _transfer(nbytes, link, hw)) * _scale("send_recv", nbytes, link, hw) if nbytes > 0 else 0.0
 
 
 # -- tensor parallel --------------------------------------------------------------------------------
@@ -131,14 +138,17 @@ def tp_comm_kind(layer: LayerLike, tp: int) -> str | None:
 GRAD_BUCKET_BYTES = 25 * 2**20
 
 
-def bucketed_time(nbytes: float, n: int, steps_per_bucket: float, volume_factor: float, link: Link,
+def bucketed_time(op: str, nbytes: float, n: int, steps_per_bucket: float, volume_factor: float, link: Link,
                   hw: HardwareProfile) -> float:
-    """A ring collective over ``nbytes`` split into 25 MiB buckets: (S / bucket)·steps·α + factor·S/(B·eff(bucket))."""
+    """A ring collective over ``nbytes`` split into 25 MiB buckets: (S / bucket)·steps·α + factor·S/(B·eff(bucket)),
+    at the op's calibrated scale for a bucket-sized message."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     buckets = nbytes / GRAD_BUCKET_BYTES
-    return buckets * steps_per_bucket * link.latency_s + \
-        volume_factor * nbytes / (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES))
+    ratio = hw.reduce_scatter_bandwidth_ratio if op == "reduce_scatter" else 1.0
+    return (buckets * steps_per_bucket * link.latency_s +
+            volume_factor * nbytes / (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES) * ratio)) * \
+        _scale(op, GRAD_BUCKET_BYTES, link, hw)
 
 
 @dataclass(frozen=True)
@@ -163,9 +173,9 @@ def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int
         return 0.0, 0.0
     n = dp
     if zero_stage == 0:
-        return bucketed_time(grad_bytes, n, 2 * (n - 1), 2 * (n - 1) / n, link, hw), 0.0
-    gather = bucketed_time(param_bytes, n, n - 1, (n - 1) / n, link, hw)
-    return bucketed_time(grad_bytes, n, n - 1, (n - 1) / n, link, hw), gather
+        return bucketed_time("all_reduce", grad_bytes, n, 2 * (n - 1), 2 * (n - 1) / n, link, hw), 0.0
+    gather = bucketed_time("all_gather", param_bytes, n, n - 1, (n - 1) / n, link, hw)
+    return bucketed_time("reduce_scatter", grad_bytes, n, n - 1, (n - 1) / n, link, hw), gather
 
 
 def dp_comm(params_per_gpu: float, *, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -127,12 +127,28 @@ class HardwareProfile:
     # Reduce-scatter bus bandwidth relative to all-gather's (NCCL: 1; gloo on a CPU reduces on the host
     # and runs 2-3x slower than it gathers).
     reduce_scatter_bandwidth_ratio: float = 1.0
+    # Share of ZeRO-3 / FSDP traffic that can hide behind compute, where it differs from comm_overlap: on a
+    # device without streams (CPU) FSDP2 all-gathers before each layer's forward and reduce-scatters after
+    # its backward synchronously, so nothing hides (0). None: comm_overlap.
+    zero3_comm_overlap: float | None = None
     # Achieved / peak bandwidth of heavy element-wise ops (transcendentals, norms); None: memory_efficiency.
     heavy_memory_efficiency: float | None = None
     # Achieved / peak bandwidth of the fused Adam step (its own kernel: sqrt, divide); None: memory_efficiency.
     optimizer_efficiency: float | None = None
     lockstep: LockstepCosts = LockstepCosts()
     kernels: KernelCosts = KernelCosts()
+    # Measured / modelled time of each collective inside a node, by message bytes (all_reduce, all_gather,
+    # reduce_scatter, send_recv): what one shared ring fit cannot say about each op's implementation (gloo's
+    # all-gather is slower per byte than its all-reduce, its send/recv faster). Absent: 1 (NCCL's ring).
+    collective_scale: Mapping[str, LogTable] = field(default_factory=dict)
+
+    def collective_time_scale(self, op: str, nbytes: float) -> float:
+        table = self.collective_scale.get(op)
+        return table(nbytes) if table is not None and nbytes > 0 else 1.0
+
+    @property
+    def zero3_overlap(self) -> float:
+        return self.comm_overlap if self.zero3_comm_overlap is None else self.zero3_comm_overlap
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -186,12 +202,16 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             sources=dict(raw.get("sources", {})),
             comm_overlap=_fraction(raw.get("comm_compute_overlap", 1.0)),
             reduce_scatter_bandwidth_ratio=_positive(raw.get("reduce_scatter_relative_bandwidth", 1.0)),
+            zero3_comm_overlap=_fraction(raw["zero3_comm_compute_overlap"]) if "zero3_comm_compute_overlap" in raw
+            else None,
             heavy_memory_efficiency=float(raw["heavy_op_bandwidth_efficiency"])
             if "heavy_op_bandwidth_efficiency" in raw else None,
             optimizer_efficiency=float(raw["optimizer_bandwidth_efficiency"])
             if "optimizer_bandwidth_efficiency" in raw else None,
             lockstep=_lockstep(raw),
             kernels=_kernels(raw),
+            collective_scale={str(op): LogTable(tuple((float(x) * 1e6, float(v)) for x, v in pts))
+                              for op, pts in raw.get("collective_time_scale_by_op_mbytes", {}).items()},
         )
     except KeyError as err:
         raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
@@ -205,7 +225,8 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
 def _fraction(x: Any) -> float:
     value = round(float(x), 3)
     if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"comm_compute_overlap must lie in [0, 1], got {x}; fix the hardware profile")
+        raise ConfigError(f"comm_compute_overlap and zero3_comm_compute_overlap must lie in [0, 1], got {x}; "
+                          "fix the hardware profile")
     return value
 
 

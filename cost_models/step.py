@@ -343,7 +343,7 @@ class CostModel:
             last + exposed + tied_sync
         compute = fwd + bwd
         zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
-        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.comm_overlap * compute) + \
+        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.zero3_overlap * compute) + \
             sum(c.zero3_sync_s for c in mine)
 
         # Activations: kept bytes × micro-batches in flight, plus one layer rematerialised in backward.

@@ -128,6 +128,31 @@ def test_reduce_scatter_ratio_is_recovered_from_the_measured_collectives() -> No
     assert ratio == pytest.approx(0.4, rel=1e-6)
 
 
+def test_each_collectives_scale_is_recovered_from_the_measured_collectives() -> None:
+    """A backend whose all-gather takes 2-3x the ring model's time (growing with size) and whose send/recv
+    takes half of it: the per-op scale table brings every point back, and the all-reduce stays at 1."""
+    from autopar.calibrate.build import _collective_scales
+
+    raw = _profile(intra_node_latency_us=60.0, nvlink_bandwidth_bidirectional_gbytes_per_s=5.0,
+                   collective_efficiency_by_mbytes=[[s / 1e6, e] for s, e in zip(SIZES, COLL_EFF)])
+    ring = hardware_from_dict(raw)
+    link = comm.Link(ring.intra_node_bytes_per_s, ring.intra_node_latency_s, inter_node=False)
+    slow = {"all_gather": lambda s: 2.0 + SIZES.index(s) / 7, "send_recv": lambda s: 0.5}
+    points = [{"op": op, "group_size": 2, "bytes": s,
+               "seconds": predict_collective(op, 2, s, link, ring) * slow.get(op, lambda _: 1.0)(s)}
+              for s in SIZES for op in ("all_reduce", "all_gather", "send_recv")]
+    table = _collective_scales(points, ring)
+    assert [f for _, f in table["all_reduce"]] == pytest.approx([1.0] * len(SIZES))
+    assert [f for _, f in table["send_recv"]] == pytest.approx([0.5] * len(SIZES))
+    scaled = hardware_from_dict({**raw, "collective_time_scale_by_op_mbytes": table})
+    for p in points:
+        assert predict_collective(p["op"], 2, p["bytes"], link, scaled) == pytest.approx(p["seconds"], rel=1e-3)
+    between = math.sqrt(SIZES[3] * SIZES[4])  # halfway in log size: halfway between the two factors
+    assert scaled.collective_time_scale("all_gather", between) == pytest.approx(2.0 + 3.5 / 7, rel=1e-3)
+    inter = comm.Link(link.bytes_per_s, link.latency_s, inter_node=True)   # measured inside a node only
+    assert comm.all_gather_time(SIZES[4], 2, inter, scaled) == comm.all_gather_time(SIZES[4], 2, inter, ring)
+
+
 def test_kernel_fit_recovers_each_kernels_efficiency_and_backward_ratio() -> None:
     """Synthetic element-wise and attention timings with known per-kernel efficiencies and backward ratios
     (noise-free, three sizes) come back exactly; light ops do not enter the heavy fits."""
@@ -179,6 +204,10 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert fields <= set(raw["sources"]), f"fields without a source: {fields - set(raw['sources'])}"
     cal = raw["calibration"]
     assert cal["collective_impl"]["reduce_scatter"] and cal["residuals"]["collectives"]["points"] > 0
+    # each op's scale over the shared ring fit: the measured collectives come back (in sample, one group size)
+    assert set(raw["collective_time_scale_by_op_mbytes"]) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    assert cal["residuals"]["collectives"]["median_abs_rel_error"] <= 0.01
+    assert cal["residuals"]["collectives_ring_fit"]["points"] == cal["residuals"]["collectives"]["points"]
     for field in ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us"):
         assert raw[field] == BASE[field] and "kept from cpu" in raw["sources"][field]
     from autopar.calibrate.kernels import HEAVY_KERNELS

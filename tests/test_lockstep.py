@@ -75,6 +75,21 @@ def test_zero3_sync_is_never_hidden() -> None:
     assert est.step_time_s - base.step_time_s == pytest.approx(3 * 2 * per_layer)
 
 
+def test_zero3_traffic_has_its_own_overlap() -> None:
+    """A device without streams (CPU): FSDP2's collectives block, so the profile's ZeRO-3 overlap is 0 and
+    the whole traffic is charged, while DDP-style gradient sync keeps the general overlap."""
+    m = model([layer(i, params=50_000_000) for i in range(2)])
+    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch=1, num_microbatches=3, zero_stage=3)
+    hidden = CostModel(m, replace(HW, comm_overlap=1.0)).evaluate(cfg).devices[0]
+    blocking_hw = replace(HW, comm_overlap=1.0, zero3_comm_overlap=0.0)
+    blocking = CostModel(m, blocking_hw).evaluate(cfg).devices[0]
+    costs = CostModel(m, blocking_hw).layer_costs(cfg, *(group_link(HW, 2, 1, 8),) * 3, default_precision("bf16"))
+    traffic = sum(c.zero3_s for c in costs)
+    assert traffic > 0 and hidden.zero3_comm_s < traffic
+    assert blocking.zero3_comm_s == pytest.approx(traffic)
+    assert replace(HW, comm_overlap=0.3).zero3_overlap == 0.3 and blocking_hw.zero3_overlap == 0.0
+
+
 def test_last_gradient_bucket_waits_for_the_end_of_backward() -> None:
     """Gradients smaller than one bucket: DDP's only bucket is ready when backward ends, so its all-reduce
     is exposed whole even on hardware that overlaps communication fully."""

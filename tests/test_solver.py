@@ -112,6 +112,21 @@ def test_solver_objective_is_the_cost_model_evaluation() -> None:
         assert inner.objective_s == pytest.approx(est.step_time_s, rel=1e-5)
 
 
+def test_solver_encodes_the_hardwares_zero3_overlap() -> None:
+    """A profile whose ZeRO-3 traffic hides less than its gradient sync (a CPU): the CP-SAT objective is
+    still the cost model's evaluation."""
+    from autopar.capture import capture_model
+
+    profile = capture_model("examples/gpt.py", {"n_layer": "4", "n_embd": "256", "n_head": "8"}, seq_len=256)
+    cost = CostModel(profile, replace(HW, comm_overlap=0.6, zero3_comm_overlap=0.25))
+    cfg = ParallelConfig(tp=1, pp=2, dp=4, micro_batch=1, num_microbatches=4, zero_stage=3)
+    inner = solve_inner(cost, cfg, modes=("none", "full"), time_limit_s=20, threads=2)
+    assert inner.status == "OPTIMAL"
+    est = cost.evaluate(replace(cfg, stage_layers=inner.stage_layers, layer_recompute=inner.layer_recompute))
+    assert est.breakdown_s["dp_comm"] > 0
+    assert inner.objective_s == pytest.approx(est.step_time_s, rel=1e-5)
+
+
 GPT_SMALL = {"n_layer": "8", "n_embd": "512", "n_head": "8", "vocab_size": "8000"}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import statistics
 from typing import Any, Mapping
 
 from cost_models import comm, compute
@@ -95,8 +96,13 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     }
     rs_ratio, rs_points = _reduce_scatter_ratio(results["collectives"], profile) if coll else (1.0, 0)
     profile["reduce_scatter_relative_bandwidth"] = sig(rs_ratio)
+    ring_hw = hardware_from_dict(profile)  # the shared ring fit alone, before each op's own scale
+    if coll:
+        profile["collective_time_scale_by_op_mbytes"] = _collective_scales(results["collectives"], ring_hw)
     overlap = results.get("overlap")
     profile["comm_compute_overlap"] = round(overlap["overlap"], 3) if overlap else base.get("comm_compute_overlap", 1.0)
+    if not cuda:  # no streams: FSDP2's all-gathers and reduce-scatters block the host thread that computes
+        profile["zero3_comm_compute_overlap"] = 0.0
     kernel, kernel_src = kernel_fields(results["memory"], results.get("attention", []), memory.peak_bytes_per_s,
                                        peaks[primary], who)
     profile.update({k: {op: sig(x) for op, x in v.items()} if isinstance(v, dict) else sig(v) for k, v in kernel.items()})
@@ -109,6 +115,8 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     profile.update(lock_fields)
     hw = hardware_from_dict(profile)
     residuals = _residuals(results, hw, primary)
+    if coll:
+        residuals["collectives_ring_fit"] = _collective_residuals(results["collectives"], ring_hw)
     layers = check_layers(results["layer"], profile) if results.get("layer") else []
     if layers:
         residuals["layers"] = summarize(relative_errors([r["predicted_s"] for r in layers], [r["measured_s"] for r in layers]))
@@ -158,17 +166,22 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
     if coll:
         impl = results.get("collective_impl", {})
         counts = sorted({p.n for p in coll_points})
+        ring = residuals["collectives_ring_fit"]
         fit_note = (f"Levenberg-Marquardt fit of t = steps*latency + volume/(bandwidth*eff(volume)) (cost_models/comm.py) "
                     f"to the medians of all_reduce, all_gather ({impl.get('all_gather', '?')}), reduce_scatter "
                     f"({impl.get('reduce_scatter', '?')}), send/recv ping-pong; {_bytes(min(p.nbytes for p in coll_points))}"
                     f"..{_bytes(max(p.nbytes for p in coll_points))}, groups of {counts} ranks, all groups at once; "
-                    f"residuals median {_pct(residuals['collectives']['median_abs_rel_error'])}, "
-                    f"max {_pct(residuals['collectives']['max_abs_rel_error'])} ({_worst(residuals['collectives'])})")
+                    f"residuals median {_pct(ring['median_abs_rel_error'])}, "
+                    f"max {_pct(ring['max_abs_rel_error'])} ({_worst(ring)})")
         src["intra_node_latency_us"] = f"{coll.latency_s * 1e6:.4g} us per ring step: {fit_note}"
         src["nvlink_bandwidth_bidirectional_gbytes_per_s"] = (
             f"2 x the fitted one-direction bandwidth {coll.bytes_per_s / 1e9:.4g} GB/s (the best bus bandwidth "
             f"over message sizes; {results['backend']} between processes of this host)")
         src["collective_efficiency_by_mbytes"] = f"fitted bus bandwidth / link bandwidth by transferred MB: {fit_note}"
+        src["collective_time_scale_by_op_mbytes"] = (
+            "per op and message MB: measured median time / the ring fit's (latency, bandwidth, efficiency and "
+            "reduce-scatter ratio above), median over group sizes; applied inside a node only. After it the "
+            f"collectives' residuals are {_pct(residuals['collectives']['median_abs_rel_error'])} median (in sample)")
     else:
         for field in ("intra_node_latency_us", "nvlink_bandwidth_bidirectional_gbytes_per_s",
                       "collective_efficiency_by_mbytes"):
@@ -185,6 +198,10 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
             f"{len(overlap['samples'])}")
     else:
         src["comm_compute_overlap"] = f"kept from {base.get('name', 'base')}: one process, no collective to overlap"
+    if not cuda:
+        src["zero3_comm_compute_overlap"] = (
+            "0 on a device without streams: FSDP2 issues a layer's all-gather before its forward and its "
+            "reduce-scatter after its backward as blocking collectives on the host thread that computes")
     src.update(kernel_src)
     src.update(lock_src)
     if adam:
@@ -255,10 +272,25 @@ def _residuals(results: Mapping[str, Any], hw: HardwareProfile, dtype: str) -> d
         out["attention"] = summarize(relative_errors(
             [compute.attention_time(p["flops"], hw, dtype) * (1 + (hw.kernels.attention_backward if p["backward"] else 0))
              for p in attention], [p["seconds"] for p in attention]))
-    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
-    coll = results["collectives"]
-    out["collectives"] = _by_op(coll, [predict_collective(p["op"], p["group_size"], p["bytes"], link, hw) for p in coll])
+    out["collectives"] = _collective_residuals(results["collectives"], hw)
     return out
+
+
+def _collective_residuals(points: list[Mapping[str, Any]], hw: HardwareProfile) -> dict[str, Any]:
+    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    return _by_op(points, [predict_collective(p["op"], p["group_size"], p["bytes"], link, hw) for p in points])
+
+
+def _collective_scales(points: list[Mapping[str, Any]], hw: HardwareProfile) -> dict[str, list[list[float]]]:
+    """Per op and message size: measured time / the ring fit's (median over group sizes), as the profile's
+    ``collective_time_scale_by_op_mbytes`` (MB, factor) table, each factor kept within [0.1, 10]."""
+    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    ratios: dict[str, dict[float, list[float]]] = {}
+    for p in points:
+        predicted = predict_collective(p["op"], p["group_size"], p["bytes"], link, hw)
+        ratios.setdefault(p["op"], {}).setdefault(p["bytes"], []).append(p["seconds"] / predicted)
+    return {op: [[sig(nbytes / 1e6), sig(min(10.0, max(0.1, statistics.median(r))))]
+                 for nbytes, r in sorted(by_size.items())] for op, by_size in sorted(ratios.items())}
 
 
 def _memory_prediction(p: Mapping[str, Any], hw: HardwareProfile) -> float:

@@ -9,7 +9,8 @@ from rich.table import Table
 
 _SUITES = (("gemm", "GEMM (fitted shapes)"), ("gemm_holdout", "GEMM (held-out shapes)"),
            ("memory_mix", "memory-bound (op mix per size)"), ("memory", "memory-bound (single kernels)"),
-           ("attention", "attention kernel (fwd, fwd+bwd)"), ("collectives", "collectives"),
+           ("attention", "attention kernel (fwd, fwd+bwd)"), ("collectives_ring_fit", "collectives (one ring fit)"),
+           ("collectives", "collectives (with each op's scale)"),
            ("layers", "reference layers (whole stacks, none fitted)"))
 
 

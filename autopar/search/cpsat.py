@@ -75,6 +75,7 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         raise ValueError("the CP-SAT model encodes full overlap (dp_overlap = zero3_overlap = 1), the cost model's default")
     profile: ModelProfile = cost.model  # type: ignore[assignment]
     ov = round(OVERLAP_UNIT * cost.hw.comm_overlap)
+    ov3 = round(OVERLAP_UNIT * cost.hw.zero3_overlap)
     layers = profile.layers
     L, pp, v, m = len(layers), cfg.pp, cfg.virtual_stages, cfg.num_microbatches
     C = pp * v
@@ -193,8 +194,8 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         z3 = 0
         if cfg.zero_stage == 3:
             z3 = model.new_int_var(0, horizon_t, f"z3_{d}")
-            # z3 ≥ traffic − overlap·compute, overlap = ov/1000 (the hardware's, 3 decimals; zero3_overlap = 1)
-            model.add(OVERLAP_UNIT * z3 >= OVERLAP_UNIT * (device_sum("z3", d, chunks) + extra["z3"]) - ov * compute)
+            # z3 ≥ traffic − overlap·compute, overlap = ov3/1000 (the hardware's, 3 decimals; zero3_overlap = 1)
+            model.add(OVERLAP_UNIT * z3 >= OVERLAP_UNIT * (device_sum("z3", d, chunks) + extra["z3"]) - ov3 * compute)
             z3 = z3 + device_sum("z3s", d, chunks) + extra["z3s"]  # their sync overhead is never hidden
         t_d = model.new_int_var(0, horizon_t, f"T_{d}")
         model.add(t_d == compute + tpc + p2p + offload + z3)
