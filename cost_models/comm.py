@@ -33,11 +33,16 @@ class Link:
     inter_node: bool
 
 
+def intra_node_link(hw: HardwareProfile) -> Link:
+    """The link between GPUs of one node (NVLink; gloo between processes of one host)."""
+    return Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+
+
 def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) -> Link:
     """Link used by a process group of ``size`` ranks spaced ``stride`` apart (Megatron rank order)."""
     per_node = 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
     if size <= per_node:
-        return Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+        return intra_node_link(hw)
     bandwidth = min(hw.intra_node_bytes_per_s, per_node * hw.inter_node_bytes_per_s)
     return Link(bandwidth, hw.inter_node_latency_s, inter_node=True)
 
@@ -45,6 +50,11 @@ def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) 
 def _scale(op: str, nbytes: float, link: Link, hw: HardwareProfile) -> float:
     """The calibrated measured / modelled time of ``op`` at this message size, inside a node."""
     return 1.0 if link.inter_node else hw.collective_time_scale(op, nbytes)
+
+
+def _bandwidth_ratio(op: str, hw: HardwareProfile) -> float:
+    """An op's bus bandwidth relative to the shared fit's: reduce-scatter has its own (host-side reductions)."""
+    return hw.reduce_scatter_bandwidth_ratio if op == "reduce_scatter" else 1.0
 
 
 def _transfer(nbytes: float, link: Link, hw: HardwareProfile) -> float:
@@ -71,7 +81,7 @@ def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) 
     reduce-scatter bandwidth (the same on NCCL; lower where the reduction runs on the host, as gloo's)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / hw.reduce_scatter_bandwidth_ratio) * \
+    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / _bandwidth_ratio("reduce_scatter", hw)) * \
         _scale("reduce_scatter", nbytes, link, hw)
 
 
@@ -145,9 +155,8 @@ def bucketed_time(op: str, nbytes: float, n: int, steps_per_bucket: float, volum
     if n <= 1 or nbytes <= 0:
         return 0.0
     buckets = nbytes / GRAD_BUCKET_BYTES
-    ratio = hw.reduce_scatter_bandwidth_ratio if op == "reduce_scatter" else 1.0
-    return (buckets * steps_per_bucket * link.latency_s +
-            volume_factor * nbytes / (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES) * ratio)) * \
+    return (buckets * steps_per_bucket * link.latency_s + volume_factor * nbytes /
+            (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES) * _bandwidth_ratio(op, hw))) * \
         _scale(op, GRAD_BUCKET_BYTES, link, hw)
 
 

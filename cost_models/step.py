@@ -262,7 +262,7 @@ class CostModel:
         dp_link = comm.group_link(hw, cfg.dp, cfg.tp, gpn)
         pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
                    if cfg.tp * cfg.dp * cfg.pp > gpn else
-                   comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, False))
+                   comm.intra_node_link(hw))
         return tp_link, dp_link, pp_link
 
     # -- one step --------------------------------------------------------------------------------

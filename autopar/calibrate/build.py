@@ -240,7 +240,7 @@ def _reduce_scatter_ratio(points: list[Mapping[str, Any]], profile: Mapping[str,
     """Reduce-scatter bandwidth / all-gather bandwidth: for each reduce-scatter of ≥ 1 MiB, the fitted
     all-gather bandwidth term over the measured time less the latency steps; the median, and how many."""
     hw = hardware_from_dict(profile)
-    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    link = comm.intra_node_link(hw)
     ratios = []
     for p in points:
         if p["op"] == "reduce_scatter" and p["bytes"] >= 1 << 20:
@@ -277,14 +277,14 @@ def _residuals(results: Mapping[str, Any], hw: HardwareProfile, dtype: str) -> d
 
 
 def _collective_residuals(points: list[Mapping[str, Any]], hw: HardwareProfile) -> dict[str, Any]:
-    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    link = comm.intra_node_link(hw)
     return _by_op(points, [predict_collective(p["op"], p["group_size"], p["bytes"], link, hw) for p in points])
 
 
 def _collective_scales(points: list[Mapping[str, Any]], hw: HardwareProfile) -> dict[str, list[list[float]]]:
     """Per op and message size: measured time / the ring fit's (median over group sizes), as the profile's
     ``collective_time_scale_by_op_mbytes`` (MB, factor) table, each factor kept within [0.1, 10]."""
-    link = comm.Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+    link = comm.intra_node_link(hw)
     ratios: dict[str, dict[float, list[float]]] = {}
     for p in points:
         predicted = predict_collective(p["op"], p["group_size"], p["bytes"], link, hw)

@@ -48,15 +48,16 @@ class _SequenceShardedEmbedding(RowwiseParallel):
 
 
 class _SharedInput:
-    """The last input a layer's column-parallel linears turned into a replicated DTensor, and that DTensor.
-    Held only while the layer's forward runs (``_clearing``), recomputation included."""
+    """The last input a layer's column-parallel linears turned into a replicated DTensor, and that DTensor
+    (the linears of one layer share its mesh and input layouts). Held only while the layer's forward runs
+    (``_clearing``), recomputation included."""
 
     def __init__(self) -> None:
-        self.key: tuple | None = None
+        self.source: torch.Tensor | None = None
         self.value: DTensor | None = None
 
     def clear(self) -> None:
-        self.key = self.value = None
+        self.source = self.value = None
 
 
 class _SharedInputColwise(ColwiseParallel):
@@ -71,12 +72,11 @@ class _SharedInputColwise(ColwiseParallel):
         self.shared = shared
 
     def _shared_input(self, mod: nn.Module, inputs: tuple, device_mesh: Any) -> DTensor:
-        key = (inputs[0], device_mesh, tuple(self.input_layouts), tuple(self.desired_input_layouts))
-        if self.shared.key is not None and self.shared.key[0] is inputs[0] and self.shared.key[1:] == key[1:]:
+        if self.shared.source is inputs[0]:
             return self.shared.value
         value = ColwiseParallel._prepare_input_fn(self.input_layouts, self.desired_input_layouts, mod, inputs,
                                                   device_mesh)
-        self.shared.key, self.shared.value = key, value
+        self.shared.source, self.shared.value = inputs[0], value
         return value
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
