@@ -295,3 +295,48 @@ def test_worker_error_names_the_root_cause() -> None:
     raised[0] = "[rank1]: ValueError: shapes do not match"  # a Python error: the worker's own line says it
     assert worker_error(raised) == "[rank1]: ValueError: shapes do not match"
     assert worker_error(raised[1:]) == "rank : 1 (local_rank: 1); exitcode : 1 (pid: 23943)"
+    # killed by a signal: Python's fault handler (on in the workers) says where, and what C++ threw
+    fault = ["terminate called after throwing an instance of 'gloo::IoException'",
+             "  what():  [gloo/transport/tcp/pair.cc:1089] Connection closed by peer",
+             "Fatal Python error: Aborted", "", "Current thread 0x00007f2480296b80 (most recent call first):",
+             '  File "/x/autopar/calibrate/bench.py", line 266 in main', '  File "<frozen runpy>", line 88 in _run_code']
+    died = worker_error(fault + SIGNAL_REPORT.splitlines())
+    assert "Fatal Python error: Aborted" in died and "Connection closed by peer" in died
+    assert died.endswith('at File "/x/autopar/calibrate/bench.py", line 266 in main')
+
+
+# a stand-in for the torchrun job: one progress event, the raw file if asked, then an abort (SIGABRT)
+FAKE_WORKERS = """import json, os, sys
+from autopar.calibrate.bench import PROGRESS_PREFIX
+print(PROGRESS_PREFIX + json.dumps({"event": "step", "group": "lockstep", "label": "DTensor dispatch"}), flush=True)
+if sys.argv[2] == "write":
+    open(sys.argv[1], "w").write(json.dumps({"measured": 1}))
+os.abort()
+"""
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_a_worker_crash_after_the_last_measurement_keeps_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            written: bool) -> None:
+    import sys
+
+    import autopar.calibrate.run as run
+    from autopar.errors import AutoparError
+
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_WORKERS)
+    monkeypatch.setattr(run, "worker_command", lambda req, out: [sys.executable, str(script), str(out),
+                                                                  "write" if written else "no"])
+    events: list[dict] = []
+    req = run.check_request(tmp_path / "p.json", nproc=2, backend="gloo")
+    if written:  # every measurement was written before the crash: used, with a warning
+        assert run.run_workers(req, events.append) == {"measured": 1}
+        assert "exited with -6 while shutting down" in events[-1]["text"]
+        return
+    with pytest.raises(AutoparError) as err:
+        run.run_workers(req, events.append)
+    message = str(err.value)
+    assert "during lockstep DTensor dispatch" in message and "(exit -6)" in message
+    log = Path(message.rsplit("their output is in ", 1)[1])
+    assert "Fatal Python error: Aborted" in log.read_text()
+    log.unlink()

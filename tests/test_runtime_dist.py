@@ -28,7 +28,7 @@ _results: dict[int, dict] = {}
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)}
     env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL + DDP segfaults on gloo
     return env
 

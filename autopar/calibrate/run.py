@@ -111,9 +111,11 @@ def run_workers(req: Request, on_event: Callable[[dict], None] = lambda e: None)
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    env["PYTHONFAULTHANDLER"] = "1"  # a worker killed by a signal prints where it was
     root = str(Path(__file__).resolve().parents[2])  # the workers import this same autopar
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     lines: list[str] = []
+    stage = "start-up"
     with tempfile.TemporaryDirectory(prefix="autopar-calibrate-") as tmp:
         out = Path(tmp) / "raw.json"
         proc = subprocess.Popen(worker_command(req, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -122,7 +124,9 @@ def run_workers(req: Request, on_event: Callable[[dict], None] = lambda e: None)
         try:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_PREFIX):
-                    on_event(json.loads(line[len(PROGRESS_PREFIX):]))
+                    event = json.loads(line[len(PROGRESS_PREFIX):])
+                    stage = f"{event.get('group', '')} {event.get('label', '')}".strip() or stage
+                    on_event(event)
                 elif line.strip():
                     lines.append(line.rstrip())
             code = proc.wait(timeout=WORKER_TIMEOUT_S)
@@ -134,9 +138,23 @@ def run_workers(req: Request, on_event: Callable[[dict], None] = lambda e: None)
                 proc.kill()
                 proc.wait()
             raise
-        if code != 0 or not out.exists():
-            raise AutoparError(f"the benchmark workers failed (exit {code}): {worker_error(lines)[:300]}")
+        if code != 0 and out.exists():  # rank 0 writes it after the last (collective) measurement: every
+            # rank finished measuring; gloo rarely crashes while the workers tear down after that
+            on_event({"event": "warning", "text": f"the workers exited with {code} while shutting down, after "
+                      f"every measurement was written ({worker_error(lines)[:200]}); the measurements are used"})
+        elif code != 0 or not out.exists():
+            log = _keep_log(lines)
+            raise AutoparError(f"the benchmark workers failed (exit {code}) during {stage}: "
+                               f"{worker_error(lines)[:300]}; their output is in {log}")
         return json.loads(out.read_text())
+
+
+def _keep_log(lines: list[str]) -> str:
+    """The workers' whole output in a file that outlives the run (the error names it)."""
+    fd, path = tempfile.mkstemp(prefix="autopar-calibrate-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
 
 
 def worker_error(lines: list[str]) -> str:
@@ -146,11 +164,23 @@ def worker_error(lines: list[str]) -> str:
     root = next((i for i in range(end, len(lines)) if lines[i].startswith("Root Cause")), len(lines))
     cause = [re.sub(r"\s+", " ", t.strip()) for t in lines[root:] if re.match(r"\s*(rank|exitcode)\s*:", t)]
     if any(re.match(r"exitcode : -\d", t) for t in cause):
-        return "a worker died by a signal: " + "; ".join(cause[:2])
+        return "a worker died by a signal: " + "; ".join(cause[:2] + _fault(lines[:end]))
     mine = [t.strip() for t in lines[:end] if re.search(r"(Error|Exception)\b:|No module named", t)]
     if mine:
         return mine[-1]
     return "; ".join(cause[:2]) or (lines[end - 1].strip() if end else "no output")
+
+
+def _fault(lines: list[str]) -> list[str]:
+    """Python's fault handler report of a worker killed by a signal: the fatal error, the C++ exception
+    that aborted it if one was printed, and the innermost frame of the thread that died."""
+    fatal = next((i for i, t in enumerate(lines) if t.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return []
+    out = [lines[fatal].strip()]
+    out += [t.strip() for t in lines[:fatal] if "what():" in t][-1:]
+    frame = next((t.strip() for t in lines[fatal:] if t.strip().startswith("File ")), None)
+    return out + ([f"at {frame}"] if frame else [])
 
 
 def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -> dict[str, Any]:
@@ -191,5 +221,7 @@ class ProgressBar:
             for group, total in event["groups"].items():
                 if total:
                     self.tasks[group] = self.progress.add_task(GROUP_TITLES.get(group, group), total=total, label="")
+        elif event.get("event") == "warning":
+            self.progress.console.print(f"[yellow]warning:[/] {event['text']}")
         elif event.get("event") == "step" and event.get("group") in self.tasks:
             self.progress.update(self.tasks[event["group"]], advance=1, label=event.get("label", ""))

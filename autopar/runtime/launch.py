@@ -67,7 +67,7 @@ def launch(plan_path: str | Path, model: str | None = None, *, steps: int = 3, a
 def prepare(plan_path: str | Path, model: str | None = None, *, steps: int, as_json: bool, lr: float = 1e-3,
             env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """Check the plan against this node, then the torchrun command that runs it on this node and its
-    environment (OMP_NUM_THREADS 1 unless set: one thread per rank)."""
+    environment (OMP_NUM_THREADS 1 unless set: one thread per rank; Python's fault handler on)."""
     spec = RunSpec.from_file(plan_path)
     if model is not None and not Path(model).exists():
         raise AutoparError(f"model file not found: {model}")
@@ -79,6 +79,7 @@ def prepare(plan_path: str | Path, model: str | None = None, *, steps: int, as_j
     cmd = torchrun_command(plan_path, spec, model=model, steps=steps, as_json=as_json, lr=lr)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
+    run_env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank killed by a signal prints its Python stack
     return cmd, run_env
 
 
