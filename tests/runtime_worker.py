@@ -10,6 +10,8 @@ with single-process training of the same model on the whole global batch. Rank 0
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from autopar.runtime.mesh import build_meshes, init_distributed  # noqa: E402
-from autopar.runtime.parallelize import parallelize  # noqa: E402
+from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
 from autopar.runtime.spec import RunSpec  # noqa: E402
 from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
 
@@ -51,7 +53,7 @@ NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
          sp: bool = False, schedule: str = "1f1b", v: int = 1, cuts: list[int] | None = None,
          layer_tp: dict[str, int] | None = None, recompute: dict[str, str] | None = None,
-         offload: bool = False) -> dict:
+         offload: bool = False, dtype: str = "fp32") -> dict:
     """A plan dict as the solver emits it. ``cuts``: layers per chunk (default: as even as possible)."""
     source, overrides = MODELS[model]
     names = NAMES[model.split("_")[0]]
@@ -63,7 +65,7 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
     layers = [{"name": n, "stage": s, "tp": (layer_tp or {}).get(n, tp), "recompute": (recompute or {}).get(n, "none")}
               for n, s in zip(names, stages)]
     return {"world_size": tp * pp * dp,
-            "model": {"source": source, "overrides": overrides, "seq_len": SEQ, "dtype": "fp32"},
+            "model": {"source": source, "overrides": overrides, "seq_len": SEQ, "dtype": dtype},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
                             "schedule": schedule, "virtual_stages": v, "offload_activations": offload},
@@ -89,6 +91,13 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/zero3_dp2_ac"] = plan(model, dp=2, zero=3, recompute=mixed_ac)
             out[f"{model}/tp2_ac_offload"] = plan(model, tp=2, recompute=mixed_ac, offload=True)
             out[f"{model}/tp2_layer_tp1"] = plan(model, tp=2, layer_tp={blocks[1]: 1, blocks[2]: 1})
+            # mixed precision (fp32 master weights, bf16 compute) through each data-parallel engine
+            out[f"{model}/dp2_bf16"] = plan(model, dp=2, dtype="bf16")
+            if model == "llama":
+                out[f"{model}/tp2_sp_bf16"] = plan(model, tp=2, sp=True, dtype="bf16")
+            else:
+                out[f"{model}/zero3_dp2_bf16"] = plan(model, dp=2, zero=3, dtype="bf16")
+            out[f"{model}/pp2_1f1b_bf16"] = plan(untied, pp=2, m=4, mb=1, dtype="bf16")
         elif world == 4:
             out[f"{model}/tp2_dp2"] = plan(model, tp=2, dp=2)
             out[f"{model}/tp2_dp2_sp_zero3"] = plan(model, tp=2, dp=2, sp=True, zero=3)
@@ -115,15 +124,24 @@ def reference(loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str
     model = build_model(loaded, spec, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
+    dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for step in range(STEPS):
         batch = synthetic_batch(loaded, spec, step)
         opt.zero_grad(set_to_none=True)
-        loss = loaded.spec.loss_fn(model(*batch), *batch)
+        with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+            loss = loaded.spec.loss_fn(model(*batch), *batch)
         loss.backward()
         losses.append(loss.item())
         if step < STEPS - 1:
             opt.step()
     return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def cached_reference(cache: dict, loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
+    key = (json.dumps(dataclasses.asdict(spec.model), sort_keys=True), spec.global_batch)
+    if key not in cache:
+        cache[key] = reference(loaded, spec)
+    return cache[key]
 
 
 def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -132,12 +150,22 @@ def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple
     pm = parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn)
     opt = pm.build_optimizer(lambda params: torch.optim.SGD(params, lr=LR))
     losses = []
+    seen: set[str] = set()  # dtypes the linear layers compute in (first step)
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.add(str(out.dtype).removeprefix("torch.")))
+             for part in pm.parts.values() for m in part.modules() if isinstance(m, torch.nn.Linear)]
     for step in range(STEPS):
+        if step == 1:
+            for h in hooks:
+                h.remove()
         batch = tuple(t.to(device) for t in synthetic_batch(loaded, spec, step))
         opt.zero_grad(set_to_none=True)
         losses.append(pm.forward_backward(batch))
         if step < STEPS - 1:
             opt.step()
+    every: list = [None] * dist.get_world_size()  # a pipeline rank may hold no linear: all ranks' together
+    dist.all_gather_object(every, seen)
+    pm.dtypes = {"linear_outputs": sorted(set().union(*every)),
+                 "parameters": sorted({str(p.dtype).removeprefix("torch.") for p in pm.parameters()})}
     return losses, pm.full_gradients(), pm
 
 
@@ -198,15 +226,13 @@ def main() -> None:
             if name in CHECKPOINT_SHAPES:
                 ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
             if rank == 0:
-                ref_key = (key, spec.global_batch)
-                if ref_key not in ref_cache:
-                    ref_cache[ref_key] = reference(loaded, spec)
-                ref_losses, ref_grads = ref_cache[ref_key]
+                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec)
                 missing = sorted(set(ref_grads) - set(grads))
                 loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
                 grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
-                results[name] = {"loss_diff": loss_diff, "grad_diff": grad_diff, "losses": losses, "ckpt_diff": ckpt_diff,
-                                 "collectives": counts,
+                results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff, "losses": losses, "ckpt_diff": ckpt_diff,
+                                 "collectives": counts, "dtypes": pm.dtypes,
+                                 "grad_dtypes": sorted({str(g.dtype).removeprefix("torch.") for g in grads.values()}),
                                  "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
                 print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} "
                       f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",

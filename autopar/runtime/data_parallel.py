@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -27,17 +27,21 @@ from autopar.runtime.mesh import Meshes
 from autopar.runtime.spec import LayerRun
 
 
-def apply_fsdp(model: nn.Module, layers: list[LayerRun], meshes: Meshes, *, reshard_after_forward: bool) -> nn.Module:
+def apply_fsdp(model: nn.Module, layers: list[LayerRun], meshes: Meshes, *, reshard_after_forward: bool,
+               compute_dtype: torch.dtype | None = None) -> nn.Module:
     """fully_shard every layer unit on the dp mesh (one all-gather per layer), then the root for the rest.
     Units sharing a parameter (GPT's tied wte / lm_head) form one FSDP group. The last group is not
-    resharded after forward: its backward starts right away (torchtitan does the same)."""
+    resharded after forward: its backward starts right away (torchtitan does the same). ``compute_dtype``:
+    fp32 shards gathered in that dtype, gradients reduced in fp32 (mixed precision)."""
     dp_mesh = meshes.dp_mesh
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else \
+        MixedPrecisionPolicy()
     groups = _shared_parameter_groups(model, [unit for layer in layers for unit in layer.units])
     for i, group in enumerate(groups):
         modules = [model.get_submodule(unit) for unit in group]
-        fully_shard(modules if len(modules) > 1 else modules[0], mesh=dp_mesh,
+        fully_shard(modules if len(modules) > 1 else modules[0], mesh=dp_mesh, mp_policy=mp,
                     reshard_after_forward=reshard_after_forward and i < len(groups) - 1)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     return model
 
 

@@ -9,6 +9,12 @@ Order, and why it matters:
    TP collectives too;
 5. activation offload;
 6. data parallel (FSDP2 / DDP / gradient all-reduce) last — it shards or hooks the final parameters.
+
+Precision: a bf16 / fp16 plan keeps fp32 parameters (the master weights), fp32 gradients and fp32 Adam
+state, and computes in its dtype: ``torch.autocast`` around every forward (PyTorch's AMP, as torchtitan
+does without FSDP), and FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters) where
+ZeRO-2/3 shard. That is the 18 bytes per parameter of Megatron's bf16 recipe the cost model prices: 4 + 4
++ 8 held, plus the 2-byte compute copy of the weights. fp16 runs without loss scaling.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from autopar.runtime.spec import LayerRun, RunSpec
 from autopar.runtime.tp import apply_relayout, apply_tp
 
 LossFn = Callable[..., torch.Tensor]
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # mixed precision; fp32 plans: none
 _WRAPPER_SEGMENTS = ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 
 
@@ -87,7 +94,7 @@ class ParallelModel:
         m = self.spec.parallelism.num_microbatches
         losses: list[torch.Tensor] = []
         ctx = loss_parallel_context() if self.loss_parallel else contextlib.nullcontext()
-        with ctx:
+        with ctx, self.autocast():
             if self.schedule is not None:
                 self._pipeline_step(local, losses)
             else:
@@ -105,6 +112,11 @@ class ParallelModel:
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, self.spec.parallelism.dp)
         return self._global_loss(losses)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The plan's compute dtype around forward (fp32 master weights stay fp32)."""
+        dtype = COMPUTE_DTYPES.get(self.spec.model.dtype)
+        return torch.autocast(self.meshes.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
         if len(local) != 1:
@@ -198,7 +210,8 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
         if manual_sync:
             pairs += gradient_groups(part, layers, meshes)
         elif p.dp > 1:
-            parts[c] = _data_parallel(part, layers, meshes, zero=zero, ddp_ok=ddp_ok)
+            parts[c] = _data_parallel(part, layers, meshes, zero=zero, ddp_ok=ddp_ok,
+                                      compute_dtype=COMPUTE_DTYPES.get(spec.model.dtype))
     schedule, has_first, has_last = None, True, True
     if pipelined:
         schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn)
@@ -207,11 +220,12 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
                          grad_pairs=pairs if manual_sync else None)
 
 
-def _data_parallel(part: nn.Module, layers: list[LayerRun], meshes: Meshes, *, zero: int, ddp_ok: bool) -> nn.Module:
+def _data_parallel(part: nn.Module, layers: list[LayerRun], meshes: Meshes, *, zero: int, ddp_ok: bool,
+                   compute_dtype: torch.dtype | None) -> nn.Module:
     if zero == 3:
-        return apply_fsdp(part, layers, meshes, reshard_after_forward=True)
+        return apply_fsdp(part, layers, meshes, reshard_after_forward=True, compute_dtype=compute_dtype)
     if zero == 2 or (zero == 1 and not ddp_ok):  # ZeRO-1 with TP runs as ZeRO-2: same numbers, less memory
-        return apply_fsdp(part, layers, meshes, reshard_after_forward=False)
+        return apply_fsdp(part, layers, meshes, reshard_after_forward=False, compute_dtype=compute_dtype)
     return apply_ddp(part, meshes)  # ZeRO-0, or ZeRO-1's gradient all-reduce under ZeroRedundancyOptimizer
 
 

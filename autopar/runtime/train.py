@@ -18,9 +18,6 @@ from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_d
 from autopar.runtime.parallelize import ParallelModel, parallelize
 from autopar.runtime.spec import RunSpec
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 @dataclasses.dataclass
 class LoadedModel:
     """What every rank needs to build and train the plan's model."""
@@ -72,11 +69,12 @@ def check_model_matches(spec: RunSpec, layer_names: list[str]) -> None:
 
 
 def build_model(loaded: LoadedModel, spec: RunSpec, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
-    """The full model with seeded weights, identical on every rank (then ``parallelize`` shards it)."""
+    """The full model with seeded fp32 weights, identical on every rank (then ``parallelize`` shards it).
+    fp32 whatever the plan's dtype: a bf16 / fp16 plan trains with fp32 master weights and computes in its
+    dtype (``mixed_precision``), as Megatron's recipes the cost model prices do."""
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
-    dtype = TORCH_DTYPES[spec.model.dtype]
-    torch.set_default_dtype(dtype if dtype.is_floating_point else previous)
+    torch.set_default_dtype(torch.float32)
     try:
         with torch.device(device):
             model = loaded.spec.build()
