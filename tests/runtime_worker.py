@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 from autopar.runtime.mesh import build_meshes, init_distributed  # noqa: E402
 from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
@@ -79,7 +81,10 @@ def shapes(world: int) -> dict[str, dict]:
         untied = "gpt_untied" if model == "gpt" else model
         blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
         mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}
-        if world == 2:
+        if world == 1:  # one device: bf16 under FSDP2's mixed-precision policy on a 1-device mesh
+            out[f"{model}/single_bf16"] = plan(model, dtype="bf16")
+            out[f"{model}/single"] = plan(model)
+        elif world == 2:
             out[f"{model}/dp2"] = plan(model, dp=2)
             out[f"{model}/tp2"] = plan(model, tp=2)
             out[f"{model}/tp2_sp"] = plan(model, tp=2, sp=True)
@@ -119,8 +124,10 @@ def shapes(world: int) -> dict[str, dict]:
     return out
 
 
-def reference(loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Single-process training on the whole global batch: the numbers every plan must reproduce."""
+def reference(loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Single-process training on the whole global batch: the numbers every plan must reproduce. A bf16
+    plan keeps fp32 weights and computes in bf16: under autocast, or (``cast``: FSDP2's policy) with a bf16
+    copy of the weights whose gradients are taken back to fp32."""
     model = build_model(loaded, spec, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
@@ -128,6 +135,16 @@ def reference(loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str
     for step in range(STEPS):
         batch = synthetic_batch(loaded, spec, step)
         opt.zero_grad(set_to_none=True)
+        if dtype is not None and cast:
+            low = copy.deepcopy(model).to(dtype)
+            loss = loaded.spec.loss_fn(low(*batch), *batch)
+            loss.backward()
+            for p, q in zip(model.parameters(), low.parameters()):
+                p.grad = q.grad.float()
+            losses.append(loss.item())
+            if step < STEPS - 1:
+                opt.step()
+            continue
         with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
             loss = loaded.spec.loss_fn(model(*batch), *batch)
         loss.backward()
@@ -137,10 +154,10 @@ def reference(loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str
     return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def cached_reference(cache: dict, loaded: LoadedModel, spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor]]:
-    key = (json.dumps(dataclasses.asdict(spec.model), sort_keys=True), spec.global_batch)
+def cached_reference(cache: dict, loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[float], dict]:
+    key = (json.dumps(dataclasses.asdict(spec.model), sort_keys=True), spec.global_batch, cast)
     if key not in cache:
-        cache[key] = reference(loaded, spec)
+        cache[key] = reference(loaded, spec, cast)
     return cache[key]
 
 
@@ -226,7 +243,8 @@ def main() -> None:
             if name in CHECKPOINT_SHAPES:
                 ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
             if rank == 0:
-                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec)
+                cast = any(isinstance(part, FSDPModule) for part in pm.parts.values())
+                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast)
                 missing = sorted(set(ref_grads) - set(grads))
                 loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
                 grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)

@@ -21,7 +21,8 @@ from runtime_worker import COUNT_SHAPES, shapes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
-BF16_TOLERANCE = 2e-3  # bf16 compute on both sides; rounding differs with how the work is split (~5e-4 seen)
+# bf16 compute on both sides; its rounding (relative 3.9e-3) differs with how the work is split (up to 1.1e-3 seen)
+BF16_TOLERANCE = 5e-3
 JOB_TIMEOUT_S = 300
 pytestmark = pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")
 
@@ -48,7 +49,7 @@ def _run_world(world: int, tmp: Path) -> dict:
     return _results[world]
 
 
-CASES = [(world, name) for world in (2, 4, 8) for name in shapes(world)]
+CASES = [(world, name) for world in (1, 2, 4, 8) for name in shapes(world)]
 
 
 @pytest.mark.parametrize("world,shape", CASES, ids=[f"w{w}-{n}" for w, n in CASES])

@@ -11,10 +11,14 @@ Order, and why it matters:
 6. data parallel (FSDP2 / DDP / gradient all-reduce) last — it shards or hooks the final parameters.
 
 Precision: a bf16 / fp16 plan keeps fp32 parameters (the master weights), fp32 gradients and fp32 Adam
-state, and computes in its dtype: ``torch.autocast`` around every forward (PyTorch's AMP, as torchtitan
-does without FSDP), and FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters) where
-ZeRO-2/3 shard. That is the 18 bytes per parameter of Megatron's bf16 recipe the cost model prices: 4 + 4
-+ 8 held, plus the 2-byte compute copy of the weights. fp16 runs without loss scaling.
+state, and computes in its dtype: FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters)
+where ZeRO-2/3 shard and on a single device (a 1-device mesh), else ``torch.autocast`` around every forward
+(PyTorch's AMP, as torchtitan does without FSDP). That is the 18 bytes per parameter of Megatron's bf16 recipe the cost model prices: 4 + 4
++ 8 held, plus the 2-byte compute copy of the weights. fp16 runs without loss scaling. Not priced:
+autocast's activations are larger than a bf16 model's (the residual stream and norms stay fp32, each
+linear saves its own bf16 copy of a shared input): 1.7x (Llama) and 1.9x (GPT) the saved bytes of a
+pure-bf16 forward, measured on a CPU; under FSDP2's policy the compute runs in bf16 throughout, as the
+cost model counts.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 
@@ -114,9 +119,12 @@ class ParallelModel:
         return self._global_loss(losses)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The plan's compute dtype around forward (fp32 master weights stay fp32)."""
+        """The plan's compute dtype around forward (fp32 master weights stay fp32); none where FSDP2's
+        mixed-precision policy already computes in it (autocast would put norms back in fp32)."""
         dtype = COMPUTE_DTYPES.get(self.spec.model.dtype)
-        return torch.autocast(self.meshes.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        if dtype is None or any(isinstance(part, FSDPModule) for part in self.parts.values()):
+            return contextlib.nullcontext()
+        return torch.autocast(self.meshes.device.type, dtype=dtype)
 
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
         if len(local) != 1:
@@ -188,6 +196,7 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and head_tp > 1 and not pipelined
     zero = p.zero_stage
+    compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     ddp_ok = not uses_tp  # DDP and ZeroRedundancyOptimizer take plain tensors only
     # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
     # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
@@ -210,8 +219,10 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
         if manual_sync:
             pairs += gradient_groups(part, layers, meshes)
         elif p.dp > 1:
-            parts[c] = _data_parallel(part, layers, meshes, zero=zero, ddp_ok=ddp_ok,
-                                      compute_dtype=COMPUTE_DTYPES.get(spec.model.dtype))
+            parts[c] = _data_parallel(part, layers, meshes, zero=zero, ddp_ok=ddp_ok, compute_dtype=compute_dtype)
+        elif compute_dtype is not None and spec.world_size == 1:  # one device: FSDP2's policy on a 1-device
+            # mesh computes in bf16 throughout (the activations the cost model counts), fp32 master weights
+            parts[c] = apply_fsdp(part, layers, meshes, reshard_after_forward=False, compute_dtype=compute_dtype)
     schedule, has_first, has_last = None, True, True
     if pipelined:
         schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn)
