@@ -109,6 +109,9 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/pp2_tp2"] = plan(untied, pp=2, tp=2, m=2)
             out[f"{model}/pp2_dp2"] = plan(untied, pp=2, dp=2, m=2, mb=1)
             out[f"{model}/pp2_dp2_zero1"] = plan(untied, pp=2, dp=2, m=2, mb=1, zero=1)
+            # mixed precision with FSDP2 over TP (2-D) and with ZeroRedundancyOptimizer under pipelining
+            out[f"{model}/tp2_dp2_sp_zero3_bf16"] = plan(model, tp=2, dp=2, sp=True, zero=3, dtype="bf16")
+            out[f"{model}/pp2_dp2_zero1_bf16"] = plan(untied, pp=2, dp=2, m=2, mb=1, zero=1, dtype="bf16")
             out[f"{model}/pp4_uneven"] = plan(untied, pp=4, m=4, mb=1, cuts=[1, 3, 1, len(NAMES[model]) - 5])
             out[f"{model}/tp4_layer_tp"] = plan(model, tp=4 if model == "gpt" else 2, dp=1 if model == "gpt" else 2,
                                                 mb=4 if model == "gpt" else 2, layer_tp={blocks[0]: 2, blocks[1]: 1})
@@ -248,7 +251,8 @@ def main() -> None:
                 missing = sorted(set(ref_grads) - set(grads))
                 loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
                 grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
-                results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff, "losses": losses, "ckpt_diff": ckpt_diff,
+                results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff,
+                                 "losses": losses, "ckpt_diff": ckpt_diff,
                                  "collectives": counts, "dtypes": pm.dtypes,
                                  "grad_dtypes": sorted({str(g.dtype).removeprefix("torch.") for g in grads.values()}),
                                  "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}

@@ -13,8 +13,9 @@ Order, and why it matters:
 Precision: a bf16 / fp16 plan keeps fp32 parameters (the master weights), fp32 gradients and fp32 Adam
 state, and computes in its dtype: FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters)
 where ZeRO-2/3 shard and on a single device (a 1-device mesh), else ``torch.autocast`` around every forward
-(PyTorch's AMP, as torchtitan does without FSDP). That is the 18 bytes per parameter of Megatron's bf16 recipe the cost model prices: 4 + 4
-+ 8 held, plus the 2-byte compute copy of the weights. fp16 runs without loss scaling. Not priced:
+(PyTorch's AMP, as torchtitan does without FSDP). That is the 18 bytes per parameter of Megatron's bf16
+recipe the cost model prices: 4 + 4 + 8 held, plus the 2-byte compute copy of the weights. fp16 runs
+without loss scaling. Not priced:
 autocast's activations are larger than a bf16 model's (the residual stream and norms stay fp32, each
 linear saves its own bf16 copy of a shared input): 1.7x (Llama) and 1.9x (GPT) the saved bytes of a
 pure-bf16 forward, measured on a CPU; under FSDP2's policy the compute runs in bf16 throughout, as the

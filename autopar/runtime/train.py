@@ -71,7 +71,7 @@ def check_model_matches(spec: RunSpec, layer_names: list[str]) -> None:
 def build_model(loaded: LoadedModel, spec: RunSpec, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
     """The full model with seeded fp32 weights, identical on every rank (then ``parallelize`` shards it).
     fp32 whatever the plan's dtype: a bf16 / fp16 plan trains with fp32 master weights and computes in its
-    dtype (``mixed_precision``), as Megatron's recipes the cost model prices do."""
+    dtype (see ``autopar.runtime.parallelize``), as Megatron's recipes the cost model prices do."""
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
