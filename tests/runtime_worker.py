@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
-from autopar.runtime.mesh import build_meshes, init_distributed  # noqa: E402
+from autopar.runtime.mesh import build_meshes, finish, init_distributed  # noqa: E402
 from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
 from autopar.runtime.spec import RunSpec  # noqa: E402
 from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
@@ -272,3 +272,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish(0)

@@ -92,6 +92,14 @@ def test_tensor_parallel_collectives_are_those_the_cost_model_prices(shape: str,
         assert counts["all_gather"] == counts["reduce_scatter"], counts
 
 
+def _why(stderr: str) -> str:
+    """A failed job's stderr: the fault handler's report of a rank killed by a signal (where it died),
+    then the tail."""
+    fatal = stderr.find("Fatal Python error")
+    head = stderr[max(0, fatal - 300):fatal + 1200] + "\n...\n" if fatal >= 0 else ""
+    return head + stderr[-2000:]
+
+
 def _plan_file(tmp_path: Path, **kwargs) -> Path:
     from runtime_worker import plan
 
@@ -104,7 +112,7 @@ def test_launch_cli_trains_and_reports_json(tmp_path: Path) -> None:
     path = _plan_file(tmp_path, model="llama", tp=2, sp=True)
     proc = subprocess.run([sys.executable, "-m", "autopar.cli", "launch", str(path), "--steps", "3", "--json"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["world_size"] == 2 and [s["step"] for s in report["steps"]] == [1, 2, 3]
     assert all(s["loss"] > 0 and s["step_time_s"] > 0 for s in report["steps"])

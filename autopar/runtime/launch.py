@@ -138,4 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from autopar.runtime.mesh import finish
+
+    finish(main())
