@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 from autopar.runtime.mesh import build_meshes, finish, init_distributed  # noqa: E402
 from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
@@ -144,13 +143,10 @@ def reference(loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[floa
             loss.backward()
             for p, q in zip(model.parameters(), low.parameters()):
                 p.grad = q.grad.float()
-            losses.append(loss.item())
-            if step < STEPS - 1:
-                opt.step()
-            continue
-        with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
-            loss = loaded.spec.loss_fn(model(*batch), *batch)
-        loss.backward()
+        else:
+            with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+                loss = loaded.spec.loss_fn(model(*batch), *batch)
+            loss.backward()
         losses.append(loss.item())
         if step < STEPS - 1:
             opt.step()
@@ -158,10 +154,15 @@ def reference(loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[floa
 
 
 def cached_reference(cache: dict, loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[float], dict]:
+    cast = cast and spec.model.dtype in COMPUTE_DTYPES  # an fp32 plan has one reference, FSDP or not
     key = (json.dumps(dataclasses.asdict(spec.model), sort_keys=True), spec.global_batch, cast)
     if key not in cache:
         cache[key] = reference(loaded, spec, cast)
     return cache[key]
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -171,7 +172,7 @@ def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple
     opt = pm.build_optimizer(lambda params: torch.optim.SGD(params, lr=LR))
     losses = []
     seen: set[str] = set()  # dtypes the linear layers compute in (first step)
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.add(str(out.dtype).removeprefix("torch.")))
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.add(dtype_name(out)))
              for part in pm.parts.values() for m in part.modules() if isinstance(m, torch.nn.Linear)]
     for step in range(STEPS):
         if step == 1:
@@ -185,7 +186,7 @@ def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple
     every: list = [None] * dist.get_world_size()  # a pipeline rank may hold no linear: all ranks' together
     dist.all_gather_object(every, seen)
     pm.dtypes = {"linear_outputs": sorted(set().union(*every)),
-                 "parameters": sorted({str(p.dtype).removeprefix("torch.") for p in pm.parameters()})}
+                 "parameters": sorted({dtype_name(p) for p in pm.parameters()})}
     return losses, pm.full_gradients(), pm
 
 
@@ -246,15 +247,14 @@ def main() -> None:
             if name in CHECKPOINT_SHAPES:
                 ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
             if rank == 0:
-                cast = any(isinstance(part, FSDPModule) for part in pm.parts.values())
-                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast)
+                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
                 missing = sorted(set(ref_grads) - set(grads))
                 loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
                 grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
                 results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff,
                                  "losses": losses, "ckpt_diff": ckpt_diff,
                                  "collectives": counts, "dtypes": pm.dtypes,
-                                 "grad_dtypes": sorted({str(g.dtype).removeprefix("torch.") for g in grads.values()}),
+                                 "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
                                  "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
                 print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} "
                       f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",

@@ -119,11 +119,16 @@ class ParallelModel:
             sync_gradients(self.grad_pairs, self.spec.parallelism.dp)
         return self._global_loss(losses)
 
+    @property
+    def fsdp(self) -> bool:
+        """Are the parts under FSDP2 (which casts to the compute dtype itself)?"""
+        return any(isinstance(part, FSDPModule) for part in self.parts.values())
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """The plan's compute dtype around forward (fp32 master weights stay fp32); none where FSDP2's
         mixed-precision policy already computes in it (autocast would put norms back in fp32)."""
         dtype = COMPUTE_DTYPES.get(self.spec.model.dtype)
-        if dtype is None or any(isinstance(part, FSDPModule) for part in self.parts.values()):
+        if dtype is None or self.fsdp:
             return contextlib.nullcontext()
         return torch.autocast(self.meshes.device.type, dtype=dtype)
 
