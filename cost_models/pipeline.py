@@ -12,7 +12,9 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,18 @@ def pipeline_time(device_times: Sequence[float], *, num_microbatches: int, sched
     one micro-batch (all its chunks, communication included)."""
     if not device_times:
         raise ValueError("a pipeline needs at least one stage")
-    m = num_microbatches
     slowest = max(device_times)
     v = virtual_stages if schedule == "interleaved" else 1
-    steady = m * slowest
-    bubble = (sum(device_times) - slowest) / v
-    return PipelineTime(total_s=steady + bubble, steady_s=steady, bubble_s=bubble)
+    total = pipeline_total(slowest, sum(device_times), num_microbatches, v)
+    steady = num_microbatches * slowest
+    return PipelineTime(total_s=total, steady_s=steady, bubble_s=total - steady)
+
+
+def pipeline_total(t_max: T, t_sum: T, m: int, v: int) -> T:
+    """m·max_d t_d + (Σ_d t_d − max_d t_d)/v: the pipelined part of a step (module docstring), over any
+    algebra (floats here, CP-SAT expressions in the solver, lower bounds in the search: it grows with
+    both arguments whenever m ≥ 1/v)."""
+    return t_max * m + (t_sum - t_max) * (1.0 / v)
 
 
 def ideal_bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:

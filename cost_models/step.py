@@ -1,12 +1,8 @@
-"""One training step: per-layer costs → per-device times and memory → pipeline → step time.
+"""One training step: per-layer costs → the step composition (composition.py) → a StepEstimate.
 
-The composition (DESIGN.md, "The model of a training step"):
-  device time per micro-batch  t_d = compute + TP collectives + pipeline p2p + exposed offload / ZeRO-3
-                               (TP and ZeRO-3 collectives with their lock-step costs: lockstep.py)
-  pipelined part               pipeline.pipeline_time(t, m, schedule, v)
-  tail                         gradient sync not hidden behind the last backward (the last bucket never
-                               is), then the optimizer
-  step                         pipelined part + the latest device's tail
+CostModel computes each layer's costs (compute, tensor-parallel and data-parallel communication, ZeRO,
+a tied copy's sync, memory) and hands them to ``composition.compose``, where the step is written once
+for both the cost model (evaluated here on floats) and the solver (autopar/search/cpsat.py).
 Per-layer costs depend only on (block_id, micro-batch, tp, SP, recompute) and are cached, so the many
 identical blocks of a deep model are costed once (the solver calls ``CostModel.evaluate`` a lot).
 Recomputation applies to layers of kind "block" (Megatron checkpoints transformer layers, never the
@@ -18,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from cost_models import comm, lockstep
+from cost_models.algebra import FloatAlgebra
+from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, compose, device_chunks, device_cuts,
+                                     layer_largest, layer_row)
 from cost_models.compute import layer_compute, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.hardware import HardwareProfile
@@ -26,36 +25,6 @@ from cost_models.memory import (StageMemory, kept_activation_bytes, microbatches
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import PipelineTime, pipeline_time
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    """One layer, one micro-batch, one GPU."""
-
-    fwd_s: float
-    bwd_s: float
-    tp_fwd_s: float
-    tp_bwd_s: float
-    executed_flops: float      # whole layer (all tp ranks), incl. recomputation
-    model_flops: float         # whole layer, 3 × forward
-    kept_bytes: float
-    remat_bytes: float
-    params_per_gpu: float
-    tied_params_per_gpu: float
-    # Per step, this layer's share of the data-parallel and optimizer work (own params, then a tied copy):
-    # linear in parameters, so a device's totals are sums over its layers.
-    state_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)        # params, grads, optimizer on one GPU
-    state_tied_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    dp_overlappable_s: float = 0.0
-    dp_exposed_s: float = 0.0
-    optimizer_s: float = 0.0
-    tied_dp_overlappable_s: float = 0.0
-    tied_dp_exposed_s: float = 0.0
-    tied_optimizer_s: float = 0.0
-    zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
-    zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
-    zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
-    tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
 
 
 @dataclass(frozen=True)
@@ -216,6 +185,7 @@ class CostModel:
             z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
             out.append(replace(
                 c, zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, tied_sync_s=tied,
+                gather_buffer_bytes=2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0,
                 state_bytes=model_state_bytes(own, precision, dp=dp_l, zero_stage=cfg.zero_stage),
                 state_tied_bytes=model_state_bytes(copy, precision, dp=dp_l, zero_stage=cfg.zero_stage),
                 dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
@@ -265,109 +235,83 @@ class CostModel:
                    comm.intra_node_link(hw))
         return tp_link, dp_link, pp_link
 
-    # -- one step --------------------------------------------------------------------------------
+    def step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
+        """The composition's constants for ``cfg`` on this hardware."""
+        hw = self.hw
+        in_flight = [microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches,
+                                            schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
+                     for d in range(cfg.pp)]
+        if cfg.offload_activations:
+            in_flight = [offload_resident(n) for n in in_flight]
+        return StepShape(
+            pp=cfg.pp, v=cfg.virtual_stages, m=cfg.num_microbatches, in_flight=tuple(in_flight),
+            dp_overlap=cfg.dp_overlap * hw.comm_overlap,
+            zero3_overlap=cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
+            last_bucket_s=self.last_bucket_s(cfg, precision, dp_link),
+            host_s_per_byte=1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None,
+            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes)
+
+    def device_leaves(self, d: int, cfg: ParallelConfig, ranges: list[range], costs: list[LayerCost],
+                      tp_link: comm.Link, pp_link: comm.Link) -> dict[str, float]:
+        """Device d's leaves of the composition: its layers' rows summed, the largest, its transfers."""
+        layer_ids = [i for c in device_chunks(d, cfg.pp, cfg.chunks) for i in ranges[c]]
+        leaves = dict.fromkeys(SUMMED, 0.0) | dict.fromkeys(LARGEST, 0.0)
+        for i in layer_ids:
+            for name, value in layer_row(costs[i], copy=d > 0).items():
+                leaves[name] += value
+            for name, value in layer_largest(costs[i]).items():
+                leaves[name] = max(leaves[name], value)
+        leaves["p2p"] = sum(self.boundary_time(ranges[c - 1][-1], cfg, tp_link, pp_link)
+                            for c in device_cuts(d, cfg.pp, cfg.chunks))
+        return leaves
+
     def evaluate(self, cfg: ParallelConfig) -> StepEstimate:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
         hw, model = self.hw, self.model
         precision = cfg.precision or default_precision(model.dtype)
-        m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
         tp_link, dp_link, pp_link = self.links(cfg)
-        counts = cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks)
-        ranges = chunk_ranges(counts)
+        ranges = chunk_ranges(cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks))
         costs = self.layer_costs(cfg, tp_link, dp_link, pp_link, precision)
-
-        last_bucket = self.last_bucket_s(cfg, precision, dp_link)
-        devices = []
-        for d in range(pp):
-            chunk_ids = [c for c in range(cfg.chunks) if c % pp == d]
-            devices.append(self._device(d, chunk_ids, ranges, costs, cfg, precision, tp_link, pp_link, last_bucket))
-        times = [dev.time_per_microbatch_s for dev in devices]
-        pipe = pipeline_time(times, num_microbatches=m, schedule=cfg.schedule, virtual_stages=v)
-
-        # Tail: device d's last backward ends Σ_{k<d} bwd_k before device 0's (1F1B cool-down).
-        slack, ends = 0.0, []
-        for dev in devices:
-            ends.append(dev.dp_comm_tail_s + dev.optimizer_s - slack)
-            slack += dev.bwd_s
-        last = max(range(pp), key=lambda d: ends[d])
-        tail = max(0.0, ends[last])
-        optimizer = min(tail, devices[last].optimizer_s)
-        slow = devices[max(range(pp), key=lambda d: times[d])]
-        breakdown = {
-            "compute": m * slow.compute_s,
-            "tp_comm": m * slow.tp_comm_s,
-            "pp_comm": m * slow.pp_comm_s,
-            "offload": m * slow.offload_s,
-            "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),
-            "bubble": pipe.bubble_s,
-            "optimizer": optimizer,
-        }
-        executed = cfg.dp * m * sum(c.executed_flops for c in costs)
-        model_flops = cfg.dp * m * sum(c.model_flops for c in costs)
-        return StepEstimate(config=cfg, hardware=hw.name, precision=precision,
-                            step_time_s=pipe.total_s + tail, breakdown_s=breakdown, pipeline=pipe,
-                            devices=tuple(devices), executed_flops=executed, model_flops=model_flops,
+        shape = self.step_shape(cfg, precision, dp_link)
+        leaves = [self.device_leaves(d, cfg, ranges, costs, tp_link, pp_link) for d in range(cfg.pp)]
+        step = compose(FloatAlgebra(), leaves, shape)
+        devices = tuple(_device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
+                        for d in range(cfg.pp))
+        pipe = pipeline_time([dev.time_per_microbatch_s for dev in devices], num_microbatches=cfg.num_microbatches,
+                             schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
+        executed = cfg.dp * cfg.num_microbatches * sum(c.executed_flops for c in costs)
+        model_flops = cfg.dp * cfg.num_microbatches * sum(c.model_flops for c in costs)
+        return StepEstimate(config=cfg, hardware=hw.name, precision=precision, step_time_s=step["step"],
+                            breakdown_s=_breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
+                            devices=devices, executed_flops=executed, model_flops=model_flops,
                             tokens_per_step=cfg.global_batch * model.seq_len,
                             peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes)
 
-    def _device(self, d: int, chunk_ids: list[int], ranges: list[range], costs: list[LayerCost],
-                cfg: ParallelConfig, precision: Precision, tp_link: comm.Link, pp_link: comm.Link,
-                last_bucket: float) -> DeviceEstimate:
-        hw = self.hw
-        layer_ids = [i for c in chunk_ids for i in ranges[c]]
-        mine = [costs[i] for i in layer_ids]
-        fwd = sum(c.fwd_s for c in mine)
-        bwd = sum(c.bwd_s for c in mine)
-        tp_comm = sum(c.tp_fwd_s + c.tp_bwd_s for c in mine)
 
-        # Point-to-point: activations out of each chunk but the last, gradients out of each but the first.
-        # Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then all-gathers
-        # it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split.
-        p2p = 0.0
-        for c in chunk_ids:
-            for boundary in ([ranges[c][-1]] if c < cfg.chunks - 1 else []) + \
-                            ([ranges[c - 1][-1]] if c > 0 else []):
-                p2p += self.boundary_time(boundary, cfg, tp_link, pp_link)
+def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[str, float], terms: dict[str, float],
+                     shape: StepShape) -> DeviceEstimate:
+    memory = StageMemory(params=q["state_params"], grads=q["state_grads"], optimizer=q["state_optimizer"],
+                         activations=terms["activations"], buffers=q["gather_buffer"], reserve=shape.reserve_bytes)
+    return DeviceEstimate(
+        stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
+        fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], pp_comm_s=q["p2p"],
+        offload_s=terms["offload"], zero3_comm_s=terms["zero3"], time_per_microbatch_s=terms["time"],
+        dp_comm_tail_s=terms["dp_tail"], optimizer_s=q["optimizer"], params_per_gpu=q["params"],
+        microbatches_in_flight=shape.in_flight[d], memory=memory)
 
-        copy = d > 0  # a tied weight used on a later stage than its owner is a copy there (Megatron keeps
-        # the word embeddings on the first and last stage and all-reduces their gradients)
-        params = sum(c.params_per_gpu + (c.tied_params_per_gpu if copy else 0.0) for c in mine)
-        p_bytes, g_bytes, o_bytes = (sum(c.state_bytes[k] + (c.state_tied_bytes[k] if copy else 0.0) for c in mine)
-                                     for k in range(3))
-        overlappable = sum(c.dp_overlappable_s + (c.tied_dp_overlappable_s if copy else 0.0) for c in mine)
-        exposed = sum(c.dp_exposed_s + (c.tied_dp_exposed_s if copy else 0.0) for c in mine)
-        tied_sync = sum(c.tied_sync_s for c in mine) if copy else 0.0
-        last = min(overlappable, last_bucket)  # the last bucket is ready only when backward ends
-        dp_tail = max(0.0, overlappable - last - cfg.dp_overlap * hw.comm_overlap * bwd / max(1, len(chunk_ids))) + \
-            last + exposed + tied_sync
-        compute = fwd + bwd
-        zero3_traffic = sum(c.zero3_s + (c.zero3_tied_s if d > 0 else 0.0) for c in mine)
-        zero3 = max(0.0, zero3_traffic - cfg.zero3_overlap * hw.zero3_overlap * compute) + \
-            sum(c.zero3_sync_s for c in mine)
 
-        # Activations: kept bytes × micro-batches in flight, plus one layer rematerialised in backward.
-        kept = sum(c.kept_bytes for c in mine)
-        in_flight = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches,
-                                           schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
-        offload = 0.0
-        if cfg.offload_activations:
-            transfer = kept / hw.host_link_bytes_per_s  # out during forward, back during backward
-            offload = max(0.0, transfer - fwd) + max(0.0, transfer - bwd)
-            in_flight = offload_resident(in_flight)
-        activations = in_flight * kept + max((c.remat_bytes for c in mine), default=0.0)
-        largest = max((c.params_per_gpu for c in mine), default=0.0)
-        buffers = 2 * largest * precision.param_bytes if cfg.zero_stage == 3 else 0.0
-        memory = StageMemory(params=p_bytes, grads=g_bytes, optimizer=o_bytes, activations=activations,
-                             buffers=buffers, reserve=hw.memory_reserve_bytes)
-
-        optimizer = sum(c.optimizer_s + (c.tied_optimizer_s if copy else 0.0) for c in mine)
-        ranges_d = tuple((ranges[c].start, ranges[c].stop) for c in chunk_ids)
-        return DeviceEstimate(stage=d, layers=ranges_d, fwd_s=fwd, bwd_s=bwd, compute_s=compute,
-                              tp_comm_s=tp_comm, pp_comm_s=p2p, offload_s=offload, zero3_comm_s=zero3,
-                              time_per_microbatch_s=compute + tp_comm + p2p + offload + zero3,
-                              dp_comm_tail_s=dp_tail, optimizer_s=optimizer, params_per_gpu=params,
-                              microbatches_in_flight=in_flight, memory=memory)
+def _breakdown(devices: tuple[DeviceEstimate, ...], step: dict, pipe: PipelineTime, m: int) -> dict[str, float]:
+    """Where the step's time goes: the slowest device's per-micro-batch parts × m, the bubble, and the tail
+    of the device that finishes last, split into its optimizer step and the gradient sync before it."""
+    slow = max(devices, key=lambda dev: dev.time_per_microbatch_s)
+    ends = step["ends"]
+    last = max(range(len(devices)), key=lambda d: ends[d])
+    tail = step["tail"]
+    optimizer = min(tail, devices[last].optimizer_s)
+    return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "pp_comm": m * slow.pp_comm_s,
+            "offload": m * slow.offload_s, "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),
+            "bubble": pipe.bubble_s, "optimizer": optimizer}
 
 
 def evaluate(model: ModelLike, cfg: ParallelConfig, hw: HardwareProfile) -> StepEstimate:

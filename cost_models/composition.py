@@ -1,0 +1,208 @@
+"""The composition of one training step, written once over an Algebra (algebra.py).
+
+The cost model evaluates it on floats (step.py); the solver builds its CP-SAT model from the very same
+calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model term by term" holds by
+construction. Every term of the step is defined here and nowhere else:
+
+  leaves (per device, summed over its layers: ``layer_row``; or the largest: ``LARGEST``)
+      fwd, bwd, tp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer;
+      p2p (per pipeline cut the device sends across)
+  device d, per micro-batch
+      T_d      = fwd + bwd + tp + p2p + offload + zero3
+      offload  = max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
+      zero3    = max(0, z3 − overlap₃·(fwd + bwd)) + z3_sync        (lockstep sync never hides)
+  device d, per step
+      dp_tail  = max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,  last = min(dpo, one bucket)
+      end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier)
+      memory_d = state + in_flight_d·kept + remat + gather_buffer + reserve ≤ capacity
+  step
+      pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
+      tail     = max(0, max_d end_d)
+      step     = pipeline + tail
+
+Sources of each term: pipeline.py (schedules), comm.py (collectives, data parallelism, ZeRO), memory.py
+(model states, activations in flight, offload), lockstep.py (sync and dispatch costs), step.py (how a
+layer's costs are computed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cost_models.algebra import Algebra
+from cost_models.pipeline import pipeline_total
+
+TIME, SIZE = "s", "B"
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one GPU (what step.CostModel computes for each layer)."""
+
+    fwd_s: float
+    bwd_s: float
+    tp_fwd_s: float
+    tp_bwd_s: float
+    executed_flops: float      # whole layer (all tp ranks), incl. recomputation
+    model_flops: float         # whole layer, 3 × forward
+    kept_bytes: float
+    remat_bytes: float
+    params_per_gpu: float
+    tied_params_per_gpu: float
+    # Per step, this layer's share of the data-parallel and optimizer work (own params, then a tied copy):
+    # linear in parameters, so a device's totals are sums over its layers.
+    state_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)        # params, grads, optimizer on one GPU
+    state_tied_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    dp_overlappable_s: float = 0.0
+    dp_exposed_s: float = 0.0
+    optimizer_s: float = 0.0
+    tied_dp_overlappable_s: float = 0.0
+    tied_dp_exposed_s: float = 0.0
+    tied_optimizer_s: float = 0.0
+    zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
+    zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
+    zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
+    tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
+    gather_buffer_bytes: float = 0.0  # ZeRO-3: this layer's gathered parameters, running and prefetched
+
+
+# The leaves a device sums over its layers, with their unit.
+SUMMED: dict[str, str] = {
+    "fwd": TIME, "bwd": TIME, "tp": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
+    "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
+    "tied_sync": TIME,
+}
+# The leaves that are the largest over a device's layers: the one layer rematerialised at a time in
+# backward (memory.remat_peak_bytes), the ZeRO-3 gather buffers sized by the largest layer.
+LARGEST: dict[str, str] = {"remat": SIZE, "gather_buffer": SIZE}
+
+
+# The unit of every named term of a step (named_terms): leaves, device terms, step terms.
+TERM_UNITS: dict[str, str] = {**{k: u for k, u in SUMMED.items() if u}, **LARGEST, "p2p": TIME, "time": TIME,
+                              "offload": TIME, "zero3": TIME, "dp_tail": TIME, "memory": SIZE, "pipeline": TIME,
+                              "tail": TIME, "step": TIME}
+DEVICE_TERMS = ("time", "offload", "zero3", "dp_tail", "memory")
+
+
+def layer_row(c: LayerCost, copy: bool) -> dict[str, float]:
+    """What one layer adds to each summed leaf of the device holding it. ``copy``: the device holds a
+    copy of the layer's tied weights (it is not the first pipeline stage: Megatron keeps the word
+    embeddings on the first and last stage and all-reduces their gradients between them)."""
+    k = 1.0 if copy else 0.0
+    return {
+        "fwd": c.fwd_s, "bwd": c.bwd_s, "tp": c.tp_fwd_s + c.tp_bwd_s, "kept": c.kept_bytes,
+        "params": c.params_per_gpu + k * c.tied_params_per_gpu,
+        "state_params": c.state_bytes[0] + k * c.state_tied_bytes[0],
+        "state_grads": c.state_bytes[1] + k * c.state_tied_bytes[1],
+        "state_optimizer": c.state_bytes[2] + k * c.state_tied_bytes[2],
+        "dpo": c.dp_overlappable_s + k * c.tied_dp_overlappable_s,
+        "dpe": c.dp_exposed_s + k * c.tied_dp_exposed_s,
+        "optimizer": c.optimizer_s + k * c.tied_optimizer_s,
+        "z3": c.zero3_s + k * c.zero3_tied_s, "z3_sync": c.zero3_sync_s, "tied_sync": k * c.tied_sync_s,
+    }
+
+
+def device_chunks(d: int, pp: int, chunks: int) -> list[int]:
+    """Model chunks of pipeline device d: chunk c runs on device c mod pp (Megatron's interleaved order)."""
+    return [c for c in range(chunks) if c % pp == d]
+
+
+def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
+    """The pipeline cuts device d sends across per micro-batch, by index (cut c lies between chunk c − 1
+    and chunk c): activations out of each of its chunks but the last chunk of the model, gradients out of
+    each but the first."""
+    cuts = []
+    for c in device_chunks(d, pp, chunks):
+        cuts += ([c + 1] if c < chunks - 1 else []) + ([c] if c > 0 else [])
+    return cuts
+
+
+def layer_largest(c: LayerCost) -> dict[str, float]:
+    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The constants of one configuration on one machine that the composition reads."""
+
+    pp: int
+    v: int                                # model chunks per device (interleaved), else 1
+    m: int                                # micro-batches per step
+    in_flight: tuple[float, ...]          # per device: micro-batches of activations alive at its peak
+    dp_overlap: float                     # share of a device's backward the gradient sync can hide behind
+    zero3_overlap: float | None           # share of compute ZeRO-3 traffic can hide behind; None: no ZeRO-3
+    last_bucket_s: float                  # one gradient bucket's sync (0: nothing to sync per step)
+    host_s_per_byte: float | None         # activation offload over the host link; None: no offload
+    capacity_bytes: float
+    reserve_bytes: float
+
+
+def memory(A: Algebra, q: Mapping[str, Any], in_flight: float, reserve: float) -> dict[str, Any]:
+    """Bytes on one GPU of a stage at its peak (memory.py): model state, activations of the micro-batches
+    in flight plus one layer rematerialised, ZeRO-3 gather buffers, the reserve."""
+    activations = q["kept"] * in_flight + q["remat"]
+    total = q["state_params"] + q["state_grads"] + q["state_optimizer"] + activations + q["gather_buffer"] + \
+        A.size(reserve)
+    return {"activations": activations, "memory": total}
+
+
+def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> dict[str, Any]:
+    """Device d's time per micro-batch and its parts."""
+    compute = q["fwd"] + q["bwd"]
+    offload: Any = 0
+    if shape.host_s_per_byte is not None:  # out during forward, back during backward
+        transfer = A.per_byte(q["kept"], shape.host_s_per_byte)
+        offload = A.pos(transfer - q["fwd"], f"offload_fwd_{d}") + A.pos(transfer - q["bwd"], f"offload_bwd_{d}")
+    zero3: Any = 0
+    if shape.zero3_overlap is not None:
+        zero3 = A.pos(q["z3"] - compute * shape.zero3_overlap, f"zero3_exposed_{d}") + q["z3_sync"]
+    time = A.let(compute + q["tp"] + q["p2p"] + offload + zero3, f"T_{d}")
+    return {"time": time, "compute": compute, "offload": offload, "zero3": zero3}
+
+
+def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> Any:
+    """Device d's gradient sync past its last backward (per step): the overlappable part hides behind the
+    last micro-batch's backward (1/v of the device's backward), except the last bucket, ready only when
+    the backward ends; then the exposed part (ZeRO-1/2 parameter gather) and a tied copy's all-reduce."""
+    last: Any = 0
+    if shape.last_bucket_s > 0:
+        last = A.min([q["dpo"], A.time(shape.last_bucket_s)], f"last_bucket_{d}")
+    hidden = q["bwd"] * (shape.dp_overlap / shape.v)
+    return A.pos(q["dpo"] - last - hidden, f"dp_exposed_{d}") + last + q["dpe"] + q["tied_sync"]
+
+
+def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -> dict[str, Any]:
+    """The step from every device's leaves: per-device terms (``devices``), the pipelined part, the tail
+    and the step time; each device's memory is required to fit."""
+    devices, ends, earlier_bwd = [], [], 0
+    for d, q in enumerate(leaves):
+        terms = device_time(A, q, shape, d)
+        terms["bwd"] = A.let(q["bwd"], f"bwd_{d}")
+        terms["dp_tail"] = device_tail(A, q, shape, d)
+        terms.update(memory(A, q, shape.in_flight[d], shape.reserve_bytes))
+        A.at_most(terms["memory"], A.size(shape.capacity_bytes), f"memory of stage {d}")
+        ends.append(terms["dp_tail"] + q["optimizer"] - earlier_bwd)
+        earlier_bwd = earlier_bwd + terms["bwd"]
+        devices.append(terms)
+    times = [t["time"] for t in devices]
+    t_max = A.max(times, "T_max")
+    pipeline = pipeline_total(t_max, sum(times[1:], times[0]), shape.m, shape.v)
+    tail = A.max([A.time(0.0), *ends], "tail")
+    return {"devices": devices, "ends": ends, "t_max": t_max, "pipeline": pipeline, "tail": tail,
+            "step": pipeline + tail}
+
+
+def named_terms(leaves: Sequence[Mapping[str, Any]], step: Mapping[str, Any]) -> dict[str, Any]:
+    """Every term of a composed step by name (``fwd_0``, ``time_1``, ``tail``…), in the order they are
+    built: what the solver's guard compares between its model and the cost model's evaluation."""
+    out: dict[str, Any] = {}
+    for d, (q, terms) in enumerate(zip(leaves, step["devices"])):
+        out.update({f"{name}_{d}": q[name] for name in TERM_UNITS if name in q and name != "params"})
+        out.update({f"{name}_{d}": terms[name] for name in DEVICE_TERMS})
+    out.update({name: step[name] for name in ("pipeline", "tail", "step")})
+    return out
+
+
+def term_unit(name: str) -> str:
+    """The unit of a named term (``fwd_3`` → seconds)."""
+    return TERM_UNITS[name.rsplit("_", 1)[0] if name[-1].isdigit() else name]
