@@ -80,13 +80,11 @@ def gpus_growth(limit: float) -> None:
 def best_uniform(profile, hw, gpus: int, batch: int, pins: Pins):  # noqa: ANN001, ANN201
     """The best Megatron-style plan over the same outer choices: even split of the blocks, one
     recomputation mode and the stage's tp degree for every block."""
-    from autopar.search.engine import to_config
     from autopar.search.space import outer_choices
     from cost_models.partition import stage_layer_counts
 
     cost, best = CostModel(profile, hw), None
-    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=8, global_batch=batch, pins=pins):
-        cfg = to_config(outer, 8)
+    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=8, global_batch=batch, pins=pins):
         for mode in ("none", "selective", "full"):
             est = cost.evaluate(replace(cfg, recompute=mode, stage_layers=stage_layer_counts(profile.layers, cfg.chunks)))
             if est.fits and (best is None or est.step_time_s < best.step_time_s):

@@ -35,9 +35,11 @@ from cost_models.pipeline import pipeline_total
 TIME, SIZE = "s", "B"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LayerCost:
-    """One layer, one micro-batch, one GPU (what step.CostModel computes for each layer)."""
+    """One layer, one micro-batch, one GPU (what step.CostModel computes for each layer). Not frozen only
+    because the search builds hundreds of thousands of them (a frozen dataclass constructs 2x slower);
+    nothing changes one after it is made: CostModel caches and shares them."""
 
     fwd_s: float
     bwd_s: float
@@ -165,10 +167,12 @@ def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> A
     last micro-batch's backward (1/v of the device's backward), except the last bucket, ready only when
     the backward ends; then the exposed part (ZeRO-1/2 parameter gather) and a tied copy's all-reduce."""
     last: Any = 0
+    dpo = q["dpo"]
     if shape.last_bucket_s > 0:
-        last = A.min([q["dpo"], A.time(shape.last_bucket_s)], f"last_bucket_{d}")
+        dpo = A.let(dpo, f"dpo_{d}")
+        last = A.min([dpo, A.time(shape.last_bucket_s)], f"last_bucket_{d}")
     hidden = q["bwd"] * (shape.dp_overlap / shape.v)
-    return A.pos(q["dpo"] - last - hidden, f"dp_exposed_{d}") + last + q["dpe"] + q["tied_sync"]
+    return A.pos(dpo - last - hidden, f"dp_exposed_{d}") + last + q["dpe"] + q["tied_sync"]
 
 
 def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
 from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, compose, device_chunks, device_cuts,
-                                     layer_largest, layer_row)
+                                     layer_largest, layer_row, named_terms)
 from cost_models.compute import layer_compute, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.hardware import HardwareProfile
@@ -63,6 +63,8 @@ class StepEstimate:
     peak_flops_per_gpu: float
     memory_capacity_bytes: float
     notes: tuple[str, ...] = field(default=())
+    # every term of the composed step by name (composition.named_terms): what the solver's guard compares
+    terms: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,13 +105,19 @@ class CostModel:
             self._representative.setdefault(layer.block_id, layer)
         self._cache: dict[tuple, LayerCost] = {}
         self._full_cache: dict[tuple, LayerCost] = {}  # layer_costs: by block, mode, degree and setting
+        self._links: dict[tuple, tuple[comm.Link, comm.Link, comm.Link]] = {}
+        self._shapes: dict[tuple, StepShape] = {}
+        self._step_work: dict[tuple, tuple] = {}  # _with_step_work: by parameters and data-parallel setting
+        self._settings: dict[tuple, int] = {}
 
     # -- one layer -------------------------------------------------------------------------------
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False) -> LayerCost:
         mode = recompute if layer.kind == "block" else "none"
         attn = (attention_kernel, attention_dropout)
-        key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link, attn)
+        # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
+        key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
+               tp_link.inter_node, attention_kernel, attention_dropout)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
@@ -141,22 +149,31 @@ class CostModel:
                     degrees: list[int] | None = None, only: list[int] | None = None) -> list[LayerCost]:
         """Every layer's cost under ``cfg`` (or under the given per-layer recompute ``modes`` and tensor-
         parallel ``degrees``), with its data-parallel, optimizer, ZeRO-3 and tied-copy work filled in.
+        ``only``: compute just these layer indices (in that order)."""
+        layers = self.model.layers
+        entries = [(i, modes[i] if modes is not None else cfg.layer_mode(i, layers[i].kind),
+                    degrees[i] if degrees is not None else cfg.layer_degree(i))
+                   for i in (only if only is not None else range(len(layers)))]
+        return self.option_costs(cfg, (tp_link, dp_link, pp_link), precision, entries)
+
+    def option_costs(self, cfg: ParallelConfig, links: tuple[comm.Link, comm.Link, comm.Link], precision: Precision,
+                     entries: list[tuple[int, str, int]]) -> list[LayerCost]:
+        """The cost of layer i with recomputation ``mode`` at tensor-parallel degree t, for each (i, mode, t).
 
         A layer at its own degree t ≠ cfg.tp uses the stage's tp·dp devices as t-way tensor parallel ×
         tp·dp/t-way data parallel, so each replica runs b·t/tp samples of the micro-batch. It converts its
         input from the stage's layout (tp-way) and its output back: one all-gather of the activation over
         the max/min degree ratio for each (forward or backward, whichever direction gathers). Conversions
-        are charged per layer, so neighbours at the same degree pay them too (an upper bound).
-        ``only``: compute just these layer indices (in that order)."""
+        are charged per layer, so neighbours at the same degree pay them too (an upper bound)."""
+        tp_link, dp_link, pp_link = links
         out = []
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.dp
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
                    cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision)
-        for i in (only if only is not None else range(len(self.model.layers))):
+        setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
+        for i, mode, t in entries:
             layer = self.model.layers[i]
-            mode = modes[i] if modes is not None else cfg.layer_mode(i, layer.kind)
-            t = degrees[i] if degrees is not None else cfg.layer_degree(i)
             key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting)
             if key in self._full_cache:
                 out.append(self._full_cache[key])
@@ -173,25 +190,46 @@ class CostModel:
                 share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
                 c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
-            over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
-                                               grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
-            opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, self.hw) / \
-                (dp_l if cfg.zero_stage >= 1 else 1)
-            zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
-                                                       grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
-                                 if cfg.zero_stage == 3 else 0.0 for n in (c.params_per_gpu, c.tied_params_per_gpu))
-            tied = comm.all_reduce_time(c.tied_params_per_gpu * precision.grad_bytes, 2, pp_link, self.hw)
-            own, copy = c.params_per_gpu, c.tied_params_per_gpu
-            z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
-            out.append(replace(
-                c, zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, tied_sync_s=tied,
-                gather_buffer_bytes=2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0,
-                state_bytes=model_state_bytes(own, precision, dp=dp_l, zero_stage=cfg.zero_stage),
-                state_tied_bytes=model_state_bytes(copy, precision, dp=dp_l, zero_stage=cfg.zero_stage),
-                dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
-                tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy))
+            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision))
             self._full_cache[key] = out[-1]
         return out
+
+    def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
+                        precision: Precision) -> LayerCost:
+        """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
+        state and tied-copy sync filled in. None of it depends on the micro-batch, so it is cached by the
+        layer's parameters (the search asks for every micro-batch size)."""
+        own, copy = c.params_per_gpu, c.tied_params_per_gpu
+        key = (own, copy, dp_l, cfg.zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s,
+               link_dp.inter_node)
+        work = self._step_work.get(key)
+        if work is None or work[-1] is not precision:
+            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, cfg.zero_stage, precision,
+                                                                link_dp) + (precision,)
+        state, tied_state, over, exposed, opt, zero3, zero3_tied, _ = work
+        tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
+        z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
+        return LayerCost(  # not dataclasses.replace: this runs for every layer option the search considers
+            c.fwd_s, c.bwd_s, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
+            own, copy, state_bytes=state, state_tied_bytes=tied_state,
+            dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
+            tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
+            zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, tied_sync_s=tied,
+            gather_buffer_bytes=2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0)
+
+    def _layer_step_work(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
+                         link_dp: comm.Link) -> tuple:
+        """(state, tied state, overlappable and exposed sync and optimizer seconds per parameter, ZeRO-3
+        traffic of the layer and of its tied copy) for ``own`` parameters on one GPU and ``copy`` tied ones."""
+        over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=zero_stage, param_bytes=precision.param_bytes,
+                                           grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
+        opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, self.hw) / (dp_l if zero_stage >= 1 else 1)
+        zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
+                                                   grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
+                             if zero_stage == 3 else 0.0 for n in (own, copy))
+        return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage),
+                model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage), over, exposed, opt, zero3,
+                zero3_tied)
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
         """(enter, leave): the all-gathers that move a layer at degree t from and back to the stage's
@@ -228,6 +266,13 @@ class CostModel:
         """(tp, dp, pp) links in Megatron rank order: tp innermost, then dp, then pp."""
         hw = self.hw
         gpn = cfg.gpus_per_node or hw.gpus_per_node
+        key = (cfg.tp, cfg.dp, cfg.pp, gpn)
+        if key not in self._links:
+            self._links[key] = self._group_links(cfg, gpn)
+        return self._links[key]
+
+    def _group_links(self, cfg: ParallelConfig, gpn: int) -> tuple[comm.Link, comm.Link, comm.Link]:
+        hw = self.hw
         tp_link = comm.group_link(hw, cfg.tp, 1, gpn)
         dp_link = comm.group_link(hw, cfg.dp, cfg.tp, gpn)
         pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
@@ -236,15 +281,18 @@ class CostModel:
         return tp_link, dp_link, pp_link
 
     def step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
-        """The composition's constants for ``cfg`` on this hardware."""
+        """The composition's constants for ``cfg`` on this hardware (cached: the search asks often)."""
+        key = (cfg.tp, cfg.dp, cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages, cfg.zero_stage,
+               cfg.offload_activations, cfg.dp_overlap, cfg.zero3_overlap, precision, dp_link)
+        if key not in self._shapes:
+            self._shapes[key] = self._step_shape(cfg, precision, dp_link)
+        return self._shapes[key]
+
+    def _step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
         hw = self.hw
-        in_flight = [microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches,
-                                            schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
-                     for d in range(cfg.pp)]
-        if cfg.offload_activations:
-            in_flight = [offload_resident(n) for n in in_flight]
         return StepShape(
-            pp=cfg.pp, v=cfg.virtual_stages, m=cfg.num_microbatches, in_flight=tuple(in_flight),
+            pp=cfg.pp, v=cfg.virtual_stages, m=cfg.num_microbatches,
+            in_flight=tuple(device_in_flight(cfg, d) for d in range(cfg.pp)),
             dp_overlap=cfg.dp_overlap * hw.comm_overlap,
             zero3_overlap=cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
             last_bucket_s=self.last_bucket_s(cfg, precision, dp_link),
@@ -286,7 +334,16 @@ class CostModel:
                             breakdown_s=_breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
                             devices=devices, executed_flops=executed, model_flops=model_flops,
                             tokens_per_step=cfg.global_batch * model.seq_len,
-                            peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes)
+                            peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes,
+                            terms=named_terms(leaves, step))
+
+
+def device_in_flight(cfg: ParallelConfig, d: int) -> float:
+    """Micro-batches of activations device d holds at its peak under ``cfg`` (memory.py: the schedule's
+    warm-up, and only the ones in transfer when activations are offloaded)."""
+    n = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches, schedule=cfg.schedule,
+                               virtual_stages=cfg.virtual_stages)
+    return offload_resident(n) if cfg.offload_activations else n
 
 
 def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[str, float], terms: dict[str, float],

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
-from autopar.search.engine import to_config
 from autopar.search.space import Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, StepEstimate
 
@@ -27,8 +26,8 @@ def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_p
     modes = (pins.recompute,) if pins.recompute else MODES
     best: StepEstimate | None = None
     gpn = min(gpus_per_node, gpus)
-    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
-        cfg = to_config(outer, gpus_per_node)
+    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
+        cfg = replace(cfg, gpus_per_node=gpus_per_node)
         options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
         for counts in compositions(len(profile.layers), cfg.chunks):
             for choice in itertools.product(options, repeat=len(blocks)):

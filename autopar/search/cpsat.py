@@ -47,7 +47,7 @@ def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> l
     if cfg.zero_stage or cfg.sequence_parallel:
         return [cfg.tp]
     devices = cfg.tp * cfg.dp
-    blocks = [lp for lp in cost.model.layers if lp.kind == "block"]
+    blocks = list({lp.block_id: lp for lp in cost.model.layers if lp.kind == "block"}.values())  # one per kind
     return [t for t in range(1, min(devices, gpus_per_node) + 1)
             if devices % t == 0 and (cfg.micro_batch * t) % cfg.tp == 0
             and all(t == 1 or all(dv % t == 0 for dv in lp.tp.divisors) for lp in blocks)] or [cfg.tp]

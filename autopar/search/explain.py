@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.space import Pins, outer_choices
-from autopar.search.engine import to_config
 from cost_models import ConfigError, CostModel, HardwareProfile
 
 GIB = 2**30
@@ -21,18 +20,18 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
     cost = CostModel(profile, hw)
     best: tuple[float, str] | None = None
     frugal = replace(pins, recompute=pins.recompute or "full")
-    for outer in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
-                               global_batch=global_batch, pins=frugal):
-        if outer.zero != (3 if outer.dp > 1 else 0) and pins.zero is None:
+    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
+                             global_batch=global_batch, pins=frugal):
+        if cfg.zero_stage != (3 if cfg.dp > 1 else 0) and pins.zero is None:
             continue
-        if outer.micro_batch != 1 and pins.micro_batch is None:
+        if cfg.micro_batch != 1 and pins.micro_batch is None:
             continue
         try:
-            est = cost.evaluate(replace(to_config(outer, gpus_per_node), recompute=frugal.recompute))  # type: ignore[arg-type]
+            est = cost.evaluate(replace(cfg, recompute=frugal.recompute, gpus_per_node=gpus_per_node))  # type: ignore[arg-type]
         except ConfigError:
             continue
         if best is None or est.peak_memory_bytes < best[0]:
-            best = (est.peak_memory_bytes, f"tp {outer.tp} pp {outer.pp} dp {outer.dp}")
+            best = (est.peak_memory_bytes, f"tp {cfg.tp} pp {cfg.pp} dp {cfg.dp}")
     return best
 
 

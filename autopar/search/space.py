@@ -16,6 +16,7 @@ from typing import Iterator
 
 from autopar.errors import AutoparError
 from autopar.profile import ModelProfile
+from cost_models import ParallelConfig
 
 ZERO_STAGES = (0, 1, 2, 3)
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
@@ -37,20 +38,6 @@ class Pins:
     offload: bool | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Outer:
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    num_microbatches: int
-    zero: int
-    sequence_parallel: bool
-    schedule: str
-    virtual_stages: int
-    offload: bool
-
-
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -69,7 +56,9 @@ def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross
 
 
 def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
-                  allow_cross_node_tp: bool = False) -> Iterator[Outer]:
+                  allow_cross_node_tp: bool = False, attention_kernel: str = "fused") -> Iterator[ParallelConfig]:
+    """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
+    model: Megatron's even split, no recomputation)."""
     n_layers = len(profile.layers)
     tps = tp_degrees(profile, gpus, gpus_per_node, allow_cross_node_tp)
     if pins.tp is not None:
@@ -95,7 +84,17 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                             continue
                         for schedule, v in _schedules(pp, m, n_layers, pins):
                             for offload in ((False, True) if pins.offload is None else (pins.offload,)):
-                                yield Outer(tp, pp, dp, b, m, zero, sp, schedule, v, offload)
+                                yield ParallelConfig(
+                                    tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
+                                    recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
+                                    virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
+                                    attention_kernel=attention_kernel)  # type: ignore[arg-type]
+
+
+def choice_key(cfg: ParallelConfig) -> tuple:
+    """An outer choice's decisions, for a deterministic order among equally fast plans."""
+    return (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.num_microbatches, cfg.zero_stage, cfg.sequence_parallel,
+            cfg.schedule, cfg.virtual_stages, cfg.offload_activations)
 
 
 def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str, int]]:

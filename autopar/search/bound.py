@@ -1,0 +1,256 @@
+"""A valid lower bound on the step time of an outer choice, and a test that prunes a choice by its tail.
+
+Derived from the step's one composition (cost_models/composition.py), not a copy of it:
+- every number is a layer's row (``layer_row``) at one of its options, from ``CostModel.layer_costs``;
+- Σ_d T_d ≥ ``device_time`` of the summed leaves: device_time is monotone in every leaf and max(0, ·) is
+  subadditive, so it may be applied to lower bounds of the sums (compute lumped into the forward, see
+  ``_busy_bound``); max_d T_d ≥ the mean and ≥ device_time of the heaviest layer alone;
+- memory: Σ_d ``memory`` ≤ pp·capacity with the fewest micro-batches in flight and no rematerialisation
+  or gather buffer (all ≥ 0): a fractional knapsack over each block's options, solved exactly by its LP;
+- the step: ``pipeline_total`` of those bounds (it grows with both arguments when m ≥ 1/v).
+"""
+from __future__ import annotations
+
+import math
+
+from autopar.search.cpsat import block_degrees
+from cost_models import CostModel, ParallelConfig
+from cost_models.algebra import FloatAlgebra
+from cost_models.composition import StepShape, device_time, layer_row, memory
+from cost_models.config import default_precision
+from cost_models.pipeline import pipeline_total
+from cost_models.step import device_in_flight
+
+FLOAT = FloatAlgebra()
+
+
+class Option:
+    """One option (tp degree, recomputation) of one distinct layer: its row and what the bounds read."""
+
+    __slots__ = ("row", "busy", "memory_fixed", "memory_per_microbatch")
+
+    def __init__(self, row: dict[str, float]):
+        self.row = row
+        self.busy = row["fwd"] + row["bwd"] + row["tp"]  # compute and TP communication: what nothing hides
+        # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
+        # flight, and what each micro-batch in flight adds (the formula is linear in them)
+        leaves = {**row, "remat": 0.0, "gather_buffer": 0.0}
+        self.memory_fixed = memory(FLOAT, leaves, 0.0, 0.0)["memory"]
+        self.memory_per_microbatch = memory(FLOAT, leaves, 1.0, 0.0)["memory"] - self.memory_fixed
+
+    def memory(self, in_flight: float) -> float:
+        return self.memory_fixed + in_flight * self.memory_per_microbatch
+
+    def alone(self, shape: StepShape) -> float:
+        """device_time of a device holding only this layer (no transfers)."""
+        return device_time(FLOAT, {**self.row, "p2p": 0.0}, shape, 0)["time"]
+
+
+class LowerBound:
+    """Call it on an outer choice for a lower bound on its step time (inf: it cannot fit); ``beats`` says
+    whether it can still beat a given step time once its once-per-step tail is counted."""
+
+    def __init__(self, cost: CostModel, modes: tuple[str, ...], gpus_per_node: int):
+        self.cost, self.modes, self.gpus_per_node = cost, modes, gpus_per_node
+        self._counts: dict[str, int] = {}
+        self._rep: dict[str, int] = {}
+        for i, lp in enumerate(cost.model.layers):
+            self._counts[lp.block_id] = self._counts.get(lp.block_id, 0) + 1
+            self._rep.setdefault(lp.block_id, i)
+        self._entries: dict[tuple, _Entry] = {}
+        self._knapsack: dict[tuple, float] = {}
+        self._p2p: dict[tuple, tuple[float, float]] = {}
+        self._shapes: dict[tuple, StepShape] = {}
+
+    def options(self, cfg: ParallelConfig) -> list[tuple[int, list[Option]]]:
+        """Per distinct layer: (how many, its options): blocks may take any degree and mode, the rest run at
+        the stage's degree without recomputation."""
+        return self._entry(cfg, self._options_key(cfg)).options
+
+    def _entry(self, cfg: ParallelConfig, key: tuple) -> "_Entry":
+        entry = self._entries.get(key)
+        if entry is None:
+            cost = self.cost
+            layers = cost.model.layers
+            precision = cfg.precision or default_precision(cost.model.dtype)
+            degrees = block_degrees(cost, cfg, self.gpus_per_node)
+            reps = list(self._rep.values())
+            choices = {i: [(t, k) for t in degrees for k in self.modes] if layers[i].kind == "block"
+                       else [(cfg.tp, "none")] for i in reps}
+            wanted = [(i, k, t) for i in reps for t, k in choices[i]]
+            rows = iter(layer_row(c, copy=False) for c in cost.option_costs(cfg, cost.links(cfg), precision, wanted))
+            entry = self._entries[key] = _Entry(
+                [(self._counts[layers[i].block_id], [Option(next(rows)) for _ in choices[i]]) for i in reps])
+        return entry
+
+    def _options_key(self, cfg: ParallelConfig) -> tuple:
+        """What a layer's rows on the first stage depend on (CostModel.layer_costs' setting, whose tp and dp
+        links follow from tp, dp and the node size; the pipeline link only prices a tied copy, which the
+        first stage does not hold)."""
+        return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
+                cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node)
+
+    def _shape(self, cfg: ParallelConfig) -> StepShape:
+        """The composition's constants of ``cfg``. What the bounds read of them (the overlaps, offload, v) is
+        shared by many choices, so the shape of the first such choice serves them all; in-flight counts,
+        which differ, come from device_in_flight."""
+        key = (cfg.zero_stage == 3, cfg.offload_activations, cfg.zero3_overlap, cfg.dp_overlap, cfg.virtual_stages)
+        shape = self._shapes.get(key)
+        if shape is None:
+            precision = cfg.precision or default_precision(self.cost.model.dtype)
+            shape = self._shapes[key] = self.cost.step_shape(cfg, precision, self.cost.links(cfg)[1])
+        return shape
+
+    def _transfers(self, cfg: ParallelConfig) -> tuple[float, float]:
+        """(least, most) time of one pipeline transfer of this choice."""
+        gpn = cfg.gpus_per_node or self.cost.hw.gpus_per_node
+        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, gpn, cfg.gpus > gpn)  # what the tp and pp links follow
+        if key not in self._p2p:
+            cost = self.cost
+            tp_link, _, pp_link = cost.links(cfg)
+            times = [cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(cost.model.layers) - 1)] or [0.0]
+            self._p2p[key] = (min(times), max(times))
+        return self._p2p[key]
+
+    def __call__(self, cfg: ParallelConfig) -> float:
+        busy, heaviest = self.parts(cfg)
+        if busy == math.inf:
+            return math.inf
+        return pipeline_total(max(busy / cfg.pp, heaviest), busy, cfg.num_microbatches, cfg.virtual_stages)
+
+    def parts(self, cfg: ParallelConfig) -> tuple[float, float]:
+        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer); inf: cannot fit."""
+        key = self._options_key(cfg)
+        entry = self._entry(cfg, key)
+        shape = self._shape(cfg)
+        # the last device holds the fewest micro-batches in every schedule (fewest warm-up forwards)
+        in_flight = device_in_flight(cfg, cfg.pp - 1)
+        knapsack_key = (key, cfg.pp, in_flight)
+        busy = self._knapsack.get(knapsack_key)
+        if busy is None:
+            busy = self._knapsack[knapsack_key] = _knapsack_busy(entry.options, in_flight, cfg.pp * (
+                self.cost.hw.memory_bytes - self.cost.hw.memory_reserve_bytes))
+        if busy == math.inf:
+            return math.inf, math.inf
+        p2p = 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
+        total = entry.busy_bound(shape, busy, p2p)
+        return total, entry.heaviest(shape, at_least=total / cfg.pp)
+
+    def beats(self, cfg: ParallelConfig, upper: float) -> bool:
+        """False when no plan of this choice can have a step below ``upper``, counting the once-per-step
+        tail that the bound leaves out. The step includes device 0's end (its gradient sync past its last
+        backward and its optimizer step: composition.device_tail). A plan faster than ``upper`` keeps
+        max_d T_d ≤ (upper − Σ T/v)/(m − 1/v), so device 0 carries T_0 ≥ Σ T − (pp − 1)·max_d T_d of work;
+        the fewest tail seconds that much work can bring is a fractional knapsack over the layers (most
+        time per tail second first), the first layer forced. Conditional on beating ``upper``, so it
+        prunes, it does not bound."""
+        m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
+        if pp < 2 or m - 1 / v <= 0:
+            return True
+        busy, heaviest = self.parts(cfg)
+        if busy == math.inf:
+            return False
+        shape = self._shape(cfg)
+        need = busy - (pp - 1) * (upper - busy / v) / (m - 1 / v)
+        need -= 2 * v * self._transfers(cfg)[1]  # device 0's transfers, at most 2 per chunk
+        first = self.cost.model.layers[0].block_id
+        offload = 2 * shape.host_s_per_byte if shape.host_s_per_byte is not None else 0.0
+        tails = []
+        # device 0's end ≥ dpe + optimizer (A) and ≥ dpo − overlap·bwd/v + dpe + optimizer (B): per layer, linear
+        for with_overlap in (False, True):
+            items = []  # (count, most time it adds to T_0, least tail it brings, forced) per distinct layer
+            for block, (n, opts) in zip(self._rep, self.options(cfg)):
+                most = max(o.busy + o.row["z3"] + o.row["z3_sync"] + offload * o.row["kept"] for o in opts)
+                least = min(o.row["dpe"] + o.row["optimizer"] +
+                            ((o.row["dpo"] - o.row["bwd"] * shape.dp_overlap / v) if with_overlap else 0.0)
+                            for o in opts)
+                items.append((n, most, least, block == first))
+            tails.append(_least_cost_cover(items, need))
+        return pipeline_total(max(busy / pp, heaviest), busy, m, v) + max(tails) < upper
+
+
+class _Entry:
+    """The options of one setting and what the bounds derive from them once."""
+
+    def __init__(self, options: list[tuple[int, list[Option]]]):
+        self.options = options
+        self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
+        self.floor = sum(n * min(o.row["tp"] + o.row["z3"] for o in opts) for n, opts in options)
+        self._heaviest: dict[tuple, float] = {}
+
+    def busy_bound(self, shape: StepShape, busy: float, p2p: float) -> float:
+        """Σ_d T_d ≥ device_time(fwd = the least busy time, traffic and sync at their least, p2p): with
+        compute c and TP time t, c + t + max(0, traffic − ov·c) ≥ the same at c = busy, t = 0 whenever
+        c + t ≥ busy (it grows with c). Also ≥ TP + traffic + transfers + sync, as compute hides no more
+        ZeRO-3 traffic than itself."""
+        leaves = {"fwd": busy, "bwd": 0.0, "tp": 0.0, "kept": 0.0, "p2p": p2p, "z3": self.least["z3"],
+                  "z3_sync": self.least["z3_sync"]}
+        return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
+
+    def heaviest(self, shape: StepShape, at_least: float = 0.0) -> float:
+        """max_d T_d ≥ the time of a device holding only the heaviest layer, at its fastest option. Only its
+        excess over ``at_least`` (the mean device time) tightens the bound, so when even the first option of
+        every layer (no faster than its fastest) is not above it, ``at_least`` is returned uncomputed."""
+        key = (shape.host_s_per_byte, shape.zero3_overlap)
+        if key not in self._heaviest:
+            if max(opts[0].alone(shape) for _, opts in self.options) <= at_least:
+                return at_least
+            self._heaviest[key] = max(min(o.alone(shape) for o in opts) for _, opts in self.options)
+        return self._heaviest[key]
+
+
+def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, capacity: float) -> float:
+    """The least Σ busy over the layers with the options chosen by the memory knapsack: Σ_layers
+    memory(option) ≤ capacity (pp stages' memory less their reserves); inf: nothing fits. The LP optimum:
+    from each layer's fastest option, upgrade along its lower convex hull of (memory, busy), cheapest
+    seconds per byte first."""
+    busy = used = 0.0
+    upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
+    for n, opts in options:
+        hull = _lower_hull(sorted((o.memory(in_flight), o.busy) for o in opts))
+        start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
+        busy += n * hull[start][1]
+        used += n * hull[start][0]
+        for h in range(start, 0, -1):
+            saved, added = hull[h][0] - hull[h - 1][0], hull[h - 1][1] - hull[h][1]
+            upgrades.append((added / saved if saved > 0 else math.inf, n * saved, n * added))
+    excess = used - capacity
+    for _, saved, added in sorted(upgrades):
+        if excess <= 0:
+            break
+        take = min(1.0, excess / saved)
+        busy += take * added
+        excess -= take * saved
+    return math.inf if excess > 1e-6 * max(1.0, used) else busy
+
+
+def _least_cost_cover(items: list[tuple[int, float, float, bool]], need: float) -> float:
+    """min Σ x_i·cost_i subject to Σ x_i·time_i ≥ need, 0 ≤ x_i ≤ count_i, one unit of each forced item
+    taken: the LP optimum — every item of non-positive cost, then the most time per unit cost first."""
+    total = 0.0
+    rest = []
+    for n, time_i, cost_i, forced in items:
+        if forced:
+            total, need, n = total + cost_i, need - time_i, n - 1
+        if cost_i <= 0:
+            total, need = total + n * cost_i, need - n * time_i
+        elif n > 0:
+            rest.append((time_i / cost_i, n, time_i, cost_i))
+    for _, n, time_i, cost_i in sorted(rest, reverse=True):
+        if need <= 0:
+            break
+        take = min(n, need / time_i)
+        total += take * cost_i
+        need -= take * time_i
+    return max(total, 0.0)
+
+
+def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Lower convex hull of (memory, time) points sorted by memory: the LP-efficient options."""
+    hull: list[tuple[float, float]] = []
+    for p in points:
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= \
+                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        hull.append(p)
+    return hull
