@@ -94,6 +94,34 @@ def nodes(plan: Plan) -> tuple[int, int, str | None]:
     raise AssertionError("unreachable: 1 divides every world size")
 
 
+@dataclass(frozen=True)
+class Folded:
+    """A plan's batch split on a target without pipeline parallelism: the pipeline ranks join data
+    parallelism and the micro-batches per step shrink by pp (rounded), which may change the global batch."""
+
+    dp: int
+    accumulate: int
+    global_batch: int
+    warning: str | None
+
+
+def fold_pipeline(plan: Plan, target: str) -> Folded:
+    """The plan's batch split with its pipeline stages folded into data parallelism (for targets that have
+    no pipeline parallelism); a warning when it had pipeline stages."""
+    par = plan.parallelism
+    if par.pp == 1:
+        return Folded(par.dp, par.num_microbatches, par.global_batch_size, None)
+    dp = par.dp * par.pp
+    accumulate = max(1, round(par.num_microbatches / par.pp))
+    global_batch = par.micro_batch_size * dp * accumulate
+    changed = "" if global_batch == par.global_batch_size else f" (global batch {global_batch}, not " \
+                                                                f"{par.global_batch_size})"
+    return Folded(dp, accumulate, global_batch, (
+        f"{target} has no pipeline parallelism; the plan's {par.pp} pipeline stages are folded into data "
+        f"parallelism: dp {dp}, {accumulate} accumulated batches{changed}, every GPU holds the whole model "
+        "(more memory per GPU than planned)"))
+
+
 def precision(plan: Plan) -> str:
     """The training dtype: "bf16", "fp16" or "fp32" (from the plan's precision recipe, else the model's)."""
     recipe = plan.parallelism.precision
@@ -113,11 +141,20 @@ def fp32_grads(plan: Plan) -> bool:
 
 @dataclass(frozen=True)
 class Export:
-    """What one exporter produced: the text to write and the plan features it could not express."""
+    """What one exporter produced: the text to write, the plan features it could not express, and the
+    framework version whose own parser the format was checked against (stated in the text's header)."""
 
     target: str
     text: str
     warnings: tuple[str, ...] = ()
+    version: str = ""
+
+
+def header(plan: Plan, version: str, warnings: list[str], comment: str = "#") -> list[str]:
+    """The comment lines every text export starts with: the plan, the framework version the format was
+    checked against, and each warning."""
+    return ([f"{comment} {summary(plan)}", f"{comment} format: {version}"] +
+            [f"{comment} warning: {w}" for w in warnings])
 
 
 @dataclass(frozen=True)
