@@ -411,35 +411,6 @@ def test_layer_tp_exports_the_plans_base_degree(plans):
         assert _numbers(plans["layer_tp"], target)["tp"] == 2
 
 
-def test_deepspeed_config_parser_accepts_it(plans, monkeypatch):
-    """DeepSpeed's own config class checks the batch arithmetic and the keys of the ZeRO, tensor-parallel
-    and precision sections (pydantic models that forbid unknown keys); the activation-checkpointing keys
-    are checked by reading them back. Without a process group it would take world size 1, so it gets the
-    data-parallel size the way Megatron-DeepSpeed gives it: an mpu object."""
-    pytest.importorskip("deepspeed")
-    import deepspeed.runtime.config as ds_config
-
-    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
-    for name in ("interleaved", "zero3", "gpipe_fp16", "offload"):
-        plan = plans[name]
-
-        class MPU:
-            def get_data_parallel_world_size(self) -> int:
-                return plan.parallelism.dp
-
-        cfg = ds_config.DeepSpeedConfig(json.loads(export(plan, "deepspeed").text), mpu=MPU())
-        par = plan.parallelism
-        assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-            (par.global_batch_size, par.micro_batch_size, par.num_microbatches)
-        assert cfg.zero_optimization_stage == (min(par.zero_stage, 1) if par.pp > 1 else par.zero_stage)
-        assert cfg.bfloat16_config.enabled == (plan.model.dtype == "bf16")
-        checkpointing = cfg.activation_checkpointing_config
-        assert checkpointing.cpu_checkpointing == par.offload_activations
-        assert checkpointing.partition_activations == (par.recompute != "none" and
-                                                       (par.sequence_parallel or par.offload_activations))
-        assert cfg.tensor_parallel_config.autotp_size == (par.tp if par.tp > 1 else 0)
-
-
 def test_unknown_target_lists_the_targets(plans):
     with pytest.raises(AutoparError, match="choose one of megatron, nemo, bionemo, deepspeed"):
         export(plans["zero3"], "colossalai")
