@@ -126,7 +126,8 @@ EXPECTED_WARNINGS = {
         ("megatron", []), ("nemo", []), ("bionemo", []), ("deepspeed", ["without ZeRO"]),
         ("lightning", ["configure_model"]), ("torchtitan", []), ("torchtitan@0.2", ["sequence parallelism"]),
         ("sagemaker", ["sharding_strategy", "sequence-parallel parameter"]), ("sagemaker@v1", [])]},
-    "recompute_block": {"megatron": [], "nemo": [], "bionemo": [], "deepspeed": ["PipelineModule", "mixes recomputation"],
+    "recompute_block": {"megatron": [], "nemo": [], "bionemo": [],
+                        "deepspeed": ["PipelineModule", "mixes recomputation"],
                         "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
                         "torchtitan": ["ZeRO-1", "one recomputation policy"], "torchtitan@0.2": ["ZeRO-1"],
                         "sagemaker": _SMP2_PP + ["apply_activation_checkpointing"],
@@ -438,9 +439,25 @@ def test_cli_errors_are_one_line(plans, tmp_path):
     path = tmp_path / "plan.json"
     plans["zero3"].save(path)
     for args, needle in ((["--to", "bogus"], "choose one of megatron"),
+                         (["--to", "torchtitan@0.1"], "choose one of torchtitan@0.3, torchtitan@0.2"),
                          (["--to", "megatron"], "plan file not found")):
         target = str(path) if needle != "plan file not found" else str(tmp_path / "missing.json")
         result = runner.invoke(app, ["export", target, *args])
         assert result.exit_code == 2
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
+def test_a_degree_a_target_cannot_name_is_a_warning(monkeypatch):
+    """A new degree (here context parallelism, as plans may carry it) is one more name per exporter; a target
+    without a name for it says so instead of dropping it silently."""
+    from types import SimpleNamespace
+
+    from autopar.export import common
+
+    monkeypatch.setattr(common, "MODEL_DEGREES", ("tp", "pp", "cp"))
+    plan = SimpleNamespace(parallelism=SimpleNamespace(tp=2, pp=1, cp=4))
+    warnings: list[str] = []
+    assert common.model_degrees(plan, {"tp": "--tp", "pp": "--pp"}, "X", warnings) == {"--tp": 2, "--pp": 1}
+    assert len(warnings) == 1 and "X has no context parallelism; the plan's cp 4" in warnings[0]
+    assert common.model_degrees(plan, {"tp": "t", "pp": "p", "cp": "c"}, "X", []) == {"t": 2, "p": 1, "c": 4}

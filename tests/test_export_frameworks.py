@@ -79,7 +79,8 @@ def test_defect_1_sagemaker_placement_and_smp_v2_for_h100(all_plans):
         assert _smp(all_plans[name], "sagemaker@v1")[1]["placement_strategy"] in ("spread", "cluster")
     estimator, params = _smp(all_plans["h100_zero3"])
     assert estimator["instance_type"] == "ml.p5.48xlarge"
-    assert estimator["distribution"]["torch_distributed"] == {"enabled": True} and "mpi" not in estimator["distribution"]
+    distribution = estimator["distribution"]
+    assert distribution["torch_distributed"] == {"enabled": True} and "mpi" not in distribution
     assert params == {"tensor_parallel_degree": 2, "hybrid_shard_degree": 8}
     with pytest.raises(AutoparError, match="smp v1 does not run on ml.p5.48xlarge"):
         export(all_plans["h100_zero3"], "sagemaker@v1")
@@ -301,7 +302,8 @@ def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
 _TITAN_0_2 = '''import dataclasses, json, sys
 from torchtitan.config.manager import ConfigManager
 cfg = ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
-print(json.dumps({s: dataclasses.asdict(getattr(cfg, s)) for s in ("training", "parallelism", "activation_checkpoint")}))
+sections = ("training", "parallelism", "activation_checkpoint")
+print(json.dumps({s: dataclasses.asdict(getattr(cfg, s)) for s in sections}))
 '''
 
 
@@ -328,18 +330,16 @@ def test_torchtitan_0_2_toml(all_plans, name, tmp_path):
 
 def _sagemaker_sdk():
     """(SDK 2's PyTorch estimator or None, SDK 3's (Torchrun, SMP) or None, validate_mp_config)."""
-    sagemaker = pytest.importorskip("sagemaker", reason="the SageMaker Python SDK is not installed "
-                                                        "(pip install 'sagemaker>=2.257,<3')")
-    try:
-        from sagemaker.pytorch import PyTorch
+    pytest.importorskip("sagemaker", reason="the SageMaker Python SDK is not installed "
+                                            "(pip install 'sagemaker>=2.257,<3')")
+    try:  # SDK 2.x
         from sagemaker.fw_utils import validate_mp_config
+        from sagemaker.pytorch import PyTorch
         return PyTorch, None, validate_mp_config
-    except ImportError:
+    except ImportError:  # SDK 3.x: no estimator
         from sagemaker.core.fw_utils import validate_mp_config
         from sagemaker.train.distributed import SMP, Torchrun
         return None, (Torchrun, SMP), validate_mp_config
-    finally:
-        del sagemaker
 
 
 @pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@v1"])

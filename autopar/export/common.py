@@ -66,6 +66,29 @@ def chunk_layer_names(plan: Plan) -> list[list[str]]:
     return chunks
 
 
+# The parallel degrees beyond data parallelism a plan carries (fields of plan.parallelism). Each exporter maps
+# the ones it can set to its own names with model_degrees(); a new degree is one more entry here and in the
+# mappings, and a target without a name for it warns when the plan uses it.
+MODEL_DEGREES = ("tp", "pp")
+_DEGREE_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
+
+
+def model_degrees(plan: Plan, names: dict[str, str], target: str, warnings: list[str],
+                  handled: tuple[str, ...] = ()) -> dict[str, int]:
+    """{target's name: degree} for each of MODEL_DEGREES the target names; a degree > 1 it has no name for
+    (and that the exporter does not handle itself, ``handled``) is a warning: the export runs it as 1."""
+    settings = {}
+    for degree in MODEL_DEGREES:
+        value = getattr(plan.parallelism, degree, 1)
+        if degree in names:
+            settings[names[degree]] = value
+        elif value > 1 and degree not in handled:
+            kind = _DEGREE_NAMES.get(degree, degree)
+            warnings.append(f"{target} has no {kind} parallelism; the plan's {degree} {value} is not exported "
+                            f"(its {value} ranks per group are left out of the launch: a different run than planned)")
+    return settings
+
+
 def tp_warning(plan: Plan, target: str) -> str | None:
     """A warning when layers run at different tensor-parallel degrees (the export uses parallelism.tp)."""
     degrees = Counter(layer.tp for layer in plan.layers)

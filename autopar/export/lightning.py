@@ -16,7 +16,8 @@ explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the pl
 """
 from __future__ import annotations
 
-from autopar.export.common import Export, fold_pipeline, fp32_grads, header, nodes, precision, tp_warning, uniform_recompute
+from autopar.export.common import (Export, fold_pipeline, fp32_grads, header, nodes, precision, tp_warning,
+                                   uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "Lightning"

@@ -26,11 +26,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.common import (Export, chunk_block_counts, header, megatron_recompute, nodes, num_blocks,
-                                   precision, rank_counts, tp_warning)
+from autopar.export.common import (Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
+                                   num_blocks, precision, rank_counts, tp_warning)
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
+_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size"}
 VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: parse_args + validate_args)"}
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -79,8 +80,7 @@ def megatron_split(chunk_counts: list[int], pp: int, virtual: int) -> StageSplit
 def export(plan: Plan, dialect: str = "0.16") -> Export:
     par = plan.parallelism
     warnings: list[str] = []
-    args: list[tuple[str, object]] = [("--tensor-model-parallel-size", par.tp),
-                                      ("--pipeline-model-parallel-size", par.pp)]
+    args: list[tuple[str, object]] = list(model_degrees(plan, _DEGREES, TARGET, warnings).items())
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     layers = num_blocks(plan)

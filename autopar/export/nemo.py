@@ -21,11 +21,12 @@ from typing import Any
 
 import yaml
 
-from autopar.export.common import (Export, chunk_block_counts, fp32_grads, header, megatron_recompute, nodes,
-                                   num_blocks, precision, tp_warning)
+from autopar.export.common import (Export, chunk_block_counts, fp32_grads, header, megatron_recompute, model_degrees,
+                                   nodes, num_blocks, precision, tp_warning)
 from autopar.plan import Plan
 
 TARGET = "NeMo"
+_DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size"}
 # Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
 VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
@@ -58,7 +59,7 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
     model: dict[str, Any] = {
         "micro_batch_size": par.micro_batch_size, "global_batch_size": par.global_batch_size,
-        "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
+        **model_degrees(plan, _DEGREES, TARGET, warnings),
         "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": par.sequence_parallel,
         "encoder_seq_length": plan.model.seq_len,
     }

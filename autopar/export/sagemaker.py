@@ -30,8 +30,8 @@ import json
 from typing import Any
 
 from autopar.errors import AutoparError
-from autopar.export.common import (Export, fold_pipeline, fp32_grads, nodes, precision, summary, tp_warning,
-                                   uniform_recompute)
+from autopar.export.common import (Export, fold_pipeline, fp32_grads, model_degrees, nodes, precision, summary,
+                                   tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "SageMaker model parallelism"
@@ -42,8 +42,10 @@ VERSIONS = {"v2": "smp v2 (SageMaker Python SDK 2.257: PyTorch estimator distrib
 # p4d A100 40 GB, p4de A100 80 GB, p5 H100 80 GB, p5e H200 141 GB; 8 GPUs each).
 _INSTANCES = {"v100-32gb": "ml.p3dn.24xlarge", "a100-40gb": "ml.p4d.24xlarge", "a100-80gb": "ml.p4de.24xlarge",
               "h100-80gb": "ml.p5.48xlarge", "h200-141gb": "ml.p5e.48xlarge"}
-# smp v2 parameter for each plan degree it takes beyond data parallelism (field of plan.parallelism).
+# smp's parameter for each plan degree beyond data parallelism (common.MODEL_DEGREES); smp v2 has no pipeline
+# parallelism: the export folds it into data parallelism.
 _V2_DEGREES = {"tp": "tensor_parallel_degree"}
+_V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
 def export(plan: Plan, dialect: str = "v2") -> Export:
@@ -96,7 +98,7 @@ def _v2(plan: Plan, warnings: list[str]):
     folded = fold_pipeline(plan, "smp v2")
     if folded.warning is not None:
         warnings.append(folded.warning)
-    params: dict[str, Any] = {key: getattr(par, degree) for degree, key in _V2_DEGREES.items()}
+    params: dict[str, Any] = model_degrees(plan, _V2_DEGREES, "smp v2", warnings, handled=("pp",))
     if par.zero_stage == 3:
         params["hybrid_shard_degree"] = folded.dp
     else:
@@ -122,7 +124,7 @@ def _v2(plan: Plan, warnings: list[str]):
 def _v1(plan: Plan, warnings: list[str]) -> dict[str, Any]:
     par = plan.parallelism
     params: dict[str, Any] = {
-        "pipeline_parallel_degree": par.pp, "tensor_parallel_degree": par.tp, "microbatches": par.num_microbatches,
+        **model_degrees(plan, _V1_DEGREES, "smp v1", warnings), "microbatches": par.num_microbatches,
         "pipeline": "simple" if par.schedule == "gpipe" else "interleaved", "placement_strategy": "cluster",
         "optimize": "memory" if par.sequence_parallel else "speed", "ddp": True,
     }

@@ -31,13 +31,15 @@ from typing import Any
 
 import tomli_w
 
-from autopar.export.common import Export, block_indices, chunk_layer_names, header, precision, tp_warning, uniform_recompute
+from autopar.export.common import (Export, block_indices, chunk_layer_names, header, model_degrees, precision,
+                                   tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
 VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
             "0.2": "torchtitan 0.2.2 (ConfigManager.parse_args --job.config_file)"}
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree"}
 
 
 def export(plan: Plan, dialect: str = "0.3") -> Export:
@@ -76,8 +78,7 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
     }
     if dialect != "0.2" and par.pp > 1:
         training["disable_cuda_graphs"] = True  # 0.3 refuses pipeline parallelism under CUDA graphs
-    parallelism = _data_parallel(plan, warnings)
-    parallelism["tensor_parallel_degree"] = par.tp
+    parallelism = _data_parallel(plan, warnings) | model_degrees(plan, _DEGREES, TARGET, warnings)
     sections = {"training": training, "parallelism": parallelism}
     if dialect == "0.2":
         parallelism["enable_async_tensor_parallel"] = False
@@ -89,7 +90,6 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         sections["compile"] = {"enable_async_tensor_parallel": False}
         if par.tp > 1:
             parallelism["enable_sequence_parallel"] = par.sequence_parallel
-    parallelism["pipeline_parallel_degree"] = par.pp
     if par.pp > 1:
         parallelism["pipeline_parallel_schedule"] = _SCHEDULES[par.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = par.micro_batch_size
