@@ -3,7 +3,7 @@ exactly about what the target cannot express.
 
 Plans come from autopar.estimate on a small examples/gpt.py (8 blocks, captured once per module); the
 per-layer variants (uneven stage cut, per-layer TP, per-block recomputation) re-assign plan.layers and
-are re-validated by Plan.
+are re-validated by Plan. The frameworks' own parsers check the same exports in test_export_frameworks.py.
 """
 from __future__ import annotations
 

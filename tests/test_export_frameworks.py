@@ -301,31 +301,42 @@ def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
 
 _TITAN_0_2 = '''import dataclasses, json, sys
 from torchtitan.config.manager import ConfigManager
-cfg = ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
 sections = ("training", "parallelism", "activation_checkpoint")
-print(json.dumps({s: dataclasses.asdict(getattr(cfg, s)) for s in sections}))
+parsed = {}
+for path in sys.argv[1:]:
+    cfg = ConfigManager().parse_args(["--job.config_file", path])
+    parsed[path] = {s: dataclasses.asdict(getattr(cfg, s)) for s in sections}
+print(json.dumps(parsed))
 '''
 
 
-@pytest.mark.parametrize("name", PARSER_PLANS)
-def test_torchtitan_0_2_toml(all_plans, name, tmp_path):
-    """torchtitan 0.2.2's ConfigManager reads the 0.2 TOML (unknown fields are errors). 0.2 and 0.3 share
-    a package name, so .ci/run installs 0.2.2 into a folder of its own (AUTOPAR_TORCHTITAN_0_2) and the
-    check runs in a subprocess with that folder first on the path."""
+@pytest.fixture(scope="module")
+def titan_0_2_parsed(all_plans, tmp_path_factory) -> dict[str, dict]:
+    """{plan name: the sections torchtitan 0.2.2's ConfigManager read from the plan's 0.2 TOML}. 0.2 and
+    0.3 share a package name, so .ci/run installs 0.2.2 into a folder of its own (AUTOPAR_TORCHTITAN_0_2)
+    and one subprocess with that folder first on the path reads every plan's file."""
     folder = os.environ.get("AUTOPAR_TORCHTITAN_0_2", "")
     if not (Path(folder) / "torchtitan" / "config" / "job_config.py").exists():
         pytest.skip("torchtitan 0.2.2 is not installed: pip install --no-deps --target DIR torchtitan==0.2.2 "
                     "and set AUTOPAR_TORCHTITAN_0_2=DIR")
-    text = export(all_plans[name], "torchtitan@0.2").text
-    (tmp_path / "job.toml").write_text(text)
+    paths = {}
+    for name in PARSER_PLANS:
+        paths[name] = tmp_path_factory.mktemp("titan") / f"{name}.toml"
+        paths[name].write_text(export(all_plans[name], "torchtitan@0.2").text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", _TITAN_0_2, str(tmp_path / "job.toml")], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _TITAN_0_2, *map(str, paths.values())], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     parsed = json.loads(out.stdout.strip().splitlines()[-1])
-    for section, values in tomllib.loads(text).items():
+    return {name: parsed[str(path)] for name, path in paths.items()}
+
+
+@pytest.mark.parametrize("name", PARSER_PLANS)
+def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
+    """torchtitan 0.2.2's ConfigManager reads the 0.2 TOML (an unknown field is an error) to the same values."""
+    for section, values in tomllib.loads(export(all_plans[name], "torchtitan@0.2").text).items():
         for key, value in values.items():
-            assert parsed[section][key] == value, (section, key)
+            assert titan_0_2_parsed[name][section][key] == value, (section, key)
 
 
 def _sagemaker_sdk():
