@@ -3,7 +3,7 @@ exactly about what the target cannot express.
 
 Plans come from autopar.estimate on a small examples/gpt.py (8 blocks, captured once per module); the
 per-layer variants (uneven stage cut, per-layer TP, per-block recomputation) re-assign plan.layers and
-are re-validated by Plan.
+are re-validated by Plan. The frameworks' own parsers check the same exports in test_export_frameworks.py.
 """
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ from autopar.plan import Plan
 
 GPT = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
 BLOCKS = 8
-TARGETS = ["megatron", "nemo", "deepspeed", "lightning", "torchtitan", "sagemaker"]
+TARGETS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", "sagemaker"]
+# Every target and every older dialect (TARGET@VERSION) the exporters write.
+SPECS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", "torchtitan@0.2", "sagemaker",
+         "sagemaker@v1"]
 
 
 @pytest.fixture(scope="module")
@@ -93,39 +96,53 @@ def plans(profile) -> dict[str, Plan]:
 
 
 # Warnings each (plan, target) must give, one substring per warning, nothing else.
+_SMP2_PP = ["smp v2 has no pipeline parallelism", "sharding_strategy"]  # pp folded, FSDP sharding in the script
+_SMP1_PP = ["cluster", "auto_partition"]                                 # placement, partitions
 EXPECTED_WARNINGS = {
-    "interleaved": {"megatron": [], "nemo": [],
+    "interleaved": {"megatron": [], "nemo": [], "bionemo": [],
                     "deepspeed": ["PipelineModule", "sequence parallelism", "selective"],
                     "lightning": ["no pipeline parallelism", "configure_model", "SequenceParallel", "recomputation"],
-                    "torchtitan": ["ZeRO-1", "attention-only"],
-                    "sagemaker": ["virtual stages", "auto_partition", "set_activation_checkpointing"]},
-    "zero3": {"megatron": ["ZeRO-3"], "nemo": [], "deepspeed": [], "lightning": ["recomputation"],
-              "torchtitan": [], "sagemaker": ["set_activation_checkpointing"]},
-    "gpipe_fp16": {"megatron": ["GPipe"], "nemo": ["GPipe"], "deepspeed": ["PipelineModule"],
-                   "lightning": ["no pipeline parallelism"], "torchtitan": ["fp16"], "sagemaker": ["auto_partition"]},
-    "offload": {"megatron": ["ZeRO-2", "offload"], "nemo": ["ZeRO-2", "offload"], "deepspeed": [],
-                "lightning": ["configure_model", "recomputation", "offload"],
-                "torchtitan": ["ZeRO-2", "sequence parallelism", "offload"],
-                "sagemaker": ["ZeRO-2", "set_activation_checkpointing"]},
-    "uneven_ok": {"megatron": [], "nemo": ["evenly"], "deepspeed": ["PipelineModule"],
-                  "lightning": ["no pipeline parallelism"], "torchtitan": [], "sagemaker": ["auto_partition"]},
-    "uneven_bad": {"megatron": ["stage cut"], "nemo": ["evenly"], "deepspeed": ["PipelineModule"],
-                   "lightning": ["no pipeline parallelism"], "torchtitan": [], "sagemaker": ["auto_partition"]},
+                    "torchtitan": ["ZeRO-1", "attention-only"], "torchtitan@0.2": ["ZeRO-1", "attention-only"],
+                    "sagemaker": _SMP2_PP + ["sequence-parallel parameter", "apply_activation_checkpointing"],
+                    "sagemaker@v1": _SMP1_PP + ["virtual stages", "set_activation_checkpointing"]},
+    "zero3": {"megatron": [], "nemo": [], "bionemo": [], "deepspeed": [], "lightning": ["recomputation"],
+              "torchtitan": [], "torchtitan@0.2": [], "sagemaker": ["apply_activation_checkpointing"],
+              "sagemaker@v1": ["set_activation_checkpointing"]},
+    "gpipe_fp16": {"megatron": ["GPipe"], "nemo": ["GPipe"], "bionemo": ["GPipe"], "deepspeed": ["PipelineModule"],
+                   "lightning": ["no pipeline parallelism"], "torchtitan": ["fp16"], "torchtitan@0.2": ["fp16"],
+                   "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
+    "offload": {"megatron": ["offload"], "nemo": ["ZeRO-2", "offload"], "bionemo": ["ZeRO-2", "offload"],
+                "deepspeed": [], "lightning": ["configure_model", "recomputation", "offload"],
+                "torchtitan": ["ZeRO-2", "offload"], "torchtitan@0.2": ["ZeRO-2", "sequence parallelism", "offload"],
+                "sagemaker": ["sharding_strategy", "sequence-parallel parameter", "apply_activation_checkpointing"],
+                "sagemaker@v1": ["ZeRO-2", "set_activation_checkpointing"]},
+    "uneven_ok": {"megatron": [], "nemo": ["evenly"], "bionemo": ["evenly"],
+                  "deepspeed": ["PipelineModule", "without ZeRO"], "lightning": ["no pipeline parallelism"],
+                  "torchtitan": [], "torchtitan@0.2": [], "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
+    "uneven_bad": {"megatron": ["stage cut"], "nemo": ["evenly"], "bionemo": ["evenly"],
+                   "deepspeed": ["PipelineModule", "without ZeRO"], "lightning": ["no pipeline parallelism"],
+                   "torchtitan": [], "torchtitan@0.2": [], "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
     "layer_tp": {t: ["h.3: tp 4"] + extra for t, extra in [
-        ("megatron", []), ("nemo", []), ("deepspeed", []), ("lightning", ["configure_model"]),
-        ("torchtitan", ["sequence parallelism"]), ("sagemaker", [])]},
-    "recompute_block": {"megatron": [], "nemo": [], "deepspeed": ["PipelineModule", "mixes recomputation"],
-                        "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
-                        "torchtitan": ["ZeRO-1"], "sagemaker": ["auto_partition", "set_activation_checkpointing"]},
-    "recompute_mixed": {"megatron": ["same number of blocks"], "nemo": ["same number of blocks"],
+        ("megatron", []), ("nemo", []), ("bionemo", []), ("deepspeed", ["without ZeRO"]),
+        ("lightning", ["configure_model"]), ("torchtitan", []), ("torchtitan@0.2", ["sequence parallelism"]),
+        ("sagemaker", ["sharding_strategy", "sequence-parallel parameter"]), ("sagemaker@v1", [])]},
+    "recompute_block": {"megatron": [], "nemo": [], "bionemo": [],
                         "deepspeed": ["PipelineModule", "mixes recomputation"],
                         "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
-                        "torchtitan": ["ZeRO-1"], "sagemaker": ["auto_partition", "set_activation_checkpointing"]},
+                        "torchtitan": ["ZeRO-1", "one recomputation policy"], "torchtitan@0.2": ["ZeRO-1"],
+                        "sagemaker": _SMP2_PP + ["apply_activation_checkpointing"],
+                        "sagemaker@v1": _SMP1_PP + ["set_activation_checkpointing"]},
+    "recompute_mixed": {"megatron": ["same number of blocks"], "nemo": ["same number of blocks"],
+                        "bionemo": ["same number of blocks"], "deepspeed": ["PipelineModule", "mixes recomputation"],
+                        "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
+                        "torchtitan": ["ZeRO-1", "one recomputation policy"], "torchtitan@0.2": ["ZeRO-1"],
+                        "sagemaker": _SMP2_PP + ["apply_activation_checkpointing"],
+                        "sagemaker@v1": _SMP1_PP + ["set_activation_checkpointing"]},
 }
 
 
 @pytest.mark.parametrize("name", list(EXPECTED_WARNINGS))
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", SPECS)
 def test_warns_exactly_for_what_the_target_cannot_express(plans, name, target):
     warnings = list(export(plans[name], target).warnings)
     expected = EXPECTED_WARNINGS[name][target]
@@ -138,18 +155,64 @@ def test_warns_exactly_for_what_the_target_cannot_express(plans, name, target):
 
 # -- parsers: the export text back to the numbers it sets --------------------------------------------------
 
-def _megatron(text: str) -> tuple[dict[str, str], dict[str, str | None]]:
+def _bash_array(text: str, name: str) -> tuple[dict[str, str], list[str]]:
+    """(the variables set before ``name=(``, the array's words) of a bash export."""
     tokens = shlex.split(text, comments=True)
-    start, end = tokens.index("MEGATRON_ARGS=("), tokens.index(")")
-    env = dict(t.split("=", 1) for t in tokens[:start])
+    start, end = tokens.index(f"{name}=("), tokens.index(")")
+    env = dict(t.split("=", 1) for t in tokens[:start] if t != "export")
+    return env, tokens[start + 1:end]
+
+
+def _flags(words: list[str]) -> dict[str, str | None]:
+    """--flag [value] words as {flag: value (the last word after it) or None}."""
     args: dict[str, str | None] = {}
-    for tok in tokens[start + 1:end]:
+    for tok in words:
         if tok.startswith("--"):
             args[tok] = None
             last = tok
         else:
             args[last] = tok
-    return env, args
+    return args
+
+
+def _megatron(text: str) -> tuple[dict[str, str], dict[str, str | None]]:
+    env, words = _bash_array(text, "MEGATRON_ARGS")
+    return env, _flags(words)
+
+
+def _titan(text: str) -> dict:
+    """torchtitan 0.3's overrides as the 0.2 TOML's nested dict ({section: {field: value}})."""
+    _, words = _bash_array(text, "TORCHTITAN_ARGS")
+    cfg: dict = {"activation_checkpoint": {"mode": words[-1].split(":", 1)[1]}}
+    i = 0
+    while i < len(words) - 1:
+        section, key = words[i][2:].split(".", 1)
+        values = []
+        while i + 1 < len(words) - 1 and not words[i + 1].startswith("--"):
+            values.append(words[i + 1])
+            i += 1
+        if key.startswith("no-") and not values:
+            key, value = key[3:], False
+        elif not values:
+            value = True
+        elif key == "module-fqns-per-model-part":
+            value = [v.split(",") for v in values]
+        else:
+            value = int(values[0]) if values[0].isdigit() else values[0]
+        cfg.setdefault(section, {})[key.replace("-", "_")] = value
+        i += 1
+    return cfg
+
+
+def _titan_config(plan: Plan, target: str = "torchtitan") -> dict:
+    text = export(plan, target).text
+    return tomllib.loads(text) if target == "torchtitan@0.2" else _titan(text)
+
+
+def _smp(plan: Plan, target: str = "sagemaker") -> tuple[dict, dict]:
+    """(estimator arguments, smp parameters) of a SageMaker export."""
+    estimator = json.loads(export(plan, target).text)["estimator"]
+    return estimator, estimator["distribution"]["smdistributed"]["modelparallel"]["parameters"]
 
 
 def _lightning(text: str) -> dict[str, dict]:
@@ -159,7 +222,8 @@ def _lightning(text: str) -> dict[str, dict]:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             out["constants"][node.targets[0].id] = node.value.value
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            out[node.func.id] = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg != "strategy"}
+            out[node.func.id] = {k.arg: ast.literal_eval(k.value) for k in node.keywords
+                                 if isinstance(k.value, ast.Constant)}
     return out
 
 
@@ -174,17 +238,18 @@ def _numbers(plan: Plan, target: str) -> dict:
         return dict(tp=tp, pp=pp, dp=dp, micro=micro, global_=glob, microbatches=glob // (micro * dp),
                     seq=int(a["--seq-length"]), sp="--sequence-parallel" in a,
                     zero1="--use-distributed-optimizer" in a, bf16="--bf16" in a, fp16="--fp16" in a)
-    if target == "nemo":
+    if target in ("nemo", "bionemo"):
         cfg = yaml.safe_load(text)
         t, m = cfg["trainer"], cfg["model"]
         tp, pp = m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"]
         world = t["devices"] * t["num_nodes"]
-        # BioNeMo's / NeMo's formula (seed 000), and the accumulation NeMo derives from global_batch_size
-        assert m["micro_batch_size"] * world * t["accumulate_grad_batches"] // (tp * pp) == m["global_batch_size"]
+        # the accumulation NeMo derives from global_batch_size; BioNeMo's formula must agree with it
         derived = m["global_batch_size"] // (m["micro_batch_size"] * world // (tp * pp))
-        assert derived == t["accumulate_grad_batches"]
+        if target == "bionemo":
+            assert m["micro_batch_size"] * world * t["accumulate_grad_batches"] // (tp * pp) == m["global_batch_size"]
+        assert t["accumulate_grad_batches"] == (derived if target == "bionemo" else 1)
         return dict(tp=tp, pp=pp, dp=world // (tp * pp), micro=m["micro_batch_size"], global_=m["global_batch_size"],
-                    microbatches=t["accumulate_grad_batches"], seq=m["encoder_seq_length"], sp=m["sequence_parallel"],
+                    microbatches=derived, seq=m["encoder_seq_length"], sp=m["sequence_parallel"],
                     bf16=t["precision"] == "bf16-mixed", fp16=t["precision"] == "16-mixed")
     if target == "deepspeed":
         cfg = json.loads(text)
@@ -202,8 +267,8 @@ def _numbers(plan: Plan, target: str) -> dict:
                     global_=c["GLOBAL_BATCH_SIZE"], microbatches=trainer["accumulate_grad_batches"],
                     world=trainer["devices"] * trainer["num_nodes"], seq=c["SEQ_LEN"],
                     bf16=trainer["precision"] == "bf16-mixed", fp16=trainer["precision"] == "16-mixed")
-    if target == "torchtitan":
-        cfg = tomllib.loads(text)
+    if target.startswith("torchtitan"):
+        cfg = _titan_config(plan, target)
         tr, par = cfg["training"], cfg["parallelism"]
         dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
         local = tr["local_batch_size"]
@@ -212,19 +277,26 @@ def _numbers(plan: Plan, target: str) -> dict:
         return dict(tp=par["tensor_parallel_degree"], pp=par["pipeline_parallel_degree"], dp=dp, micro=micro,
                     global_=tr["global_batch_size"], seq=tr["seq_len"], microbatches=local // micro * accumulate,
                     pipelined=local // micro if par["pipeline_parallel_degree"] > 1 else 0,
-                    bf16=tr["mixed_precision_param"] == "bfloat16")
-    cfg = json.loads(text)
-    params = cfg["distribution"]["smdistributed"]["modelparallel"]["parameters"]
-    world = cfg["instance_count"] * cfg["distribution"]["mpi"]["processes_per_host"]
-    tp, pp, hp = params["tensor_parallel_degree"], params["pipeline_parallel_degree"], cfg["hyperparameters"]
-    assert hp["batch_size_per_rank"] == hp["micro_batch_size"] * params["microbatches"]
-    return dict(tp=tp, pp=pp, dp=world // (tp * pp), micro=hp["micro_batch_size"], microbatches=params["microbatches"],
-                global_=hp["global_batch_size"], seq=hp["seq_len"], sp=params["optimize"] == "memory",
-                bf16=params.get("bf16", False), fp16=params.get("fp16", False))
+                    bf16=tr["mixed_precision_param"] == "bfloat16",
+                    sp=par.get("enable_sequence_parallel", par["tensor_parallel_degree"] > 1))
+    cfg, params = _smp(plan, target)
+    hp = cfg["hyperparameters"]
+    if target == "sagemaker@v1":
+        world = cfg["instance_count"] * cfg["distribution"]["mpi"]["processes_per_host"]
+        tp, pp = params["tensor_parallel_degree"], params["pipeline_parallel_degree"]
+        assert hp["accumulation_steps"] == params["microbatches"]
+        return dict(tp=tp, pp=pp, dp=world // (tp * pp), micro=hp["micro_batch_size"], seq=hp["seq_len"],
+                    microbatches=params["microbatches"], global_=hp["global_batch_size"],
+                    sp=params["optimize"] == "memory", bf16=params.get("bf16", False), fp16=params.get("fp16", False))
+    world = cfg["instance_count"] * 8  # every instance type the export names has 8 GPUs
+    tp = params["tensor_parallel_degree"]
+    return dict(tp=tp, pp=1, dp=world // tp, micro=hp["micro_batch_size"], microbatches=hp["accumulation_steps"],
+                global_=hp["global_batch_size"], seq=hp["seq_len"], world=world,
+                bf16=hp["dtype"] == "bf16", fp16=hp["dtype"] == "fp16")
 
 
 @pytest.mark.parametrize("name", ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok"])
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", SPECS)
 def test_degrees_and_batch_round_trip(plans, name, target):
     plan = plans[name]
     par = plan.parallelism
@@ -232,15 +304,17 @@ def test_degrees_and_batch_round_trip(plans, name, target):
     want = dict(tp=par.tp, pp=par.pp, dp=par.dp, micro=par.micro_batch_size, global_=par.global_batch_size,
                 microbatches=par.num_microbatches, seq=plan.model.seq_len, sp=par.sequence_parallel,
                 bf16=plan.model.dtype == "bf16", fp16=plan.model.dtype == "fp16")
-    if target == "lightning" and par.pp > 1:  # no pipeline: its ranks become data parallel (and warned about)
+    if target in ("lightning", "sagemaker") and par.pp > 1:  # no pipeline: its ranks become data parallel (warned)
         want.update(pp=1, dp=par.dp * par.pp, microbatches=par.num_microbatches // par.pp)
-    if target == "torchtitan":
+    if target.startswith("torchtitan"):
         want["bf16"] = plan.model.dtype != "fp32"  # fp16 becomes bfloat16 (warned about)
         want["pipelined"] = par.num_microbatches if par.pp > 1 else 0  # one pipeline pass, not accumulation
+        if target == "torchtitan@0.2":
+            want["sp"] = par.tp > 1  # 0.2 always shards along the sequence under TP (warned about)
     for key, value in got.items():
         if key in want:
             assert value == want[key], (key, value, want[key])
-    if target == "lightning":
+    if target in ("lightning", "sagemaker"):
         assert got["world"] == plan.world_size
         assert got["micro"] * par.dp * par.pp * got["microbatches"] == got["global_"]
 
@@ -286,83 +360,60 @@ def test_recompute_per_block(plans):
     assert (nemo["activations_checkpoint_method"], nemo["activations_checkpoint_num_layers"]) == ("block", 2)
     _, mixed = _megatron(export(plans["recompute_mixed"], "megatron").text)  # 3 full in chunk 0, 1 in chunk 1
     assert (mixed["--recompute-method"], mixed["--recompute-num-layers"]) == ("block", "3")
-    for name in ("recompute_block", "recompute_mixed"):  # 4 of 8 blocks: every 2nd layer
-        titan = tomllib.loads(export(plans[name], "torchtitan").text)["activation_checkpoint"]
+    for name in ("recompute_block", "recompute_mixed"):  # 4 of 8 blocks: every 2nd layer (0.2); 0.3: all
+        titan = tomllib.loads(export(plans[name], "torchtitan@0.2").text)["activation_checkpoint"]
         assert titan == {"mode": "selective", "selective_ac_option": "2"}
+        assert _titan_config(plans[name])["activation_checkpoint"] == {"mode": "full"}
 
 
 def test_zero_stage_per_target(plans):
     for name, zero in (("interleaved", 1), ("zero3", 3), ("offload", 2), ("gpipe_fp16", 0)):
         plan = plans[name]
-        assert ("--use-distributed-optimizer" in _megatron(export(plan, "megatron").text)[1]) == (zero > 0)
+        args = _megatron(export(plan, "megatron").text)[1]
+        assert ("--use-distributed-optimizer" in args) == (zero > 0)
+        assert args.get("--data-parallel-sharding-strategy") == {2: "optim_grads", 3: "optim_grads_params"}.get(zero)
+        assert ("--use-megatron-fsdp" in args) == (zero >= 2)
         model = yaml.safe_load(export(plan, "nemo").text)["model"]
         assert model.get("fsdp", False) == (zero == 3)
         assert (model["optim"]["name"] == "distributed_fused_adam") == (zero in (1, 2))
         assert json.loads(export(plan, "deepspeed").text)["zero_optimization"]["stage"] == \
             (min(zero, 1) if plan.parallelism.pp > 1 else zero)
-        par = tomllib.loads(export(plan, "torchtitan").text)["parallelism"]
-        assert (par["data_parallel_shard_degree"] > 1) == (zero > 0)
-        assert par.get("fsdp_reshard_after_forward") == {0: None, 1: "never", 2: "never", 3: "always"}[zero]
-        smp = json.loads(export(plan, "sagemaker").text)["distribution"]["smdistributed"]["modelparallel"]
-        params = smp["parameters"]
+        for target in ("torchtitan", "torchtitan@0.2"):
+            par = _titan_config(plan, target)["parallelism"]
+            assert (par["data_parallel_shard_degree"] > 1) == (zero > 0)
+            assert par.get("fsdp_reshard_after_forward") == {0: None, 1: "never", 2: "never", 3: "always"}[zero]
+        params = _smp(plan, "sagemaker@v1")[1]
         assert params.get("sharded_data_parallel_degree") == (plan.parallelism.dp if zero == 3 else None)
         assert params.get("shard_optimizer_state", False) == (zero in (1, 2))
-    assert "FSDPStrategy(sharding_strategy='FULL_SHARD')" in export(plans["zero3"], "lightning").text
+        assert _smp(plan)[1].get("hybrid_shard_degree") == (plan.parallelism.dp if zero == 3 else None)
+    assert "FSDPStrategy(sharding_strategy='FULL_SHARD', mixed_precision=" in export(plans["zero3"], "lightning").text
 
 
 def test_virtual_stages_and_cut(plans):
     nemo = yaml.safe_load(export(plans["interleaved"], "nemo").text)["model"]
     assert nemo["virtual_pipeline_model_parallel_size"] == 2
-    titan = tomllib.loads(export(plans["interleaved"], "torchtitan").text)["parallelism"]
-    assert titan["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    parts = tomllib.loads(export(plans["uneven_bad"], "torchtitan").text)["parallelism"]["module_fqns_per_model_part"]
-    assert [sum(n.startswith("h.") for n in part) for part in parts] == [3, 1, 2, 2]
-    assert [n for part in parts for n in part] == [layer.name for layer in plans["uneven_bad"].layers]
+    for target in ("torchtitan", "torchtitan@0.2"):
+        titan = _titan_config(plans["interleaved"], target)["parallelism"]
+        assert titan["pipeline_parallel_schedule"] == "Interleaved1F1B"
+        parts = _titan_config(plans["uneven_bad"], target)["parallelism"]["module_fqns_per_model_part"]
+        assert [sum(n.startswith("h.") for n in part) for part in parts] == [3, 1, 2, 2]
+        assert [n for part in parts for n in part] == [layer.name for layer in plans["uneven_bad"].layers]
 
 
 def test_offload_settings(plans):
     ds = json.loads(export(plans["offload"], "deepspeed").text)["activation_checkpointing"]
     assert ds["cpu_checkpointing"] and ds["partition_activations"]
-    params = json.loads(export(plans["offload"], "sagemaker").text)["distribution"]["smdistributed"]
-    assert params["modelparallel"]["parameters"]["offload_activations"] is True
+    assert _smp(plans["offload"], "sagemaker@v1")[1]["offload_activations"] is True
+    assert _smp(plans["offload"])[1]["sm_activation_offloading"] is True
 
 
 def test_layer_tp_exports_the_plans_base_degree(plans):
-    for target in TARGETS:
+    for target in SPECS:
         assert _numbers(plans["layer_tp"], target)["tp"] == 2
 
 
-def test_deepspeed_config_parser_accepts_it(plans, monkeypatch):
-    """DeepSpeed's own config class checks the batch arithmetic and the keys of the ZeRO, tensor-parallel
-    and precision sections (pydantic models that forbid unknown keys); the activation-checkpointing keys
-    are checked by reading them back. Without a process group it would take world size 1, so it gets the
-    data-parallel size the way Megatron-DeepSpeed gives it: an mpu object."""
-    pytest.importorskip("deepspeed")
-    import deepspeed.runtime.config as ds_config
-
-    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
-    for name in ("interleaved", "zero3", "gpipe_fp16", "offload"):
-        plan = plans[name]
-
-        class MPU:
-            def get_data_parallel_world_size(self) -> int:
-                return plan.parallelism.dp
-
-        cfg = ds_config.DeepSpeedConfig(json.loads(export(plan, "deepspeed").text), mpu=MPU())
-        par = plan.parallelism
-        assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-            (par.global_batch_size, par.micro_batch_size, par.num_microbatches)
-        assert cfg.zero_optimization_stage == (min(par.zero_stage, 1) if par.pp > 1 else par.zero_stage)
-        assert cfg.bfloat16_config.enabled == (plan.model.dtype == "bf16")
-        checkpointing = cfg.activation_checkpointing_config
-        assert checkpointing.cpu_checkpointing == par.offload_activations
-        assert checkpointing.partition_activations == (par.recompute != "none" and
-                                                       (par.sequence_parallel or par.offload_activations))
-        assert cfg.tensor_parallel_config.autotp_size == (par.tp if par.tp > 1 else 0)
-
-
 def test_unknown_target_lists_the_targets(plans):
-    with pytest.raises(AutoparError, match="choose one of megatron, nemo, deepspeed"):
+    with pytest.raises(AutoparError, match="choose one of megatron, nemo, bionemo, deepspeed"):
         export(plans["zero3"], "colossalai")
     assert sorted(EXPORTERS) == sorted(TARGETS)
 
@@ -388,9 +439,25 @@ def test_cli_errors_are_one_line(plans, tmp_path):
     path = tmp_path / "plan.json"
     plans["zero3"].save(path)
     for args, needle in ((["--to", "bogus"], "choose one of megatron"),
+                         (["--to", "torchtitan@0.1"], "choose one of torchtitan@0.3, torchtitan@0.2"),
                          (["--to", "megatron"], "plan file not found")):
         target = str(path) if needle != "plan file not found" else str(tmp_path / "missing.json")
         result = runner.invoke(app, ["export", target, *args])
         assert result.exit_code == 2
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
+def test_a_degree_a_target_cannot_name_is_a_warning(monkeypatch):
+    """A new degree (here context parallelism, as plans may carry it) is one more name per exporter; a target
+    without a name for it says so instead of dropping it silently."""
+    from types import SimpleNamespace
+
+    from autopar.export import common
+
+    monkeypatch.setattr(common, "MODEL_DEGREES", ("tp", "pp", "cp"))
+    plan = SimpleNamespace(parallelism=SimpleNamespace(tp=2, pp=1, cp=4))
+    warnings: list[str] = []
+    assert common.model_degrees(plan, {"tp": "--tp", "pp": "--pp"}, "X", warnings) == {"--tp": 2, "--pp": 1}
+    assert len(warnings) == 1 and "X has no context parallelism; the plan's cp 4" in warnings[0]
+    assert common.model_degrees(plan, {"tp": "t", "pp": "p", "cp": "c"}, "X", []) == {"t": 2, "p": 1, "c": 4}

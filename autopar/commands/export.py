@@ -12,20 +12,22 @@ from autopar.errors import AutoparError
 
 def export_command(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON (autopar solve -o, estimate --json)")],
-    to: Annotated[str, typer.Option("--to", help="target: megatron, nemo, deepspeed, lightning, torchtitan or "
-                                                 "sagemaker")],
+    to: Annotated[str, typer.Option("--to", help="target: megatron, nemo, bionemo, deepspeed, lightning, torchtitan "
+                                                 "or sagemaker; TARGET@VERSION picks an older dialect "
+                                                 "(torchtitan@0.2, sagemaker@v1)")],
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write here (atomically) instead of "
                                                                           "printing")] = None,
 ) -> None:
-    """Export PLAN as Megatron arguments, NeMo YAML, a DeepSpeed config, a Lightning snippet, torchtitan TOML or
-    SageMaker smp parameters; what the target cannot express is warned about on stderr."""
+    """Export PLAN as Megatron arguments, NeMo / BioNeMo YAML, a DeepSpeed config, a Lightning snippet, torchtitan
+    overrides (or 0.2's TOML) or SageMaker smp arguments; the output's header names the framework version the
+    format was checked against, and what the target cannot express is warned about on stderr."""
     from autopar.export import check_target, export
     from autopar.plan import Plan
     from autopar.profile import write_atomic
 
     try:
-        target = check_target(to)  # before reading the plan: a bad --to fails first
-        result = export(Plan.load(plan_file), target)
+        check_target(to)  # before reading the plan: a bad --to fails first
+        result = export(Plan.load(plan_file), to)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)

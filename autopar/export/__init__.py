@@ -1,16 +1,23 @@
 """Turn a Plan into what a training framework's launch takes (pure data: no torch, no framework imported).
 
     from autopar.export import export
-    result = export(plan, "megatron")     # Export(target, text, warnings)
+    result = export(plan, "megatron")     # Export(target, text, warnings, version)
+    result = export(plan, "torchtitan@0.2")  # an older dialect, where versions disagree
     print(result.text); for w in result.warnings: print("warning:", w)
 
 One module per target. Each writes the plan's degrees, batch split, ZeRO stage, recomputation, sequence
 parallelism, schedule and precision in the target's own names; what the target cannot express (per-layer
 tensor-parallel degrees, a per-block recomputation mix, a stage cut it cannot place, offload, ...) becomes
 the closest setting it can express plus a warning in ``Export.warnings`` — never a silent difference.
+
+Each module's ``VERSIONS`` maps its dialects (newest first, the default) to the framework release whose
+own parser / validator the tests run on that dialect's output; the text's header names it.
 """
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable
 
 from autopar.errors import AutoparError
@@ -18,26 +25,58 @@ from autopar.export import deepspeed, lightning, megatron, nemo, sagemaker, torc
 from autopar.export.common import Export
 from autopar.plan import Plan
 
-EXPORTERS: dict[str, Callable[[Plan], Export]] = {
-    "megatron": megatron.export,
-    "nemo": nemo.export,
-    "deepspeed": deepspeed.export,
-    "lightning": lightning.export,
-    "torchtitan": torchtitan.export,
-    "sagemaker": sagemaker.export,
-}
 
-__all__ = ["EXPORTERS", "Export", "check_target", "export"]
+@dataclass(frozen=True)
+class Target:
+    """One export target: its dialects (version prefix → the release it was checked against) and its
+    exporter, called with the plan and the chosen dialect."""
+
+    name: str
+    versions: dict[str, str]
+    export: Callable[[Plan, str], Export]
+
+    @property
+    def default(self) -> str:
+        return next(iter(self.versions))
 
 
-def check_target(target: str) -> str:
-    """The registry key of ``target``; raises AutoparError (one line, listing the targets) if unknown."""
-    key = target.lower()
-    if key not in EXPORTERS:
-        raise AutoparError(f"unknown export target {target!r}: choose one of {', '.join(EXPORTERS)}")
-    return key
+def _target(name: str, module: ModuleType, versions: dict[str, str] | None = None,
+            export: Callable[[Plan, str], Export] | None = None) -> Target:
+    return Target(name, versions or module.VERSIONS, export or module.export)
+
+
+EXPORTERS: dict[str, Target] = {t.name: t for t in (
+    _target("megatron", megatron),
+    _target("nemo", nemo),
+    _target("bionemo", nemo, nemo.BIONEMO_VERSIONS, nemo.export_bionemo),
+    _target("deepspeed", deepspeed),
+    _target("lightning", lightning),
+    _target("torchtitan", torchtitan),
+    _target("sagemaker", sagemaker),
+)}
+
+__all__ = ["EXPORTERS", "Export", "Target", "check_target", "export"]
+
+
+def check_target(spec: str) -> tuple[str, str]:
+    """(target, dialect) of ``spec`` ("name" or "name@version"); raises AutoparError (one line, listing
+    the targets or that target's versions) if either is unknown."""
+    name, _, version = spec.lower().partition("@")
+    if name not in EXPORTERS:
+        raise AutoparError(f"unknown export target {spec!r}: choose one of {', '.join(EXPORTERS)}")
+    target = EXPORTERS[name]
+    if not version:
+        return name, target.default
+    wanted = re.sub(r"^(core_)?v", "", version)
+    for dialect in target.versions:  # "0.2" selects on "0.2" and "0.2.2"; "v1" on "1" and "v1"
+        key = dialect.lstrip("v")
+        if wanted == key or wanted.startswith(key + "."):
+            return name, dialect
+    known = ", ".join(f"{name}@{d}" for d in target.versions)
+    raise AutoparError(f"unknown version {version!r} of export target {name}: choose one of {known}")
 
 
 def export(plan: Plan, target: str) -> Export:
-    """The plan in ``target``'s format (see the module of each target for its mapping)."""
-    return EXPORTERS[check_target(target)](plan)
+    """The plan in ``target``'s format ("name" or "name@version"; see the module of each target)."""
+    name, dialect = check_target(target)
+    return EXPORTERS[name].export(plan, dialect)

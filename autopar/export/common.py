@@ -66,6 +66,29 @@ def chunk_layer_names(plan: Plan) -> list[list[str]]:
     return chunks
 
 
+# The parallel degrees beyond data parallelism a plan carries (fields of plan.parallelism). Each exporter maps
+# the ones it can set to its own names with model_degrees(); a new degree is one more entry here and in the
+# mappings, and a target without a name for it warns when the plan uses it.
+MODEL_DEGREES = ("tp", "pp")
+_DEGREE_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
+
+
+def model_degrees(plan: Plan, names: dict[str, str], target: str, warnings: list[str],
+                  handled: tuple[str, ...] = ()) -> dict[str, int]:
+    """{target's name: degree} for each of MODEL_DEGREES the target names; a degree > 1 it has no name for
+    (and that the exporter does not handle itself, ``handled``) is a warning: the export runs it as 1."""
+    settings = {}
+    for degree in MODEL_DEGREES:
+        value = getattr(plan.parallelism, degree, 1)
+        if degree in names:
+            settings[names[degree]] = value
+        elif value > 1 and degree not in handled:
+            kind = _DEGREE_NAMES.get(degree, degree)
+            warnings.append(f"{target} has no {kind} parallelism; the plan's {degree} {value} is not exported "
+                            f"(its {value} ranks per group are left out of the launch: a different run than planned)")
+    return settings
+
+
 def tp_warning(plan: Plan, target: str) -> str | None:
     """A warning when layers run at different tensor-parallel degrees (the export uses parallelism.tp)."""
     degrees = Counter(layer.tp for layer in plan.layers)
@@ -94,6 +117,34 @@ def nodes(plan: Plan) -> tuple[int, int, str | None]:
     raise AssertionError("unreachable: 1 divides every world size")
 
 
+@dataclass(frozen=True)
+class Folded:
+    """A plan's batch split on a target without pipeline parallelism: the pipeline ranks join data
+    parallelism and the micro-batches per step shrink by pp (rounded), which may change the global batch."""
+
+    dp: int
+    accumulate: int
+    global_batch: int
+    warning: str | None
+
+
+def fold_pipeline(plan: Plan, target: str) -> Folded:
+    """The plan's batch split with its pipeline stages folded into data parallelism (for targets that have
+    no pipeline parallelism); a warning when it had pipeline stages."""
+    par = plan.parallelism
+    if par.pp == 1:
+        return Folded(par.dp, par.num_microbatches, par.global_batch_size, None)
+    dp = par.dp * par.pp
+    accumulate = max(1, round(par.num_microbatches / par.pp))
+    global_batch = par.micro_batch_size * dp * accumulate
+    changed = "" if global_batch == par.global_batch_size else f" (global batch {global_batch}, not " \
+                                                                f"{par.global_batch_size})"
+    return Folded(dp, accumulate, global_batch, (
+        f"{target} has no pipeline parallelism; the plan's {par.pp} pipeline stages are folded into data "
+        f"parallelism: dp {dp}, {accumulate} accumulated batches{changed}, every GPU holds the whole model "
+        "(more memory per GPU than planned)"))
+
+
 def precision(plan: Plan) -> str:
     """The training dtype: "bf16", "fp16" or "fp32" (from the plan's precision recipe, else the model's)."""
     recipe = plan.parallelism.precision
@@ -113,11 +164,20 @@ def fp32_grads(plan: Plan) -> bool:
 
 @dataclass(frozen=True)
 class Export:
-    """What one exporter produced: the text to write and the plan features it could not express."""
+    """What one exporter produced: the text to write, the plan features it could not express, and the
+    framework version whose own parser the format was checked against (stated in the text's header)."""
 
     target: str
     text: str
     warnings: tuple[str, ...] = ()
+    version: str = ""
+
+
+def header(plan: Plan, version: str, warnings: list[str], comment: str = "#") -> list[str]:
+    """The comment lines every text export starts with: the plan, the framework version the format was
+    checked against, and each warning."""
+    return ([f"{comment} {summary(plan)}", f"{comment} format: {version}"] +
+            [f"{comment} warning: {w}" for w in warnings])
 
 
 @dataclass(frozen=True)

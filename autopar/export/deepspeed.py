@@ -5,7 +5,9 @@ size, which DeepSpeed checks at start-up; under pipeline parallelism the accumul
 pipeline's micro-batches.
 
 Parallelism the config cannot carry: pipeline stages are built in code (``PipelineModule(layers,
-num_stages=pp)``; DeepSpeed's pipeline engine runs 1F1B only, with ZeRO-0/1), and Megatron-style sequence
+topology=PipeModelDataParallelTopology(num_pp, num_mp, num_dp))``: with ``num_stages`` alone DeepSpeed takes
+dp = world / pp, ignoring tensor parallelism, and its batch check fails; the pipeline engine runs 1F1B only,
+with ZeRO-0/1), and Megatron-style sequence
 parallelism belongs to the model (Megatron-DeepSpeed). Tensor parallelism is DeepSpeed's AutoTP
 (``tensor_parallel.autotp_size``; with Megatron-DeepSpeed, drop it and pass Megatron's
 --tensor-model-parallel-size instead). Recomputation: ``activation_checkpointing`` configures
@@ -18,13 +20,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autopar.export.common import Export, fp32_grads, precision, tp_warning, uniform_recompute
+from autopar.export.common import Export, fp32_grads, precision, summary, tp_warning, uniform_recompute
 from autopar.plan import Plan
 
 TARGET = "DeepSpeed"
+VERSIONS = {"0.19": "DeepSpeed 0.19.8 (DeepSpeedConfig; the engine's optimizer dtype check)"}
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, dialect: str = "0.19") -> Export:
     par = plan.parallelism
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
@@ -37,7 +40,8 @@ def export(plan: Plan) -> Export:
     zero = par.zero_stage
     if par.pp > 1:
         warnings.append(f"ds_config cannot set pipeline parallelism: build the model as PipelineModule(layers, "
-                        f"num_stages={par.pp}) with the plan's stage cut (see the plan's layers){_schedule(plan)}")
+                        f"topology=PipeModelDataParallelTopology(num_pp={par.pp}, num_mp={par.tp}, num_dp={par.dp})) "
+                        f"with the plan's stage cut (see the plan's layers){_schedule(plan)}")
         if zero >= 2:
             warnings.append(f"DeepSpeed's pipeline engine supports ZeRO-0/1 only; the plan's ZeRO-{zero} is "
                             "exported as ZeRO-1 (more memory per GPU than planned)")
@@ -67,14 +71,24 @@ def export(plan: Plan) -> Export:
         warnings.append("DeepSpeed offloads only checkpointed activations (activation_checkpointing."
                         "cpu_checkpointing) and the plan recomputes nothing; exported without offload "
                         "(activations stay on the GPU: more memory than planned)")
+    config.update(_precision(plan, zero, warnings))
+    config = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings}, **config}
+    return Export("deepspeed", json.dumps(config, indent=2) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _precision(plan: Plan, zero: int, warnings: list[str]) -> dict[str, Any]:
     dtype = precision(plan)
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif dtype == "fp16":
-        config["fp16"] = {"enabled": True}
-    if dtype != "fp32" and fp32_grads(plan):
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
-    return Export("deepspeed", json.dumps(config, indent=2) + "\n", tuple(warnings))
+    if dtype == "fp32":
+        return {}
+    config: dict[str, Any] = {"bf16" if dtype == "bf16" else "fp16": {"enabled": True}}
+    if fp32_grads(plan):
+        if zero == 0:
+            warnings.append(f"DeepSpeed without ZeRO accumulates and reduces gradients in {dtype} (fp32 "
+                            f"accumulation, the plan's, needs ZeRO-1 or more); exported with {dtype} gradients "
+                            "(half the gradient memory planned, and a 16-bit reduction)")
+        else:
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
 
 
 def _schedule(plan: Plan) -> str:

@@ -9,41 +9,45 @@ state sharded, ZeRO-2), ZeRO-0 → ``DDPStrategy``. Batch: the DataLoader yields
 Lightning has no pipeline parallelism (seed 001): a plan with pp > 1 is exported with the pipeline ranks
 folded into data parallelism, with a warning. Sequence parallelism, recomputation and offload are not
 Trainer arguments: they live in the model code, so they are warned about too.
+
+Precision: ``precision="bf16-mixed"`` alone makes FSDPStrategy reduce gradients in bf16, while the plan
+(Megatron's bf16 recipe, and every other export) reduces them in fp32; the FSDP strategy therefore gets an
+explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the plan's reduction dtype.
 """
 from __future__ import annotations
 
-from autopar.export.common import Export, nodes, precision, summary, tp_warning, uniform_recompute
+from autopar.export.common import (Export, fold_pipeline, fp32_grads, header, nodes, precision, tp_warning,
+                                   uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "Lightning"
+VERSIONS = {"2.6": "Lightning 2.6.6 (the snippet runs: Trainer and strategy constructors)"}
 _PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
+_TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, dialect: str = "2.6") -> Export:
     par = plan.parallelism
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
-    dp, accumulate, global_batch = par.dp, par.num_microbatches, par.global_batch_size
-    if par.pp > 1:
-        dp = par.dp * par.pp
-        accumulate = max(1, round(par.num_microbatches / par.pp))
-        global_batch = par.micro_batch_size * dp * accumulate
-        changed = "" if global_batch == par.global_batch_size else f" (global batch {global_batch}, not " \
-                                                                    f"{par.global_batch_size})"
-        warnings.append(f"Lightning has no pipeline parallelism; the plan's {par.pp} pipeline stages are folded "
-                        f"into data parallelism: dp {dp}, {accumulate} accumulated batches{changed}, every GPU "
-                        "holds the whole model (more memory per GPU than planned)")
+    folded = fold_pipeline(plan, TARGET)
+    dp, accumulate, global_batch = folded.dp, folded.accumulate, folded.global_batch
+    if folded.warning is not None:
+        warnings.append(folded.warning)
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
         warnings.append(node_warning)
-    zero = par.zero_stage
+    zero, dtype = par.zero_stage, precision(plan)
+    reduce = _TORCH_DTYPE["fp32" if fp32_grads(plan) else dtype]
+    imports, extra = _strategy_imports(plan, dtype)
     if par.tp > 1:
-        imports = "ModelParallelStrategy"
         strategy = f"ModelParallelStrategy(data_parallel_size={dp}, tensor_parallel_size={par.tp})"
         if dp > 1:
-            how = {0: "replicate(model, device_mesh=...)", 3: "fully_shard(...)"}.get(
-                zero, "fully_shard(..., reshard_after_forward=False)")
+            policy = "" if dtype == "fp32" or zero == 0 else (
+                f", mp_policy=MixedPrecisionPolicy(param_dtype={_TORCH_DTYPE[dtype]}, reduce_dtype={reduce})")
+            how = {0: "replicate(model, device_mesh=...)", 3: f"fully_shard(...{policy})"}.get(
+                zero, f"fully_shard(..., reshard_after_forward=False{policy})")
             warnings.append(f"ModelParallelStrategy leaves data parallelism to the model's configure_model: apply "
                             f"{how} over self.device_mesh['data_parallel'] for the plan's ZeRO-{zero}")
         if par.sequence_parallel:
@@ -51,14 +55,15 @@ def export(plan: Plan) -> Export:
                             "norms in the tensor-parallel plan of configure_model, otherwise activations take more "
                             "memory than planned")
     elif zero > 0:
-        imports = "FSDPStrategy"
         sharding = "FULL_SHARD" if zero == 3 else "SHARD_GRAD_OP"
-        strategy = f"FSDPStrategy(sharding_strategy={sharding!r})"
+        mixed = "" if dtype == "fp32" else (f", mixed_precision=MixedPrecision(param_dtype={_TORCH_DTYPE[dtype]}, "
+                                            f"reduce_dtype={reduce}, buffer_dtype={_TORCH_DTYPE[dtype]})")
+        strategy = f"FSDPStrategy(sharding_strategy={sharding!r}{mixed})"
         if zero == 1:
             warnings.append("Lightning's FSDP has no optimizer-state-only sharding (ZeRO-1); exported as "
                             "SHARD_GRAD_OP (ZeRO-2: gradients sharded too, less memory than planned)")
     else:
-        imports, strategy = "DDPStrategy", "DDPStrategy()"
+        strategy = "DDPStrategy()"
     mode, mix = uniform_recompute(plan)
     if mode != "none":
         per_block = f" on the planned blocks ({mix})" if mix else " on every transformer block"
@@ -68,9 +73,7 @@ def export(plan: Plan) -> Export:
     if par.offload_activations:
         warnings.append("Lightning has no activation offload; exported without it (activations stay on the GPU: "
                         "more memory than planned)")
-    lines = [f"# {summary(plan)}"]
-    lines += [f"# warning: {w}" for w in warnings]
-    lines += [
+    lines = header(plan, VERSIONS[dialect], warnings) + extra + [
         "from lightning.pytorch import Trainer",
         f"from lightning.pytorch.strategies import {imports}",
         "",
@@ -81,6 +84,17 @@ def export(plan: Plan) -> Export:
         "",
         f"strategy = {strategy}",
         f"trainer = Trainer(devices={per_node}, num_nodes={n_nodes}, strategy=strategy, "
-        f"accumulate_grad_batches={accumulate}, precision={_PRECISION[precision(plan)]!r})",
+        f"accumulate_grad_batches={accumulate}, precision={_PRECISION[dtype]!r})",
     ]
-    return Export("lightning", "\n".join(lines) + "\n", tuple(warnings))
+    return Export("lightning", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _strategy_imports(plan: Plan, dtype: str) -> tuple[str, list[str]]:
+    """The strategy class the snippet imports, and the imports its mixed-precision policy needs."""
+    par = plan.parallelism
+    if par.tp > 1:
+        return "ModelParallelStrategy", []
+    if par.zero_stage == 0:
+        return "DDPStrategy", []
+    extra = [] if dtype == "fp32" else ["import torch", "from torch.distributed.fsdp import MixedPrecision"]
+    return "FSDPStrategy", extra

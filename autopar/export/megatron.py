@@ -14,17 +14,27 @@ Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-
 input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
 every chunk → ``--recompute-method block --recompute-num-layers k`` (which blocks of a chunk recompute
 does not matter when they are identical).
+
+Data parallelism: ZeRO-1 → ``--use-distributed-optimizer``; ZeRO-2 / ZeRO-3 → Megatron-FSDP
+(``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``, which
+needs ``--ckpt-format fsdp_dtensor``). Tensor parallelism on Hopper and older needs
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` (validate_args asserts it) except under Megatron-FSDP, which asserts the
+opposite; the export sets it in the environment.
 """
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.common import (Export, chunk_block_counts, megatron_recompute, nodes, num_blocks, precision,
-                                   rank_counts, summary, tp_warning)
+from autopar.export.common import (Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
+                                   num_blocks, precision, rank_counts, tp_warning)
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
+_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size"}
+VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: parse_args + validate_args)"}
+# Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
+_FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
 
 @dataclass(frozen=True)
@@ -67,11 +77,10 @@ def megatron_split(chunk_counts: list[int], pp: int, virtual: int) -> StageSplit
     return min(candidates, key=lambda s: (sum(abs(a - b) for a, b in zip(s.ranks, want)), s.first is not None))
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, dialect: str = "0.16") -> Export:
     par = plan.parallelism
     warnings: list[str] = []
-    args: list[tuple[str, object]] = [("--tensor-model-parallel-size", par.tp),
-                                      ("--pipeline-model-parallel-size", par.pp)]
+    args: list[tuple[str, object]] = list(model_degrees(plan, _DEGREES, TARGET, warnings).items())
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     layers = num_blocks(plan)
@@ -89,13 +98,7 @@ def export(plan: Plan) -> Export:
         args.append(("--recompute-granularity", recompute.granularity))
     if recompute.method is not None:
         args += [("--recompute-method", recompute.method), ("--recompute-num-layers", recompute.num_layers)]
-    if par.zero_stage >= 1:
-        args.append(("--use-distributed-optimizer", None))
-    if par.zero_stage >= 2:
-        warnings.append(f"Megatron-LM's distributed optimizer shards optimizer state and fp32 master weights "
-                        f"(ZeRO-1) but not {'gradients' if par.zero_stage == 2 else 'gradients or parameters'}; "
-                        f"the plan's ZeRO-{par.zero_stage} is exported as --use-distributed-optimizer "
-                        "(more memory per GPU than planned)")
+    args += _data_parallel_args(par.zero_stage)
     dtype = precision(plan)
     if dtype != "fp32":
         args.append((f"--{dtype}", None))
@@ -105,15 +108,28 @@ def export(plan: Plan) -> Export:
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
         warnings.append(node_warning)
-    lines = [f"# {summary(plan)}",
-             "# data parallelism = world / (tp × pp); launch with:",
-             '#   torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" pretrain_gpt.py '
-             '"${MEGATRON_ARGS[@]}" <model and data arguments>']
-    lines += [f"# warning: {w}" for w in warnings]
-    lines += [f"NNODES={n_nodes}", f"GPUS_PER_NODE={per_node}", "MEGATRON_ARGS=("]
+    lines = header(plan, VERSIONS[dialect], warnings)
+    lines[1:1] = ["# data parallelism = world / (tp × pp); launch with:",
+                  '#   torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" pretrain_gpt.py '
+                  '"${MEGATRON_ARGS[@]}" <model and data arguments>']
+    lines += [f"NNODES={n_nodes}", f"GPUS_PER_NODE={per_node}"]
+    if par.tp > 1 and par.zero_stage < 2:  # validate_args: TP needs it (before Blackwell), Megatron-FSDP forbids it
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    lines.append("MEGATRON_ARGS=(")
     lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
     lines.append(")")
-    return Export("megatron", "\n".join(lines) + "\n", tuple(warnings))
+    return Export("megatron", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _data_parallel_args(zero_stage: int) -> list[tuple[str, object]]:
+    """ZeRO-1: the distributed optimizer; ZeRO-2/3: Megatron-FSDP with the matching sharding strategy."""
+    if zero_stage == 0:
+        return []
+    args: list[tuple[str, object]] = [("--use-distributed-optimizer", None)]
+    if zero_stage in _FSDP_SHARDING:
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _FSDP_SHARDING[zero_stage]),
+                 ("--ckpt-format", "fsdp_dtensor")]
+    return args
 
 
 def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:

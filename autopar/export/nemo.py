@@ -1,9 +1,12 @@
-"""NeMo / BioNeMo YAML (the ``trainer`` and ``model`` keys of a Megatron model config, seed 000).
+"""NeMo / BioNeMo YAML (the ``trainer`` and ``model`` keys of a Megatron model config).
 
-Batch: NeMo's formula global_batch_size = micro_batch_size × devices × num_nodes ×
-accumulate_grad_batches / (tensor_model_parallel_size × pipeline_model_parallel_size) holds with
-accumulate_grad_batches = the plan's micro-batches per step (BioNeMo infers global_batch_size from it
-and refuses a conflicting one; NeMo's Megatron models derive the same accumulation from global_batch_size).
+Batch: the two disagree on ``trainer.accumulate_grad_batches``. NeMo's Megatron models accumulate inside
+their training_step, taking the micro-batches from global_batch_size / (micro_batch_size × dp), and refuse
+any other value than 1 (``MegatronBaseModel._validate_trainer``: "Gradient accumulation is done within
+training_step"): ``--to nemo`` writes 1. BioNeMo's trainer builder infers global_batch_size = micro_batch_size
+× devices × num_nodes × accumulate_grad_batches / (tensor_model_parallel_size ×
+pipeline_model_parallel_size), refuses a conflicting one, then hands NeMo 1: ``--to bionemo`` writes the
+plan's micro-batches per step.
 
 Other keys: ZeRO-1/2 → ``model.optim.name: distributed_fused_adam`` (NeMo's distributed optimizer shards
 optimizer state and master weights); ZeRO-3 → ``model.fsdp: true`` (torch FSDP, full sharding; NeMo runs
@@ -18,15 +21,30 @@ from typing import Any
 
 import yaml
 
-from autopar.export.common import (Export, chunk_block_counts, fp32_grads, megatron_recompute, nodes, num_blocks,
-                                   precision, summary, tp_warning)
+from autopar.export.common import (Export, chunk_block_counts, fp32_grads, header, megatron_recompute, model_degrees,
+                                   nodes, num_blocks, precision, tp_warning)
 from autopar.plan import Plan
 
 TARGET = "NeMo"
+_DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size"}
+# Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
+VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
+BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
+                         "accumulate_grad_batches)"}
 _TRAINER_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32}
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, dialect: str = "2") -> Export:
+    """NeMo's form: accumulate_grad_batches 1, the accumulation follows from global_batch_size."""
+    return _export(plan, bionemo=False, version=VERSIONS[dialect])
+
+
+def export_bionemo(plan: Plan, dialect: str = "2") -> Export:
+    """BioNeMo's form: accumulate_grad_batches = the plan's micro-batches per step."""
+    return _export(plan, bionemo=True, version=BIONEMO_VERSIONS[dialect])
+
+
+def _export(plan: Plan, bionemo: bool, version: str) -> Export:
     par = plan.parallelism
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
@@ -35,12 +53,13 @@ def export(plan: Plan) -> Export:
     if node_warning:
         warnings.append(node_warning)
     dtype = precision(plan)
-    trainer = {"devices": per_node, "num_nodes": n_nodes, "accumulate_grad_batches": par.num_microbatches,
+    trainer = {"devices": per_node, "num_nodes": n_nodes,
+               "accumulate_grad_batches": par.num_microbatches if bionemo else 1,
                "precision": _TRAINER_PRECISION[dtype]}
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
     model: dict[str, Any] = {
         "micro_batch_size": par.micro_batch_size, "global_batch_size": par.global_batch_size,
-        "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
+        **model_degrees(plan, _DEGREES, TARGET, warnings),
         "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": par.sequence_parallel,
         "encoder_seq_length": plan.model.seq_len,
     }
@@ -68,14 +87,13 @@ def export(plan: Plan) -> Export:
     model["optim"] = {"name": "distributed_fused_adam" if par.zero_stage >= 1 and not fsdp else "fused_adam"}
     if par.offload_activations:
         model.update(_offload(plan, warnings))
-    header = [f"# {summary(plan)}",
-              "# global_batch_size = micro_batch_size * devices * num_nodes * accumulate_grad_batches"
-              " / (tensor_model_parallel_size * pipeline_model_parallel_size)",
-              "# (BioNeMo infers global_batch_size from it, then hands NeMo accumulate_grad_batches 1; NeMo's own",
-              "#  Megatron scripts take the accumulation from global_batch_size: there set accumulate_grad_batches 1)"]
-    header += [f"# warning: {w}" for w in warnings]
+    lines = header(plan, version, warnings)
+    lines[1:1] = ["# global_batch_size = micro_batch_size * devices * num_nodes * accumulate_grad_batches"
+                  " / (tensor_model_parallel_size * pipeline_model_parallel_size)" if bionemo else
+                  "# micro-batches per step = global_batch_size / (micro_batch_size * data-parallel size), "
+                  "accumulated in training_step"]
     body = yaml.safe_dump({"trainer": trainer, "model": model}, sort_keys=False, default_flow_style=False)
-    return Export("nemo", "\n".join(header) + "\n" + body, tuple(warnings))
+    return Export("bionemo" if bionemo else "nemo", "\n".join(lines) + "\n" + body, tuple(warnings), version)
 
 
 def _pipeline_warnings(plan: Plan, warnings: list[str]) -> None:

@@ -1,20 +1,26 @@
-"""SageMaker model parallelism (smdistributed.modelparallel v1) estimator arguments, as JSON.
+"""SageMaker model parallelism (smp) training-job arguments, as JSON.
 
-``PyTorch(entry_point=..., **json.load(open("smp.json")))`` gets ``instance_count``, the
-``distribution`` (smp ``parameters`` + MPI ``processes_per_host``) and ``hyperparameters`` for the training
-script (batch sizes: smp takes the per-rank batch and splits it into ``microbatches`` itself).
+``PyTorch(entry_point=..., **json.load(open("smp.json"))["estimator"])`` (SageMaker Python SDK 2.x) gets the
+``instance_type`` (from the plan's hardware), ``instance_count``, the ``distribution`` and the
+``hyperparameters`` for the training script; the top-level ``autopar`` key holds the plan, the format
+version and the warnings. With SDK 3.x the same smp v2 ``parameters`` go to
+``ModelTrainer(distributed=Torchrun(process_count_per_node=..., smp=SMP(**parameters)), ...)``.
 
-Mapping (smp v1 parameter names, sagemaker-python-sdk ``smd_model_parallel_general.rst``):
-- degrees: ``pipeline_parallel_degree``, ``tensor_parallel_degree``; data parallelism is what is left of
-  instance_count × processes_per_host (``ddp: true``); ``placement_strategy: "PDT"`` puts tensor
-  parallelism on neighbouring ranks, then data, then pipeline (the plan's rank order);
-  ``prescaled_batch`` with tensor parallelism: the ranks of a tensor-parallel group share their input.
-- schedule: 1F1B → ``pipeline: "interleaved"`` (smp's name for interleaving forward and backward passes),
-  GPipe → ``"simple"``; Megatron's interleaved virtual stages have no counterpart.
-- ``optimize: "memory"`` distributes norms and activations over the tensor-parallel ranks (sequence
-  parallelism); ``"speed"`` keeps them whole.
-- ZeRO-1 → ``shard_optimizer_state``; ZeRO-3 → ``sharded_data_parallel_degree`` (not with pipeline
-  parallelism); ``offload_activations``; ``bf16`` / ``fp16``.
+Dialects (``--to sagemaker@v2`` is the default):
+
+- **smp v2** (``torch_distributed`` enabled; smp 2.x builds on PyTorch FSDP): ``tensor_parallel_degree``,
+  ``hybrid_shard_degree`` (ZeRO-3: the data-parallel size), ``sm_activation_offloading``; each further
+  degree the plan may carry is one more entry of ``_V2_DEGREES`` (a degree smp v2 cannot take is a
+  warning). smp v2 has no pipeline parallelism: the pipeline ranks fold into data parallelism, with a
+  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup.
+- **smp v1** (``mpi`` launch; ``pipeline_parallel_degree``, ``microbatches``, ``ddp``,
+  ``shard_optimizer_state``, ``sharded_data_parallel_degree``...): the SDK refuses it on p5 (H100 / H200)
+  instances ("SMModelParallel and SMDataParallel currently do not support p5 instances"), so a Hopper plan
+  is an error there. ``placement_strategy`` takes only "cluster" or "spread" (the SDK's validator):
+  "cluster" keeps the ranks of one model replica (its tensor- and pipeline-parallel ranks) on neighbouring
+  devices. 1F1B → ``pipeline: "interleaved"`` (smp's name for interleaving forward and backward passes),
+  GPipe → ``"simple"``; ``optimize: "memory"`` is sequence parallelism.
+
 smp partitions the model itself (auto-partition) and recomputes the modules the script passes to
 ``smp.set_activation_checkpointing``: neither the stage cut nor recomputation is a parameter.
 """
@@ -23,28 +29,111 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autopar.export.common import Export, nodes, precision, tp_warning, uniform_recompute
+from autopar.errors import AutoparError
+from autopar.export.common import (Export, fold_pipeline, fp32_grads, model_degrees, nodes, precision, summary,
+                                   tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "SageMaker model parallelism"
+VERSIONS = {"v2": "smp v2 (SageMaker Python SDK 2.257: PyTorch estimator distribution; SDK 3.27: "
+                  "Torchrun(smp=SMP(...)))",
+            "v1": "smp v1 (SageMaker Python SDK 2.257: PyTorch estimator distribution, mpi)"}
+# Instance type per hardware profile (AWS EC2 accelerated-computing instance types: p3dn V100 32 GB,
+# p4d A100 40 GB, p4de A100 80 GB, p5 H100 80 GB, p5e H200 141 GB; 8 GPUs each).
+_INSTANCES = {"v100-32gb": "ml.p3dn.24xlarge", "a100-40gb": "ml.p4d.24xlarge", "a100-80gb": "ml.p4de.24xlarge",
+              "h100-80gb": "ml.p5.48xlarge", "h200-141gb": "ml.p5e.48xlarge"}
+# smp's parameter for each plan degree beyond data parallelism (common.MODEL_DEGREES); smp v2 has no pipeline
+# parallelism: the export folds it into data parallelism.
+_V2_DEGREES = {"tp": "tensor_parallel_degree"}
+_V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
-def export(plan: Plan) -> Export:
-    par = plan.parallelism
+def export(plan: Plan, dialect: str = "v2") -> Export:
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
+    instance = _instance_type(plan, dialect, warnings)
+    n_nodes, per_node, node_warning = nodes(plan)
+    if node_warning:
+        warnings.append(node_warning)
+    if dialect == "v1":
+        distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": _v1(plan, warnings)}},
+                        "mpi": {"enabled": True, "processes_per_host": per_node}}
+        batch = _batch(plan, plan.parallelism.num_microbatches, plan.parallelism.global_batch_size)
+    else:
+        params, folded = _v2(plan, warnings)
+        distribution = {"torch_distributed": {"enabled": True},
+                        "smdistributed": {"modelparallel": {"enabled": True, "parameters": params}}}
+        batch = _batch(plan, folded.accumulate, folded.global_batch)
+    estimator: dict[str, Any] = {"instance_count": n_nodes, "distribution": distribution, "hyperparameters": batch}
+    if instance is not None:
+        estimator = {"instance_type": instance, **estimator}
+    doc = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings},
+           "estimator": estimator}
+    return Export("sagemaker", json.dumps(doc, indent=2) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _instance_type(plan: Plan, dialect: str, warnings: list[str]) -> str | None:
+    hardware = plan.cluster.hardware
+    instance = _INSTANCES.get(hardware)
+    if instance is None:
+        warnings.append(f"no SageMaker instance type is known for the plan's hardware {hardware!r}; set "
+                        "instance_type yourself")
+    elif dialect == "v1" and instance.startswith("ml.p5"):
+        raise AutoparError(f"smp v1 does not run on {instance} (the plan's {hardware}): the SageMaker SDK refuses "
+                           "smp v1 on p5 instances; export with --to sagemaker@v2")
+    return instance
+
+
+def _batch(plan: Plan, accumulate: int, global_batch: int) -> dict[str, Any]:
+    """Hyperparameters for the training script: the batch split and the precision it sets up."""
+    par, dtype = plan.parallelism, precision(plan)
+    return {"micro_batch_size": par.micro_batch_size, "accumulation_steps": accumulate,
+            "global_batch_size": global_batch, "seq_len": plan.model.seq_len, "dtype": dtype,
+            "grad_reduce_dtype": "fp32" if fp32_grads(plan) or dtype == "fp32" else dtype}
+
+
+def _v2(plan: Plan, warnings: list[str]):
+    par = plan.parallelism
+    folded = fold_pipeline(plan, "smp v2")
+    if folded.warning is not None:
+        warnings.append(folded.warning)
+    params: dict[str, Any] = model_degrees(plan, _V2_DEGREES, "smp v2", warnings, handled=("pp",))
+    if par.zero_stage == 3:
+        params["hybrid_shard_degree"] = folded.dp
+    else:
+        strategy = {0: "NO_SHARD", 1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP"}[par.zero_stage]
+        extra = " (ZeRO-2: gradients sharded too, less memory than planned)" if par.zero_stage == 1 else ""
+        warnings.append(f"smp v2 shards parameters (hybrid_shard_degree) only: wrap the model in FSDP with "
+                        f"sharding_strategy={strategy} in the training script for the plan's "
+                        f"ZeRO-{par.zero_stage}{extra}")
+    if par.tp > 1:
+        warnings.append(f"smp v2 has no sequence-parallel parameter: its Transformer Engine tensor parallelism "
+                        f"decides how norms and dropout are split (the plan: sequence parallelism "
+                        f"{'on' if par.sequence_parallel else 'off'})")
+    mode, mix = uniform_recompute(plan)
+    _recompute_warning(mode, mix, "apply_activation_checkpointing (torch.distributed) on", warnings)
+    if par.offload_activations:
+        if mode == "none":
+            warnings.append(_OFFLOAD_WITHOUT_RECOMPUTE)
+        else:
+            params["sm_activation_offloading"] = True
+    return params, folded
+
+
+def _v1(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    par = plan.parallelism
     params: dict[str, Any] = {
-        "pipeline_parallel_degree": par.pp,
-        "tensor_parallel_degree": par.tp,
-        "microbatches": par.num_microbatches,
-        "pipeline": "simple" if par.schedule == "gpipe" else "interleaved",
-        "placement_strategy": "PDT",
-        "optimize": "memory" if par.sequence_parallel else "speed",
-        "ddp": True,
+        **model_degrees(plan, _V1_DEGREES, "smp v1", warnings), "microbatches": par.num_microbatches,
+        "pipeline": "simple" if par.schedule == "gpipe" else "interleaved", "placement_strategy": "cluster",
+        "optimize": "memory" if par.sequence_parallel else "speed", "ddp": True,
     }
     if par.tp > 1:
         params["prescaled_batch"] = True
+    if par.pp > 1 and par.dp > 1:
+        warnings.append("smp v1's placement_strategy \"cluster\" puts the pipeline stages of a model replica on "
+                        "neighbouring devices and its data-parallel replicas further apart; the plan orders "
+                        "data-parallel ranks before pipeline stages (Megatron's order)")
     if par.schedule == "interleaved" and par.virtual_stages > 1:
         warnings.append(f"smp has no interleaved virtual stages ({par.virtual_stages} model chunks per rank); "
                         "exported as one chunk per rank with smp's 1F1B pipeline (a larger bubble than planned)")
@@ -60,34 +149,24 @@ def export(plan: Plan) -> Export:
             warnings.append(f"smp's sharded data parallelism (ZeRO-3) {why}; the plan's ZeRO-{par.zero_stage} is "
                             "exported as shard_optimizer_state (ZeRO-1: more memory per GPU than planned)")
     mode, mix = uniform_recompute(plan)
-    if mode != "none":
-        which = f"the planned blocks ({mix})" if mix else "every transformer layer"
-        warnings.append(f"smp has no recomputation parameter: call smp.set_activation_checkpointing on {which} "
-                        f"in the training script ({mode} recomputation), otherwise activations take more memory "
-                        "than planned")
+    _recompute_warning(mode, mix, "smp.set_activation_checkpointing on", warnings)
     if par.offload_activations:
         if mode == "none":
-            warnings.append("smp offloads only checkpointed activations and the plan recomputes nothing; exported "
-                            "without offload (activations stay on the GPU: more memory than planned)")
+            warnings.append(_OFFLOAD_WITHOUT_RECOMPUTE)
         else:
             params["offload_activations"] = True
     dtype = precision(plan)
     if dtype != "fp32":
         params[dtype] = True
-    n_nodes, per_node, node_warning = nodes(plan)
-    if node_warning:
-        warnings.append(node_warning)
-    estimator = {
-        "instance_count": n_nodes,
-        "distribution": {
-            "smdistributed": {"modelparallel": {"enabled": True, "parameters": params}},
-            "mpi": {"enabled": True, "processes_per_host": per_node},
-        },
-        "hyperparameters": {
-            "micro_batch_size": par.micro_batch_size,
-            "batch_size_per_rank": par.micro_batch_size * par.num_microbatches,
-            "global_batch_size": par.global_batch_size,
-            "seq_len": plan.model.seq_len,
-        },
-    }
-    return Export("sagemaker", json.dumps(estimator, indent=2) + "\n", tuple(warnings))
+    return params
+
+
+_OFFLOAD_WITHOUT_RECOMPUTE = ("smp offloads only checkpointed activations and the plan recomputes nothing; "
+                              "exported without offload (activations stay on the GPU: more memory than planned)")
+
+
+def _recompute_warning(mode: str, mix: str | None, how: str, warnings: list[str]) -> None:
+    if mode != "none":
+        which = f"the planned blocks ({mix})" if mix else "every transformer layer"
+        warnings.append(f"smp has no recomputation parameter: call {how} {which} in the training script "
+                        f"({mode} recomputation), otherwise activations take more memory than planned")

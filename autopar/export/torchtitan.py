@@ -1,4 +1,13 @@
-"""torchtitan job-config TOML: ``[training]``, ``[parallelism]`` and ``[activation_checkpoint]``.
+"""torchtitan job configuration: command-line overrides (0.3) or a TOML job file (0.2).
+
+Dialects: torchtitan 0.3 has no TOML loader (its ConfigManager takes ``--module`` / ``--config`` and
+overrides): the export is a bash array of overrides; 0.2 reads ``--job.config_file`` TOML with
+``[training]``, ``[parallelism]`` and ``[activation_checkpoint]`` sections (``--to torchtitan@0.2``). 0.3
+moved async tensor parallelism to ``compile.enable_async_tensor_parallel``, made activation checkpointing a
+subcommand (``activation-checkpoint:{none,full,selective,memory-budget}``, one policy for every block, no
+"every n-th layer"), refuses pipeline parallelism unless ``training.disable_cuda_graphs`` is set, and can
+switch sequence parallelism off (``parallelism.enable_sequence_parallel``; 0.2 always shards along the
+sequence under tensor parallelism).
 
 Batch: with pipeline parallelism torchtitan splits each rank's local batch into local_batch_size /
 pipeline_parallel_microbatch_size micro-batches, so local_batch_size = micro × micro-batches and nothing is
@@ -11,27 +20,49 @@ become sharding without resharding after forward (ZeRO-2-like memory), with a wa
 exact: ``module_fqns_per_model_part`` lists the plan's layer names of every model chunk (chunk c on rank
 c mod pp, torchtitan's looped stage order).
 
-Recomputation: all blocks full → ``mode = "full"``; full on a fraction 1/n of the blocks → ``mode =
+Recomputation (0.2): all blocks full → ``mode = "full"``; full on a fraction 1/n of the blocks → ``mode =
 "selective"`` with ``selective_ac_option = "n"`` (every n-th layer); Megatron's selective (attention-core)
-recomputation has no exact counterpart: torchtitan's per-op policy ("op") is the closest.
+recomputation has no exact counterpart: torchtitan's per-op policy is the closest, in both dialects.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import tomli_w
 
-from autopar.export.common import (Export, block_indices, chunk_layer_names, precision, summary, tp_warning,
-                                   uniform_recompute)
+from autopar.export.common import (Export, block_indices, chunk_layer_names, header, model_degrees, precision,
+                                   tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
+VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
+            "0.2": "torchtitan 0.2.2 (ConfigManager.parse_args --job.config_file)"}
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree"}
 
 
-def export(plan: Plan) -> Export:
-    par = plan.parallelism
+def export(plan: Plan, dialect: str = "0.3") -> Export:
     warnings: list[str] = []
+    sections = _sections(plan, dialect, warnings)
+    if dialect == "0.2":
+        checkpoint = _checkpoint_0_2(plan, warnings)
+        lines = header(plan, VERSIONS[dialect], warnings)
+        text = "\n".join(lines) + "\n\n" + tomli_w.dumps({**sections, "activation_checkpoint": checkpoint})
+    else:
+        mode = _checkpoint_0_3(plan, warnings)
+        lines = header(plan, VERSIONS[dialect], warnings)
+        lines += ["# launch: torchrun ... -m torchtitan.train --module <model> --config <config> "
+                  '"${TORCHTITAN_ARGS[@]}"', "TORCHTITAN_ARGS=("]
+        lines += [f"    {' '.join(shlex.quote(t) for t in tokens)}" for tokens in _overrides(sections)]
+        lines += [f"    activation-checkpoint:{mode}", ")"]  # a subcommand: after every option
+        text = "\n".join(lines) + "\n"
+    return Export("torchtitan", text, tuple(warnings), VERSIONS[dialect])
+
+
+def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[str, Any]]:
+    """[training], [parallelism] (and 0.3's [compile]) in torchtitan's field names."""
+    par = plan.parallelism
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     dtype = precision(plan)
@@ -45,38 +76,66 @@ def export(plan: Plan) -> Export:
         "mixed_precision_param": "float32" if dtype == "fp32" else "bfloat16",
         "mixed_precision_reduce": "float32",
     }
-    parallelism: dict[str, Any] = {}
-    if par.zero_stage == 0:
-        parallelism.update(data_parallel_replicate_degree=par.dp, data_parallel_shard_degree=1)
+    if dialect != "0.2" and par.pp > 1:
+        training["disable_cuda_graphs"] = True  # 0.3 refuses pipeline parallelism under CUDA graphs
+    parallelism = _data_parallel(plan, warnings) | model_degrees(plan, _DEGREES, TARGET, warnings)
+    sections = {"training": training, "parallelism": parallelism}
+    if dialect == "0.2":
+        parallelism["enable_async_tensor_parallel"] = False
+        if par.tp > 1 and not par.sequence_parallel:
+            warnings.append("torchtitan 0.2's tensor parallelism always shards norms and dropout along the "
+                            "sequence (sequence parallelism); exported with it (less activation memory than "
+                            "planned)")
     else:
-        parallelism.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=par.dp,
-                           fsdp_reshard_after_forward="always" if par.zero_stage == 3 else "never")
-        if par.zero_stage in (1, 2) and par.dp > 1:
-            warnings.append(f"torchtitan shards data parallelism with FSDP2; the plan's ZeRO-{par.zero_stage} is "
-                            "exported as sharding without resharding after forward (ZeRO-2-like memory; "
-                            "parameters are gathered once per micro-batch instead of once per step)")
-    parallelism["tensor_parallel_degree"] = par.tp
-    parallelism["enable_async_tensor_parallel"] = False
-    if par.tp > 1 and not par.sequence_parallel:
-        warnings.append("torchtitan's tensor parallelism always shards norms and dropout along the sequence "
-                        "(sequence parallelism); exported with it (less activation memory than planned)")
-    parallelism["pipeline_parallel_degree"] = par.pp
+        sections["compile"] = {"enable_async_tensor_parallel": False}
+        if par.tp > 1:
+            parallelism["enable_sequence_parallel"] = par.sequence_parallel
     if par.pp > 1:
         parallelism["pipeline_parallel_schedule"] = _SCHEDULES[par.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = par.micro_batch_size
         if plan.layers:
             parallelism["module_fqns_per_model_part"] = chunk_layer_names(plan)
-    checkpoint = _activation_checkpoint(plan, warnings)
     if par.offload_activations:
         warnings.append("torchtitan has no activation offload (training.enable_cpu_offload moves parameters, "
                         "gradients and optimizer state instead); exported without it (activations stay on the "
                         "GPU: more memory than planned)")
-    header = [f"# {summary(plan)}"] + [f"# warning: {w}" for w in warnings]
-    body = tomli_w.dumps({"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint})
-    return Export("torchtitan", "\n".join(header) + "\n\n" + body, tuple(warnings))
+    return sections
 
 
-def _activation_checkpoint(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+def _data_parallel(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    par = plan.parallelism
+    if par.zero_stage == 0:
+        return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
+    if par.zero_stage in (1, 2) and par.dp > 1:
+        warnings.append(f"torchtitan shards data parallelism with FSDP2; the plan's ZeRO-{par.zero_stage} is "
+                        "exported as sharding without resharding after forward (ZeRO-2-like memory; "
+                        "parameters are gathered once per micro-batch instead of once per step)")
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp,
+            "fsdp_reshard_after_forward": "always" if par.zero_stage == 3 else "never"}
+
+
+def _overrides(sections: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """torchtitan 0.3's (tyro's) command-line form: --section.field-name value; booleans as --x.flag /
+    --x.no-flag; a list of lists as one comma-joined argument per inner list."""
+    out = []
+    for section, fields in sections.items():
+        for key, value in fields.items():
+            flag = f"--{section}.{key.replace('_', '-')}"
+            if isinstance(value, bool):
+                out.append([flag if value else f"--{section}.no-{key.replace('_', '-')}"])
+            elif isinstance(value, list):
+                out.append([flag, *(",".join(part) for part in value)])
+            else:
+                out.append([flag, str(value)])
+    return out
+
+
+def _selective_warning() -> str:
+    return ("torchtitan has no attention-only (Megatron selective) recomputation; exported as its per-op "
+            "selective policy, which saves a different set of activations")
+
+
+def _checkpoint_0_2(plan: Plan, warnings: list[str]) -> dict[str, Any]:
     mode, mix = uniform_recompute(plan)
     blocks = block_indices(plan)
     modes = {plan.layers[i].recompute for i in blocks}
@@ -91,8 +150,17 @@ def _activation_checkpoint(plan: Plan, warnings: list[str]) -> dict[str, Any]:
         warnings.append(f"torchtitan has one recomputation mode for all layers; the plan mixes them per block "
                         f"({mix}); exported as {mode} everywhere (more recomputation than planned)")
     if mode == "selective":
-        warnings.append("torchtitan has no attention-only (Megatron selective) recomputation; exported as its "
-                        "per-op selective policy (selective_ac_option = \"op\"), which saves a different set of "
-                        "activations")
+        warnings.append(_selective_warning())
         return {"mode": "selective", "selective_ac_option": "op"}
     return {"mode": mode}
+
+
+def _checkpoint_0_3(plan: Plan, warnings: list[str]) -> str:
+    """The activation-checkpoint subcommand: one policy for every block."""
+    mode, mix = uniform_recompute(plan)
+    if mix is not None:
+        warnings.append(f"torchtitan 0.3 applies one recomputation policy to every layer; the plan mixes them per "
+                        f"block ({mix}); exported as {mode} everywhere (more recomputation than planned)")
+    if mode == "selective":
+        warnings.append(_selective_warning())
+    return mode
