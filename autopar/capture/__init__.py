@@ -14,9 +14,10 @@ import networkx as nx
 import torch
 
 from autopar.capture.graph import Layer, build_graph, cut_bytes, group_layers, layer_inputs
-from autopar.capture.layers import Reduced, Stack, expand, find_stacks, layer_units, signature
+from autopar.capture.layers import layer_units, signature
 from autopar.capture.loader import ModelSpec, load_spec, parse_set
 from autopar.capture.measure import measure
+from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_copies
 from autopar.capture.tp import tp_pattern
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
@@ -46,7 +47,7 @@ def capture_graph(source: str, overrides: dict[str, str] | None = None, batch_si
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
         raise AutoparError("--batch-size and --seq-len must be positive integers")
     spec = load_spec(source, overrides)
-    seq = int(seq_len or spec.defaults.get("seq_len") or 1024)
+    seq = _sequence(spec, seq_len)
     torch_dtype = DTYPES[dtype]
     start = time.perf_counter()
     model = build_on_meta(spec, torch_dtype)
@@ -62,6 +63,19 @@ def capture_graph(source: str, overrides: dict[str, str] | None = None, batch_si
     return dataclasses.replace(result, profile=profile)
 
 
+def _sequence(spec: ModelSpec, seq_len: int | None) -> int:
+    if spec.fixed_seq_len:
+        if seq_len is not None and seq_len != spec.fixed_seq_len:
+            raise AutoparError(f"--seq-len {seq_len}: {spec.name} sees {spec.fixed_seq_len} tokens per image (its "
+                               "patches and [CLS]); change the image size with --set image_size=... instead")
+        return spec.fixed_seq_len
+    seq = int(seq_len or spec.defaults.get("seq_len") or 1024)
+    if seq < spec.min_seq_len:
+        raise AutoparError(f"--seq-len {seq}: {spec.name} needs at least {spec.min_seq_len} tokens "
+                           f"({spec.min_seq_len - 1} image placeholders and one text token)")
+    return seq
+
+
 class _NotRepeated(Exception):
     pass
 
@@ -72,8 +86,10 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
         wrapper = TrainingForward(model, spec)
         traced = trace_model(model, spec, seq, torch_dtype)
         gm = traced.graph_module
-        reduced_units = [path for path, _, _ in layer_units(model)]
-        layers, assignment = group_layers(gm, reduced_units)
+        units = layer_units(model)
+        reduced_units = [path for path, _, _ in units]
+        stateless = {path for path, module, _ in units if next(module.parameters(), None) is None}
+        layers, assignment = group_layers(gm, reduced_units, _aliases(units), stateless)
         cost2 = measure(traced, wrapper, spec, TRACE_BATCH, seq, torch_dtype)
         try:
             cost1 = measure(traced, wrapper, spec, 1, seq, torch_dtype)
@@ -95,13 +111,6 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
         lp = by_name[traced_name]
         full.append(lp.model_copy(update={"index": len(full), "name": full_name,
                                           "block_id": block_ids.get(traced_name, traced_name)}))
-    # the cut after a middle block of a stack is the one measured after the first traced copy
-    for stack in stacks:
-        first = by_name[f"{stack.path}.0"]
-        for lp_i, lp in enumerate(full):
-            if lp.name.startswith(stack.path + ".") and lp.name != f"{stack.path}.{stack.length - 1}":
-                full[lp_i] = lp.model_copy(update={"cut_bytes_per_sample": first.cut_bytes_per_sample,
-                                                   "cut_bytes_fixed": first.cut_bytes_fixed})
     last = full[-1].model_copy(update={"cut_bytes_per_sample": 0, "cut_bytes_fixed": 0})
     full[-1] = last
     profile = ModelProfile(
@@ -112,6 +121,14 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
         capture=CaptureInfo(method=traced.method, graph_nodes=g.number_of_nodes(), traced_layers=len(layers),
                             reduced_blocks={s.path: s.length for s in stacks}, wall_s=0.0))
     return ModelGraph(g, layers, profile)
+
+
+def _aliases(units: list[tuple[str, torch.nn.Module, bool]]) -> dict[str, list[str]]:
+    """First path of a module registered under several paths (a shared embedding) → its other paths."""
+    paths: dict[int, list[str]] = {}
+    for path, module, _ in units:
+        paths.setdefault(id(module), []).append(path)
+    return {same[0]: same[1:] for same in paths.values() if len(same) > 1}
 
 
 def _placeholder_kinds(gm: torch.fx.GraphModule, placeholders: list) -> dict[str, tuple[str, object]]:
@@ -225,22 +242,24 @@ def _param_key(node_name: str, g: nx.DiGraph, params: dict[str, torch.nn.Paramet
 
 
 def _check_repeats(stacks: list[Stack], by_name: dict[str, LayerProfile]) -> None:
-    """The three traced copies of a stack must compute the same, else the blocks are not repeats.
-    Saved bytes may differ for the first copy only: a tensor shared by all blocks (rotary tables) is
-    saved once, by the first block that saves it — exactly what the full model does."""
+    """The three traced copies of each block of a run must compute the same, else the blocks are not
+    repeats. Saved bytes may differ for the first copy only: a tensor shared by all blocks (rotary
+    tables) is saved once, by the first block that saves it — exactly what the full model does. The cut
+    after the first copy (into the second) must equal the cut after the middle one: it stands for both."""
     same_work = ("fwd_flops_per_sample", "fwd_matmul_flops_per_sample", "fwd_memory_bytes_per_sample", "params")
     for stack in stacks:
-        first, middle, last = (by_name.get(f"{stack.path}.{i}") for i in range(3))
-        if first is None or middle is None or last is None:
-            raise _NotRepeated(stack.path)
-        if any(getattr(c, f) != getattr(first, f) for c in (middle, last) for f in same_work):
-            raise _NotRepeated(stack.path)
-        if (middle.saved_bytes_per_sample, middle.saved_bytes_fixed) != (last.saved_bytes_per_sample,
-                                                                         last.saved_bytes_fixed):
-            raise _NotRepeated(stack.path)
-        if (first.cut_bytes_per_sample, first.cut_bytes_fixed) != (middle.cut_bytes_per_sample,
-                                                                   middle.cut_bytes_fixed):
-            raise _NotRepeated(stack.path)
+        for names in traced_copies(stack):
+            first, middle, last = (by_name.get(name) for name in names)
+            if first is None or middle is None or last is None:
+                raise _NotRepeated(stack.path)
+            if any(getattr(c, f) != getattr(first, f) for c in (middle, last) for f in same_work):
+                raise _NotRepeated(stack.path)
+            if (middle.saved_bytes_per_sample, middle.saved_bytes_fixed) != (last.saved_bytes_per_sample,
+                                                                             last.saved_bytes_fixed):
+                raise _NotRepeated(stack.path)
+            if (first.cut_bytes_per_sample, first.cut_bytes_fixed) != (middle.cut_bytes_per_sample,
+                                                                       middle.cut_bytes_fixed):
+                raise _NotRepeated(stack.path)
 
 
 def _model_shape(layers: list[LayerProfile], model: torch.nn.Module) -> dict[str, int | None]:

@@ -57,6 +57,18 @@ def heavy_kernel(node: torch.fx.Node) -> str:
     return _HEAVY_KERNEL.get(name, name)
 
 
+def grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of torch._grouped_mm, the grouped GEMM that runs mixture-of-experts layers (transformers 5,
+    torchtitan): every row of the input is multiplied by its own group's matrix, so a token routed to k
+    experts costs k GEMM rows, not one per expert. torch.utils.flop_counter has no entry for it."""
+    if len(a_shape) == 2 and len(b_shape) == 2:  # the groups split the reduction dimension
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    out = 1
+    for d in out_shape:
+        out *= d
+    return 2 * out * a_shape[-1]
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops a piece of forward dispatches (views included): under a tensor-parallel style
     each of them runs through DTensor, whose per-op overhead calibration measures."""
@@ -115,7 +127,7 @@ class _Meter(torch.fx.Interpreter):
         self._excluded = excluded_storages
         self._seen: set[int] = set()
         self._current: NodeCost | None = None
-        self._flops = FlopCounterMode(display=False)
+        self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
@@ -162,6 +174,15 @@ class _Meter(torch.fx.Interpreter):
             k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
         assert self._current is not None
         self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
+        mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+        if mask_grad or v.shape[-1] != q.shape[-1]:
+            # A learned bias (T5's relative positions) or a value head narrower than the query's (DeepSeek's
+            # latent attention): the memory-efficient kernel, which takes both; it saves the bias too.
+            bias = attn_mask if attn_mask is None or attn_mask.is_floating_point() else \
+                torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+            out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
+                                                               scale=scale)[0]
+            return out
         out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         return out
