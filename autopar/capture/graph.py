@@ -135,9 +135,11 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dict[str, str],
-                cost1: dict[str, NodeCost], cost2: dict[str, NodeCost], batch2: int) -> nx.DiGraph:
+                cost1: dict[str, NodeCost], cost2: dict[str, NodeCost], batch2: int,
+                scores: set[str] | None = None) -> nx.DiGraph:
     """networkx view of the fx graph. ``cost1``/``cost2`` are costs at batch 1 and ``batch2`` (or the
-    same run twice when the graph only runs at one batch size; then everything counts per sample)."""
+    same run twice when the graph only runs at one batch size; then everything counts per sample).
+    ``scores``: nodes of eager attention cores that compute the S×S scores."""
     g = nx.DiGraph()
     from_sample = sample_dependent(gm, kinds)
     for n in gm.graph.nodes:
@@ -149,8 +151,10 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
             "op": op_name(n), "fx_op": n.op, "module": module_path(n), "kind": kinds.get(n.name, "activation"),
             "layer": assignment.get(n.name), "shape": tuple(getattr(val, "shape", ()) or ()),
             "dtype": str(getattr(val, "dtype", "")).replace("torch.", ""), "from_sample": n.name in from_sample,
+            "scores": n.name in (scores or ()),
         }
-        for field in ("out_bytes", "flops", "matmul_flops", "memory_bytes", "heavy_bytes", "saved_bytes"):
+        for field in ("out_bytes", "flops", "matmul_flops", "memory_bytes", "heavy_bytes", "saved_bytes",
+                      "saved_score_bytes"):
             per_sample, fixed = split(getattr(c1, field), getattr(c2, field), batch2, cost1 is cost2)
             attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
         attrs["param_bytes"] = c2.out_bytes if attrs["kind"] == "param" else 0

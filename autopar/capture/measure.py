@@ -91,6 +91,7 @@ class NodeCost:
     heavy_bytes: float = 0.0
     heavy_kernel: str = ""
     saved_bytes: int = 0
+    saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
     aten_ops: int = 0
 
 
@@ -121,12 +122,16 @@ def tensor_bytes(value: Any) -> int:
 class _Meter(torch.fx.Interpreter):
     """fx Interpreter that records the cost of every node it runs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int]):
+    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int], scores: set[str]):
         super().__init__(gm)
         self.costs: dict[str, NodeCost] = {}
         self._excluded = excluded_storages
         self._seen: set[int] = set()
         self._current: NodeCost | None = None
+        self._current_node = ""
+        self._scores = scores
+        self._producer: dict[int, str] = {}  # storage → the node that produced it
+        self._alive: list[Any] = []  # every output, so that no storage address is reused (meta: no data)
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -134,16 +139,23 @@ class _Meter(torch.fx.Interpreter):
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             self._current.saved_bytes += t.untyped_storage().nbytes()
+            if self._producer.get(key, self._current_node) in self._scores:
+                self._current.saved_score_bytes += t.untyped_storage().nbytes()
         return t
 
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
+        self._current_node = n.name
         before = self._flops.get_total_flops()
         with OpCounter() as ops:
             result = super().run_node(n)
         cost.aten_ops = ops.count
         cost.flops += self._flops.get_total_flops() - before
         cost.out_bytes = tensor_bytes(result)
+        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+            if isinstance(t, torch.Tensor):
+                self._producer.setdefault(t.untyped_storage()._cdata, n.name)
+        self._alive.append(result)
         n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own
         if cost.flops > 0:
             cost.matmul_flops = cost.flops
@@ -189,8 +201,9 @@ class _Meter(torch.fx.Interpreter):
 
 
 def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int, seq_len: int,
-            dtype: torch.dtype) -> dict[str, NodeCost]:
-    """Costs of every node for one forward of ``batch_size`` samples (meta device: nothing allocated)."""
+            dtype: torch.dtype, scores: set[str] | None = None) -> dict[str, NodeCost]:
+    """Costs of every node for one forward of ``batch_size`` samples (meta device: nothing allocated).
+    ``scores``: the nodes of eager attention cores whose outputs are S×S scores (attention.py)."""
     state = dict(wrapper.named_parameters(remove_duplicate=False))
     buffers = dict(wrapper.named_buffers(remove_duplicate=False))
     inputs = meta_inputs(spec, batch_size, seq_len, dtype)
@@ -205,7 +218,7 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
         else:
             args.append(inputs[key])
     excluded = {t.untyped_storage()._cdata for t in list(state.values()) + list(buffers.values())}
-    meter = _Meter(traced.graph_module, excluded)
+    meter = _Meter(traced.graph_module, excluded, scores or set())
     with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
         meter.run(*args)
     return meter.costs
