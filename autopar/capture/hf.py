@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autopar.capture.diagnose import first_line
 from autopar.capture.loader import ModelSpec, convert_value
 from autopar.errors import AutoparError
 
@@ -60,7 +61,7 @@ def load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
     try:
         config = transformers.AutoConfig.for_model(**config_dict)
     except (ValueError, KeyError, TypeError) as e:
-        raise AutoparError(f"{path}: transformers cannot read this config ({_first_line(e)})") from None
+        raise AutoparError(f"{path}: transformers cannot read this config ({first_line(e)})") from None
     model_class, kind = hf_model_class(transformers, config, raw.get("architectures") or [], path)
     task = _task(kind, config, path)
     make_inputs = _input_maker(task, config)
@@ -253,8 +254,3 @@ def _image_loss(logits: torch.Tensor, pixel_values: torch.Tensor, labels: torch.
 _LOSSES: dict[str, Callable[..., torch.Tensor]] = {
     "causal_lm": _next_token_loss, "vision_language": _next_token_loss, "masked_lm": _every_token_loss,
     "seq2seq": _decoder_loss, "image_classification": _image_loss}
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0].strip() if lines else type(e).__name__

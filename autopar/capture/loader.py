@@ -35,6 +35,7 @@ class ModelSpec:
     defaults: dict[str, Any]
     fixed_seq_len: int | None = None  # a vision model's patch count: --seq-len cannot change it
     min_seq_len: int = 1              # a vision-language prompt must hold its image placeholders
+    inputs_at: str = ""               # 'file:line' of example_inputs, for errors about what it returns
 
 
 def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> ModelSpec:
@@ -85,7 +86,10 @@ def _load_python(path: Path, overrides: dict[str, str]) -> ModelSpec:
         out = inputs_fn(batch_size, seq_len, **extra)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
-    return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults)
+    code = getattr(inputs_fn, "__code__", None)
+    inputs_at = f"{path}:{code.co_firstlineno}" if code is not None else str(path)
+    return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults,
+                     inputs_at=inputs_at)
 
 
 def _import_file(path: Path) -> Any:

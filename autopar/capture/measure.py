@@ -16,8 +16,10 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from autopar.capture.trace import Traced, default_dtype, meta_inputs
+from autopar.capture.diagnose import node_failure_message
 from autopar.capture.loader import ModelSpec
+from autopar.capture.trace import Traced, default_dtype, meta_inputs
+from autopar.errors import AutoparError
 
 aten = torch.ops.aten
 # Ops that only re-describe memory (no kernel, no traffic).
@@ -128,10 +130,11 @@ class _Meter(torch.fx.Interpreter):
         self._excluded = excluded_storages
         self._seen: set[int] = set()
         self._current: NodeCost | None = None
-        self._current_node = ""
+        self.current_node = ""
         self._scores = scores
         self._producer: dict[int, str] = {}  # storage → the node that produced it
         self._alive: list[Any] = []  # every output, so that no storage address is reused (meta: no data)
+        self._packed: list[tuple[int, int, str]] = []  # (storage, bytes, the node that saved it)
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -139,13 +142,20 @@ class _Meter(torch.fx.Interpreter):
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             self._current.saved_bytes += t.untyped_storage().nbytes()
-            if self._producer.get(key, self._current_node) in self._scores:
-                self._current.saved_score_bytes += t.untyped_storage().nbytes()
+            self._packed.append((key, t.untyped_storage().nbytes(), self.current_node))
         return t
+
+    def attribute_scores(self) -> None:
+        """Once every node has run (and so every output has its producer): the saved bytes whose storage
+        an eager attention's score node produced. A temporary made and saved inside a node (matmul's
+        contiguous copies of q and k) is no node's output, so never a score."""
+        for key, nbytes, consumer in self._packed:
+            if self._producer.get(key) in self._scores:
+                self.costs[consumer].saved_score_bytes += nbytes
 
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
-        self._current_node = n.name
+        self.current_node = n.name
         before = self._flops.get_total_flops()
         with OpCounter() as ops:
             result = super().run_node(n)
@@ -219,6 +229,11 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
             args.append(inputs[key])
     excluded = {t.untyped_storage()._cdata for t in list(state.values()) + list(buffers.values())}
     meter = _Meter(traced.graph_module, excluded, scores or set())
-    with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
-        meter.run(*args)
+    try:
+        with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+            meter.run(*args)
+        meter.attribute_scores()
+    except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from
+        node = next((n for n in traced.graph_module.graph.nodes if n.name == meter.current_node), None)
+        raise AutoparError(node_failure_message(spec, node, e)) from None
     return meter.costs
