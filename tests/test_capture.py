@@ -365,3 +365,34 @@ def test_an_op_failing_while_measured_names_the_line_it_was_traced_from(tmp_path
         capture_model(str(path), dtype="fp32")
     assert str(err.value).startswith(f"{path}:12 `h3 = self.c(self.b(h1))`: measuring skip failed")
     assert "shape error: mat1 and mat2 shapes cannot be multiplied" in str(err.value)
+
+
+def test_a_shared_activation_is_glue_and_merged_layers_say_why(tmp_path: Path) -> None:
+    """An MLP laid out flat (fc1, act, fc2) whose activation also ends the model: the activation is
+    called around fc2 but holds no weights, so it is glue and fc2 stays a layer of its own; a module with
+    weights called around another merges them, and the label says so (never "no linear layers")."""
+    path = tmp_path / "flat.py"
+    path.write_text(textwrap.dedent('''
+        import torch, torch.nn as nn
+        class M(nn.Module):
+            def __init__(self, shared_norm=False):
+                super().__init__()
+                self.fc1, self.act, self.fc2 = nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)
+                self.norm = nn.LayerNorm(8)
+                self.shared_norm = shared_norm
+            def forward(self, x):
+                x = self.norm(x) if self.shared_norm else x
+                x = self.act(self.fc2(self.act(self.fc1(x))))
+                return self.norm(x)
+        def build_model(shared_norm: bool = False):
+            return M(shared_norm)
+        def example_inputs(batch_size, seq_len):
+            return (torch.randn(batch_size, 8),)
+    '''))
+    flat = capture_model(str(path), dtype="fp32")
+    assert [lp.name for lp in flat.layers] == ["fc1", "fc2", "norm"]
+    assert flat.layers[0].tp.reason == "a lone linear layer outside any column→row pair"
+    assert flat.layers[1].kind == "head"  # the last linear: vocab-parallel, as an LM head
+    merged = capture_model(str(path), {"shared_norm": "true"}, dtype="fp32")
+    assert [lp.name for lp in merged.layers] == ["norm+fc1+fc2"]
+    assert "are called interleaved, so they form one layer" in merged.layers[0].tp.reason
