@@ -298,3 +298,16 @@ def _shape(plan: Any) -> tuple:
               for s in range(par.pp * par.virtual_stages)]
     return (par.tp, par.pp, par.dp, par.micro_batch_size, par.num_microbatches, par.zero_stage,
             par.sequence_parallel, par.schedule, par.virtual_stages, sorted({lp.recompute for lp in plan.layers}), blocks)
+
+
+def test_a_config_is_named_by_its_file_or_folder(tmp_path: Path) -> None:
+    from autopar.capture import load_spec
+
+    (tmp_path / "Llama-3-8B").mkdir()
+    (tmp_path / "Llama-3-8B" / "config.json").write_text((HF / "llama-3-8b.json").read_text())
+    (tmp_path / "my-gpt.json").write_text((HF / "gpt2.json").read_text())
+    named = {**config("gpt2"), "_name_or_path": "openai-community/gpt2"}
+    (tmp_path / "config.json").write_text(json.dumps(named))
+    assert load_spec(str(tmp_path / "Llama-3-8B")).name == "Llama-3-8B"
+    assert load_spec(str(tmp_path / "my-gpt.json")).name == "my-gpt"
+    assert load_spec(str(tmp_path / "config.json")).name == "gpt2"
