@@ -32,6 +32,9 @@ class TPPair(_Frozen):
     inner_features: int = Field(description="total output features of the column-parallel linears")
     heads: int | None = None
     kv_heads: int | None = None
+    head_dim: int | None = Field(default=None, description="query/key width of one head (attention pairs)")
+    v_head_dim: int | None = Field(
+        default=None, description="value width of one head (DeepSeek's latent attention: narrower than head_dim)")
 
 
 class TPPattern(_Frozen):
@@ -49,6 +52,34 @@ class TPPattern(_Frozen):
         if tp == 1:
             return True
         return bool(self.plan) and all(d % tp == 0 for d in self.divisors)
+
+
+class MoEProfile(_Frozen):
+    """A mixture-of-experts layer, for the planner to price expert parallelism with. The layer's own
+    totals (FLOPs, saved and memory bytes) already count what runs per token — the router, ``top_k``
+    routed experts (times ``capacity_factor`` when the model sets one) and the shared experts — so a
+    planner without expert parallelism prices the layer as dense per token. The per-token figures below
+    are one routed expert applied to one token, measured from the trace; the routed part of the layer's
+    totals is ``tokens × top_k × (capacity_factor or 1)`` times them."""
+
+    num_experts: int = Field(description="routed experts")
+    top_k: int = Field(description="routed experts each token runs through")
+    num_shared_experts: int = Field(default=0, description="experts every token runs through")
+    hidden_size: int = Field(description="width of a token dispatched to an expert (elements)")
+    expert_ffn_size: int = Field(description="hidden width of one routed expert's FFN")
+    expert_params: int = Field(description="parameters of one routed expert")
+    shared_expert_params: int = Field(default=0, description="parameters of all shared experts together")
+    router_params: int = Field(description="parameters of the router (one logit per routed expert)")
+    capacity_factor: float | None = Field(
+        default=None, description="tokens an expert takes, relative to an even split (None: no dropping, no padding)")
+    expert_fwd_flops_per_token: float = Field(
+        default=0.0, description="forward FLOPs of one routed expert applied to one token")
+    expert_saved_bytes_per_token: float = Field(
+        default=0.0, description="activation bytes one routed expert saves for backward, per token")
+    expert_memory_bytes_per_token: float = Field(
+        default=0.0, description="memory-bound bytes one routed expert moves per token (gather, activation, scale)")
+    module: str = Field(description="the MoE module, relative to the layer (e.g. 'mlp')")
+    experts_module: str = Field(description="its routed experts, relative to the layer (e.g. 'mlp.experts')")
 
 
 class LayerProfile(_Frozen):
@@ -77,6 +108,7 @@ class LayerProfile(_Frozen):
     cut_bytes_per_sample: int = Field(description="activation bytes crossing the cut after this layer")
     cut_bytes_fixed: int = 0
     tp: TPPattern = TPPattern()
+    moe: MoEProfile | None = Field(default=None, description="set on mixture-of-experts layers only")
 
 
 class CaptureInfo(_Frozen):
@@ -103,6 +135,10 @@ class ModelProfile(_Frozen):
     num_heads: int | None = None
     num_kv_heads: int | None = None
     vocab_size: int | None = None
+    attention_impl: Literal["sdpa", "eager", "none"] = Field(
+        default="sdpa", description="the attention the model runs: 'sdpa' (a fused kernel), 'eager' (QKᵀ, "
+        "softmax, AV as separate ops: price it as the unfused kernel; the layers' figures are the fused "
+        "kernel's, the S×S scores left out), or 'none' (no attention)")
     layers: list[LayerProfile]
     capture: CaptureInfo
 

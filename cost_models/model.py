@@ -113,29 +113,38 @@ def is_tp_sharded(layer: LayerLike, tp: int) -> bool:
     return all(d % tp == 0 for d in layer.tp.divisors)
 
 
+def _query_value_features(pair: TPPairLike) -> tuple[float, float]:
+    """(heads·head_dim, heads·v_head_dim) of an attention pair: from the head widths when the profile
+    states them (DeepSeek's latent attention has a value head narrower than its query head), else
+    recovered from the fused q+k+v width: inner = (heads + 2·kv_heads)·head_dim."""
+    head_dim = getattr(pair, "head_dim", None)
+    if head_dim:
+        return float(pair.heads * head_dim), float(pair.heads * (getattr(pair, "v_head_dim", None) or head_dim))
+    kv = pair.kv_heads or pair.heads
+    q_features = pair.inner_features * pair.heads / (pair.heads + 2 * kv)
+    return q_features, q_features
+
+
 def attention_core_fwd_flops_per_sample(layer: LayerLike, seq_len: int) -> float:
     """FLOPs of QKᵀ and AV for one sample, as torch's flop counter counts SDPA (full S×S, causal or not):
-    4·S²·heads·head_dim. heads·head_dim is recovered from the fused q+k+v width:
-    inner = (heads + 2·kv_heads)·head_dim."""
+    2·S²·heads·head_dim + 2·S²·heads·v_head_dim (4·S²·heads·head_dim when the widths are equal)."""
     total = 0.0
     for pair in layer.tp.pairs:
         if pair.kind == "attention" and pair.heads:
-            kv = pair.kv_heads or pair.heads
-            q_features = pair.inner_features * pair.heads / (pair.heads + 2 * kv)
-            total += 4.0 * seq_len * seq_len * q_features
+            q_features, v_features = _query_value_features(pair)
+            total += 2.0 * seq_len * seq_len * (q_features + v_features)
     return total
 
 
 def attention_core_saved_bytes_per_sample(layer: LayerLike, seq_len: int, dtype_bytes: int) -> int:
     """What a fused (flash) attention kernel itself saves beyond its q, k, v inputs: the output
-    (S·heads·head_dim elements) and the fp32 log-sum-exp (S·heads). Selective recomputation
+    (S·heads·v_head_dim elements) and the fp32 log-sum-exp (S·heads). Selective recomputation
     (Korthikanti et al. 2022) drops exactly these and re-runs the kernel in backward."""
     total = 0
     for pair in layer.tp.pairs:
         if pair.kind == "attention" and pair.heads:
-            kv = pair.kv_heads or pair.heads
-            q_features = pair.inner_features * pair.heads // (pair.heads + 2 * kv)
-            total += seq_len * (q_features * dtype_bytes + pair.heads * 4)
+            _, v_features = _query_value_features(pair)
+            total += seq_len * (int(v_features) * dtype_bytes + pair.heads * 4)
     return total
 
 

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from autopar.errors import AutoparError
 
@@ -34,6 +33,9 @@ class ModelSpec:
     loss_fn: Callable[..., torch.Tensor]
     kwargs: dict[str, Any]
     defaults: dict[str, Any]
+    fixed_seq_len: int | None = None  # a vision model's patch count: --seq-len cannot change it
+    min_seq_len: int = 1              # a vision-language prompt must hold its image placeholders
+    inputs_at: str = ""               # 'file:line' of example_inputs, for errors about what it returns
 
 
 def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> ModelSpec:
@@ -47,7 +49,8 @@ def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> Mo
     if path.suffix == ".py":
         return _load_python(path, overrides or {})
     if path.suffix == ".json":
-        return _load_hf(path, overrides or {})
+        from autopar.capture.hf import load_hf  # hf builds on this module's ModelSpec
+        return load_hf(path, overrides or {})
     raise AutoparError(f"{path}: unknown model input type '{path.suffix}' (expected a .py model file or a .json config)")
 
 
@@ -83,7 +86,10 @@ def _load_python(path: Path, overrides: dict[str, str]) -> ModelSpec:
         out = inputs_fn(batch_size, seq_len, **extra)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
-    return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults)
+    code = getattr(inputs_fn, "__code__", None)
+    inputs_at = f"{path}:{code.co_firstlineno}" if code is not None else str(path)
+    return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults,
+                     inputs_at=inputs_at)
 
 
 def _import_file(path: Path) -> Any:
@@ -119,11 +125,11 @@ def _typed_overrides(build: Callable, overrides: dict[str, str], path: Path) -> 
         p = params.get(key)
         kind = hints.get(key) or (type(p.default) if p is not None and p.default not in (inspect.Parameter.empty, None)
                                   else None)
-        out[key] = _convert(key, raw, kind)
+        out[key] = convert_value(key, raw, kind)
     return out
 
 
-def _convert(key: str, raw: str, kind: Any) -> Any:
+def convert_value(key: str, raw: str, kind: Any) -> Any:
     if kind is None:
         try:
             return json.loads(raw)
@@ -159,73 +165,3 @@ def _default_loss(output: Any, *inputs: torch.Tensor) -> torch.Tensor:
     Branch-free, so that torch.fx.symbolic_trace can trace it too."""
     out = output[0] if isinstance(output, (tuple, list)) else output
     return out.float().mean()
-
-
-# -- Hugging Face configs ----------------------------------------------------------------------
-def _load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise AutoparError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        raise AutoparError(f"{path} has no 'model_type': pass a Hugging Face config.json or a model .py file")
-    try:
-        import transformers
-    except ImportError:
-        raise AutoparError("Hugging Face configs need transformers: pip install transformers") from None
-    for key, value in overrides.items():
-        if key not in raw:
-            raise AutoparError(f"--set {key}: {path.name} has no key '{key}'")
-        kind = type(raw[key]) if raw[key] is not None else None
-        raw[key] = _convert(key, value, kind)
-    config_dict = {k: v for k, v in raw.items() if k not in ("auto_map", "transformers_version")}
-    try:
-        config = transformers.AutoConfig.for_model(**config_dict)
-    except (ValueError, KeyError) as e:
-        raise AutoparError(f"{path}: transformers cannot read this config ({e})") from None
-    model_class = _hf_model_class(transformers, config, raw.get("architectures") or [])
-    vocab = int(getattr(config, "vocab_size", 32000))
-    is_causal = "CausalLM" in model_class.__name__ or "LMHead" in model_class.__name__
-
-    def build() -> nn.Module:
-        config._attn_implementation = "sdpa"
-        config.dtype = torch.get_default_dtype()  # the training dtype, not the config's torch_dtype
-        model = model_class(config)
-        model.config.use_cache = False
-        return _HFLogits(model)
-
-    def make_inputs(batch_size: int, seq_len: int) -> tuple:
-        return (torch.randint(0, vocab, (batch_size, seq_len)),)
-
-    def loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        if is_causal:  # next-token prediction, as HF's causal LM loss
-            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
-        return F.cross_entropy(logits.flatten(0, 1).float(), input_ids.flatten())  # masked-LM style
-
-    defaults = {"seq_len": int(getattr(config, "max_position_embeddings", 0) or 2048)}
-    name = (raw.get("_name_or_path") or path.stem).split("/")[-1]
-    return ModelSpec(name, str(path), build, make_inputs, loss, dict(overrides), defaults)
-
-
-def _hf_model_class(transformers: Any, config: Any, architectures: list[str]) -> Any:
-    """The config's own architecture class if transformers has it, else the causal/masked LM auto class."""
-    for name in architectures:
-        cls = getattr(transformers, name, None)
-        if isinstance(cls, type) and issubclass(cls, nn.Module):
-            return cls
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModel):
-        if type(config) in auto._model_mapping:
-            return auto._model_mapping[type(config)]
-    raise AutoparError(f"transformers has no model class for model_type '{config.model_type}'")
-
-
-class _HFLogits(nn.Module):
-    """Wraps a Hugging Face model so that forward(input_ids) returns the logits tensor."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.hf = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.hf(input_ids=input_ids)
-        return out.logits if hasattr(out, "logits") else out.last_hidden_state

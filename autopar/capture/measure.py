@@ -16,8 +16,10 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from autopar.capture.trace import Traced, default_dtype, meta_inputs
+from autopar.capture.diagnose import node_failure_message
 from autopar.capture.loader import ModelSpec
+from autopar.capture.trace import Traced, default_dtype, meta_inputs
+from autopar.errors import AutoparError
 
 aten = torch.ops.aten
 # Ops that only re-describe memory (no kernel, no traffic).
@@ -57,6 +59,18 @@ def heavy_kernel(node: torch.fx.Node) -> str:
     return _HEAVY_KERNEL.get(name, name)
 
 
+def grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of torch._grouped_mm, the grouped GEMM that runs mixture-of-experts layers (transformers 5,
+    torchtitan): every row of the input is multiplied by its own group's matrix, so a token routed to k
+    experts costs k GEMM rows, not one per expert. torch.utils.flop_counter has no entry for it."""
+    if len(a_shape) == 2 and len(b_shape) == 2:  # the groups split the reduction dimension
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    out = 1
+    for d in out_shape:
+        out *= d
+    return 2 * out * a_shape[-1]
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops a piece of forward dispatches (views included): under a tensor-parallel style
     each of them runs through DTensor, whose per-op overhead calibration measures."""
@@ -79,6 +93,7 @@ class NodeCost:
     heavy_bytes: float = 0.0
     heavy_kernel: str = ""
     saved_bytes: int = 0
+    saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
     aten_ops: int = 0
 
 
@@ -109,29 +124,48 @@ def tensor_bytes(value: Any) -> int:
 class _Meter(torch.fx.Interpreter):
     """fx Interpreter that records the cost of every node it runs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int]):
+    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int], scores: set[str]):
         super().__init__(gm)
         self.costs: dict[str, NodeCost] = {}
         self._excluded = excluded_storages
         self._seen: set[int] = set()
         self._current: NodeCost | None = None
-        self._flops = FlopCounterMode(display=False)
+        self.current_node = ""
+        self._scores = scores
+        self._producer: dict[int, str] = {}  # storage → the node that produced it
+        self._alive: list[Any] = []  # every output, so that no storage address is reused (meta: no data)
+        self._packed: list[tuple[int, int, str]] = []  # (storage, bytes, the node that saved it)
+        self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             self._current.saved_bytes += t.untyped_storage().nbytes()
+            self._packed.append((key, t.untyped_storage().nbytes(), self.current_node))
         return t
+
+    def attribute_scores(self) -> None:
+        """Once every node has run (and so every output has its producer): the saved bytes whose storage
+        an eager attention's score node produced. A temporary made and saved inside a node (matmul's
+        contiguous copies of q and k) is no node's output, so never a score."""
+        for key, nbytes, consumer in self._packed:
+            if self._producer.get(key) in self._scores:
+                self.costs[consumer].saved_score_bytes += nbytes
 
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
+        self.current_node = n.name
         before = self._flops.get_total_flops()
         with OpCounter() as ops:
             result = super().run_node(n)
         cost.aten_ops = ops.count
         cost.flops += self._flops.get_total_flops() - before
         cost.out_bytes = tensor_bytes(result)
+        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+            if isinstance(t, torch.Tensor):
+                self._producer.setdefault(t.untyped_storage()._cdata, n.name)
+        self._alive.append(result)
         n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own
         if cost.flops > 0:
             cost.matmul_flops = cost.flops
@@ -162,14 +196,24 @@ class _Meter(torch.fx.Interpreter):
             k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
         assert self._current is not None
         self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
+        mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+        if mask_grad or v.shape[-1] != q.shape[-1]:
+            # A learned bias (T5's relative positions) or a value head narrower than the query's (DeepSeek's
+            # latent attention): the memory-efficient kernel, which takes both; it saves the bias too.
+            bias = attn_mask if attn_mask is None or attn_mask.is_floating_point() else \
+                torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+            out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
+                                                               scale=scale)[0]
+            return out
         out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         return out
 
 
 def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int, seq_len: int,
-            dtype: torch.dtype) -> dict[str, NodeCost]:
-    """Costs of every node for one forward of ``batch_size`` samples (meta device: nothing allocated)."""
+            dtype: torch.dtype, scores: set[str] | None = None) -> dict[str, NodeCost]:
+    """Costs of every node for one forward of ``batch_size`` samples (meta device: nothing allocated).
+    ``scores``: the nodes of eager attention cores whose outputs are S×S scores (attention.py)."""
     state = dict(wrapper.named_parameters(remove_duplicate=False))
     buffers = dict(wrapper.named_buffers(remove_duplicate=False))
     inputs = meta_inputs(spec, batch_size, seq_len, dtype)
@@ -184,7 +228,12 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
         else:
             args.append(inputs[key])
     excluded = {t.untyped_storage()._cdata for t in list(state.values()) + list(buffers.values())}
-    meter = _Meter(traced.graph_module, excluded)
-    with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
-        meter.run(*args)
+    meter = _Meter(traced.graph_module, excluded, scores or set())
+    try:
+        with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+            meter.run(*args)
+        meter.attribute_scores()
+    except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from
+        node = next((n for n in traced.graph_module.graph.nodes if n.name == meter.current_node), None)
+        raise AutoparError(node_failure_message(spec, node, e)) from None
     return meter.costs

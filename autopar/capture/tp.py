@@ -1,11 +1,14 @@
 """Tensor-parallel patterns: Megatron column→row linear pairs, found from the traced graph.
 
 Linear A feeds linear B when A's output reaches B's input through ops of the same layer that never
-reduce over features: elementwise ops, reshapes, rotary embeddings, attention — not a normalisation
-and not a residual add (which needs the full hidden vector on every rank). Feeders are split by
-output features (ColwiseParallel), the fed linear by input features (RowwiseParallel): one all-reduce
-per pair forward and backward (Shoeybi et al. 2019, Megatron-LM §3). Attention pairs take their head
-counts from the attention op's inputs, so tp must divide the heads and the KV heads.
+reduce over features: elementwise ops, reshapes, rotary embeddings, attention, a per-head norm (Qwen3's
+q_norm) — not a normalisation of a token's whole vector and not a residual add (which needs the full
+hidden vector on every rank). Feeders are split by output features (ColwiseParallel), the fed linear by
+input features (RowwiseParallel): one all-reduce per pair forward and backward (Shoeybi et al. 2019,
+Megatron-LM §3). A linear whose output is partly normalised as a whole and partly fed on (DeepSeek's
+latent KV projection, whose rotary key all heads share) stays replicated. Attention pairs take their head
+counts from the attention core's query and key, so tp must divide the heads and the KV heads. Routed
+experts are left to expert parallelism.
 """
 from __future__ import annotations
 
@@ -13,18 +16,20 @@ import networkx as nx
 import torch.fx
 import torch.nn as nn
 
+from autopar.capture.attention import AttentionCore
 from autopar.capture.graph import module_path
 from autopar.profile import TPPair, TPPattern
 
-_ATTENTION_OPS = ("scaled_dot_product_attention", "_scaled_dot_product")
+_MATMUL_OPS = {"linear", "mm", "addmm", "matmul", "bmm"}  # FalconLinear runs `x @ weight.T`
 
 
 def _rel(path: str, unit: str) -> str:
     return path[len(unit) + 1:] if path.startswith(unit + ".") else ("" if path == unit else path)
 
 
-def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiGraph,
-               layer_nodes: list[str], is_last_layer_with_linear: bool) -> TPPattern:
+def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiGraph, layer_nodes: list[str],
+               is_last_layer_with_linear: bool, cores: dict[str, AttentionCore],
+               experts: str | None = None) -> TPPattern:
     if isinstance(module, nn.Embedding):
         return TPPattern(plan={"": "rowwise"}, divisors=[module.num_embeddings])
     if isinstance(module, nn.Linear):
@@ -36,12 +41,14 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
 
     members = set(layer_nodes)
     nodes = {n.name: n for n in gm.graph.nodes if n.name in members}
-    linears = {name: n for name, n in nodes.items() if _is_linear(n, module, unit)}
+    linears = {name: n for name, n in nodes.items() if _is_linear(n, module, unit)
+               and not (experts and _rel(module_path(n), unit).startswith(experts + "."))}
     if not linears:
         other = sorted({type(m).__name__ for m in module.modules() if "conv1d" in type(m).__name__.lower()})
         return TPPattern(reason=f"{'/'.join(other)} layers are not nn.Linear; parallelize_module cannot shard them"
                          if other else "no linear layers")
-    feeds = {a: _reached(g, nodes, a, members, set(linears)) for a in linears}
+    norms = _whole_vector_norms(nodes, module, unit)
+    feeds = {a: _reached(g, nodes, a, members, set(linears), norms) for a in linears}
     rows = {b for targets in feeds.values() for b in targets}
     cols = {a for a, targets in feeds.items() if targets}
     if not rows:
@@ -54,9 +61,8 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
     for row in sorted(rows, key=lambda r: list(nodes).index(r)):
         feeders = sorted((a for a in cols if row in feeds[a]), key=lambda a: list(nodes).index(a))
         col_mods = [_linear_module(module, unit, linears[a]) for a in feeders]
-        attention = _attention_between(g, feeders[0], row, members)
-        pair = _make_pair(unit, [linears[a] for a in feeders], linears[row], col_mods,
-                          nodes.get(attention) if attention else None)
+        attention = _attention_between(g, feeders[0], row, members, cores)
+        pair = _make_pair(unit, [linears[a] for a in feeders], linears[row], col_mods, attention)
         pairs.append(pair)
         plan.update({c: "colwise" for c in pair.columnwise})
         plan[pair.rowwise] = "rowwise"
@@ -69,11 +75,29 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
 
 
 def _is_linear(n: torch.fx.Node, module: nn.Module, unit: str) -> bool:
+    """A matmul inside an nn.Linear (or a subclass with its own forward, such as FalconLinear)."""
     if n.op == "call_module":
         return isinstance(_linear_module(module, unit, n), nn.Linear)
-    if n.op == "call_function" and "linear" in str(n.target):
+    if n.op == "call_function" and str(getattr(n.target, "__name__", n.target)).split(".")[0] in _MATMUL_OPS:
         return isinstance(_linear_module(module, unit, n), nn.Linear)
     return False
+
+
+def _whole_vector_norms(nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str) -> set[str]:
+    """Nodes of normalisations over a token's whole vector: a norm op, or any op inside a module named
+    like a norm whose output has no separate head dimension (a per-head norm makes (…, heads, head_dim))."""
+    out = set()
+    for name, n in nodes.items():
+        op = str(getattr(n.target, "__name__", n.target))
+        if "norm" in op:
+            out.add(name)
+            continue
+        sub = _linear_module(module, unit, n)
+        if sub is not None and sub is not module and "norm" in type(sub).__name__.lower():
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dim() <= 3:
+                out.add(name)
+    return out
 
 
 def _linear_module(module: nn.Module, unit: str, n: torch.fx.Node) -> nn.Module | None:
@@ -85,12 +109,14 @@ def _linear_module(module: nn.Module, unit: str, n: torch.fx.Node) -> nn.Module 
 
 
 def _reached(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], start: str, members: set[str],
-             linears: set[str]) -> set[str]:
+             linears: set[str], norms: set[str]) -> set[str]:
     """Linears that ``start``'s output reaches with no reduction over features in between: the walk
-    stops at other linears (found), at normalisations, and at residual adds (an add of two hidden-size
-    tensors, one of which does not come from ``start``)."""
+    stops at other linears (found), at whole-vector normalisations, and at residual adds (an add of two
+    hidden-size tensors, one of which does not come from ``start``). A linear that reaches both a
+    normalisation and another linear is a latent projection: it feeds none (it stays replicated)."""
     hidden = nodes[start].args[0].meta["val"].shape[-1] if nodes[start].args else None
     found: set[str] = set()
+    normalised = False
     reach = {start}
     stack = list(g.successors(start))
     while stack:
@@ -100,14 +126,14 @@ def _reached(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], start: str, members
         if v in linears:
             found.add(v)
             continue
-        op = g.nodes[v]["op"]
-        if "norm" in op:
+        if v in norms:
+            normalised = True
             continue
-        if op in ("add", "add_") and _is_residual(nodes[v], reach, hidden):
+        if g.nodes[v]["op"] in ("add", "add_") and _is_residual(nodes[v], reach, hidden):
             continue
         reach.add(v)
         stack.extend(g.successors(v))
-    return found
+    return set() if normalised and found else found
 
 
 def _is_residual(n: torch.fx.Node, reach: set[str], hidden: object) -> bool:
@@ -117,25 +143,28 @@ def _is_residual(n: torch.fx.Node, reach: set[str], hidden: object) -> bool:
     return any(a.name not in reach for a in tensors)
 
 
-def _attention_between(g: nx.DiGraph, feeder: str, row: str, inside: set[str]) -> str | None:
+def _attention_between(g: nx.DiGraph, feeder: str, row: str, inside: set[str],
+                       cores: dict[str, AttentionCore]) -> AttentionCore | None:
     between = nx.ancestors(g, row) & nx.descendants(g, feeder) & inside
-    return next((v for v in sorted(between) if any(k in g.nodes[v]["op"] for k in _ATTENTION_OPS)), None)
+    return next((cores[v] for v in sorted(between) if v in cores), None)
 
 
 def _make_pair(unit: str, cols: list[torch.fx.Node], row: torch.fx.Node, col_mods: list,
-               attention: torch.fx.Node | None) -> TPPair:
+               attention: AttentionCore | None) -> TPPair:
     columnwise = [_rel(module_path(n), unit) for n in cols]
     inner = sum(m.out_features for m in col_mods)
     if attention is None:
         return TPPair(kind="mlp", columnwise=columnwise, rowwise=_rel(module_path(row), unit),
                       inner_features=inner)
-    q_shape, k_shape = (tuple(a.meta["val"].shape) for a in attention.args[:2])
-    head_dim = q_shape[-1]
-    if len(col_mods) == 1:  # fused qkv: heads as the attention op sees them
-        heads, kv_heads = q_shape[-3], k_shape[-3]
-    else:  # separate projections: KV heads from the smallest projection, before any repeat
-        per_linear = [m.out_features // head_dim for m in col_mods]
-        heads, kv_heads = max(per_linear), min(per_linear)
+    q_shape, k_shape, v_shape = (tuple(a.meta["val"].shape) for a in (attention.query, attention.key,
+                                                                       attention.value))
+    heads = int(q_shape[-3])
+    if len(col_mods) == 1:  # fused qkv: KV heads as the attention op sees them
+        kv_heads = int(k_shape[-3])
+    else:  # separate projections: KV heads from the narrowest projection of whole heads, before any repeat
+        head_dim = int(q_shape[-1])
+        whole = [m.out_features // head_dim for m in col_mods if m.out_features % head_dim == 0]
+        kv_heads = min([heads, *whole])
     return TPPair(kind="attention", columnwise=columnwise, rowwise=_rel(module_path(row), unit),
-                  inner_features=inner, heads=int(heads), kv_heads=int(kv_heads))
-
+                  inner_features=inner, heads=heads, kv_heads=kv_heads, head_dim=int(q_shape[-1]),
+                  v_head_dim=int(v_shape[-1]))

@@ -10,16 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import linecache
 import logging
-import traceback
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 import torch.fx
 import torch.nn as nn
 
+from autopar.capture.diagnose import failure_message, is_tracing_limit, untraceable_message
 from autopar.capture.loader import ModelSpec
 from autopar.errors import AutoparError
 
@@ -66,7 +64,7 @@ def build_on_meta(spec: ModelSpec, dtype: torch.dtype) -> nn.Module:
         except AutoparError:
             raise
         except Exception as e:
-            raise AutoparError(f"build_model({_kwargs(spec)}) failed: {type(e).__name__}: {_first_line(e)}") from None
+            raise AutoparError(failure_message(spec, e, "build_model")) from None
     if not isinstance(model, nn.Module):
         raise AutoparError(f"build_model in {spec.source} returned {type(model).__name__}, not a torch.nn.Module")
     return model.train()
@@ -77,11 +75,16 @@ def meta_inputs(spec: ModelSpec, batch_size: int, seq_len: int, dtype: torch.dty
         try:
             inputs = spec.example_inputs(batch_size, seq_len)
         except Exception as e:
-            raise AutoparError(f"example_inputs({batch_size}, {seq_len}) in {spec.source} failed: "
-                               f"{type(e).__name__}: {_first_line(e)}") from None
+            raise AutoparError(failure_message(spec, e, f"example_inputs({batch_size}, {seq_len})")) from None
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise AutoparError(f"example_inputs in {spec.source} must return a tuple of tensors "
                            f"(got {type(inputs).__name__})")
+    for i, t in enumerate(inputs):
+        if t.dim() == 0 or t.shape[0] != batch_size:
+            raise AutoparError(
+                f"{spec.inputs_at or spec.source}: example_inputs({batch_size}, {seq_len}) returned input {i} "
+                f"of shape {tuple(t.shape)}; its first dimension must be batch_size ({batch_size}): build every "
+                "input from the batch_size argument")
     return inputs
 
 
@@ -89,10 +92,11 @@ def meta_inputs(spec: ModelSpec, batch_size: int, seq_len: int, dtype: torch.dty
 def quiet_torch_logs() -> Iterator[None]:
     """torch.export logs its failed guesses and prints whole graphs to stderr when it fails; the user
     gets our one line instead."""
-    loggers = [logging.getLogger(name) for name in ("torch", "torch.fx", "torch._dynamo", "torch.export")]
+    loggers = [logging.getLogger(name) for name in ("torch", "torch.fx", "torch._dynamo", "torch.export",
+                                                    "torch._subclasses.fake_tensor")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             yield
@@ -108,10 +112,22 @@ def trace_model(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dt
         with quiet_torch_logs():
             return _export(wrapper, inputs)
     except Exception as export_error:  # fall back, keep the first error for the message
+        _check_runs(wrapper, spec, inputs)
         try:
             return _symbolic(model, spec, len(inputs))
         except Exception:
             raise AutoparError(untraceable_message(spec, export_error)) from None
+
+
+def _check_runs(wrapper: TrainingForward, spec: ModelSpec, inputs: tuple) -> None:
+    """Run the forward on meta tensors, untraced: a model whose own code fails (a shape that does not fit
+    its settings) is reported at its line, rather than as a construct tracing cannot follow."""
+    try:
+        with default_dtype(inputs[0].dtype if inputs[0].is_floating_point() else torch.get_default_dtype()):
+            wrapper(*inputs)
+    except Exception as e:
+        if not is_tracing_limit(e):
+            raise AutoparError(failure_message(spec, e, "the forward")) from None
 
 
 def _export(wrapper: TrainingForward, inputs: tuple) -> Traced:
@@ -155,49 +171,3 @@ def _symbolic(model: nn.Module, spec: ModelSpec, n_inputs: int) -> Traced:
     gm = torch.fx.symbolic_trace((_Forward1, _Forward2, _Forward3)[n_inputs - 1](model, spec))
     placeholders = [("input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
     return Traced(gm, "torch.fx.symbolic_trace", placeholders, {})
-
-
-# -- one-line errors for models that cannot be traced -----------------------------------------
-_CONSTRUCTS = [
-    ("data-dependent", "data-dependent control flow or shape (a Python `if`/loop on tensor values)"),
-    ("guard on", "data-dependent control flow or shape (a Python `if`/loop on tensor values)"),
-    (".item()", "a tensor read back to Python with .item()"),
-    ("tolist", "a tensor read back to Python with .tolist()"),
-    ("meta tensors", "an operation that needs real tensor data (it cannot run on the meta device)"),
-    ("numpy", "a conversion to numpy"),
-]
-
-
-def untraceable_message(spec: ModelSpec, error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
-    construct = next((what for key, what in _CONSTRUCTS if key in text.lower()),
-                     f"an unsupported construct ({type(error).__name__}: {_first_line(error)})")
-    where = _user_frame(error, spec.source)
-    return f"cannot trace {spec.name}: {construct}{where}; rewrite it with tensor ops (torch.where, masks) " \
-           "or move it out of forward"
-
-
-def _user_frame(error: BaseException, source: str) -> str:
-    """' at file:line `code`' for the deepest frame in the user's file (or outside torch)."""
-    frames = []
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:  # the whole chain: torch re-raises with `from`
-        seen.add(id(error))
-        frames = traceback.extract_tb(error.__traceback__) + frames
-        error = error.__cause__ or error.__context__
-    src = str(Path(source).resolve())
-    ours = [f for f in frames if str(Path(f.filename).resolve()) == src]
-    if not ours:
-        return ""
-    f = ours[-1]
-    code = (f.line or linecache.getline(f.filename, f.lineno or 0)).strip()
-    return f" at {Path(f.filename).name}:{f.lineno} `{code}`"
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0].strip() if lines else type(e).__name__
-
-
-def _kwargs(spec: ModelSpec) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items())

@@ -28,14 +28,23 @@ def _numbers(layer: LayerProfile) -> tuple:
 
 def _tp_text(layer: LayerProfile) -> str:
     if not layer.tp.plan:
-        return f"[dim]{layer.tp.reason or '-'}[/dim]"
+        return f"[dim]{layer.tp.reason or '-'}[/dim]" + _moe_text(layer)
     if not layer.tp.pairs:
         return ", ".join(sorted(set(layer.tp.plan.values())))
     parts = []
     for pair in layer.tp.pairs:
         heads = f" {pair.heads}h/{pair.kv_heads}kv" if pair.kind == "attention" else f" {pair.inner_features}"
         parts.append(f"{'+'.join(pair.columnwise)}→{pair.rowwise}{heads}")
-    return "; ".join(parts)
+    return "; ".join(parts) + _moe_text(layer)
+
+
+def _moe_text(layer: LayerProfile) -> str:
+    moe = layer.moe
+    if moe is None:
+        return ""
+    shared = f" + {moe.num_shared_experts} shared" if moe.num_shared_experts else ""
+    capacity = f", capacity {moe.capacity_factor:g}" if moe.capacity_factor else ""
+    return f"; {moe.experts_module}: top-{moe.top_k} of {moe.num_experts} experts{shared}{capacity}"
 
 
 def profile_table(profile: ModelProfile, batch_size: int = 1) -> Table:
@@ -55,9 +64,11 @@ def profile_table(profile: ModelProfile, batch_size: int = 1) -> Table:
         table.add_row(name, layer.kind, params, f"{flops / 1e9:,.2f}", f"{saved / MIB:,.1f}",
                       f"{cut / MIB:,.2f}" if layer is not profile.layers[-1] else "-", _tp_text(layer))
     total_flops = sum(lp.fwd_flops_per_sample * b + lp.fwd_flops_fixed for lp in profile.layers)
+    eager = ("; eager attention (priced as the unfused kernel: the S×S scores are not in these columns)"
+             if profile.attention_impl == "eager" else "")
     table.caption = (f"total: {profile.params:,} params, {total_flops / 1e12:,.3f} TFLOPs forward, "
                      f"{profile.saved_bytes(b) / MIB:,.1f} MiB saved activations per micro-batch of {b}; "
-                     f"captured with {profile.capture.method} in {profile.capture.wall_s:.2f} s")
+                     f"captured with {profile.capture.method} in {profile.capture.wall_s:.2f} s{eager}")
     return table
 
 
