@@ -37,7 +37,8 @@ def trace(
 ) -> None:
     """Trace MODEL on the meta device and print its layer profile (params, FLOPs, activations, TP pattern)."""
     try:
-        from autopar.capture import capture_model, parse_set
+        from autopar.capture import capture_model
+        from autopar.profile import parse_set
 
         profile = capture_model(model, parse_set(set_ or []), batch_size=batch_size, seq_len=seq_len, dtype=dtype)
     except AutoparError as e:

@@ -1,19 +1,20 @@
-"""Plan: a parallel configuration and what the cost model predicts for it, as frozen, JSON-able data.
-
-``autopar estimate`` fills parallelism + prediction for one explicit configuration; the solver adds its
-own parts (per-layer assignment, solver status) as further optional fields, so a plan written today
-still validates tomorrow. All models are frozen and forbid unknown fields.
+"""Plan: a parallel configuration and what the cost model predicts for it, as frozen, JSON-able data: the one
+shape of a plan. The runtime reads a RunPlan (the runnable part: a full Plan is one), the cost model's
+configuration is made from it by autopar/pricing.py, and each rule and default of a configuration is the cost
+model's own (cost_models/config.py), called from the validators here.
 """
 from __future__ import annotations
 
-from typing import Literal
-
+import json
 from pathlib import Path
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autopar.errors import AutoparError
 from autopar.profile import write_atomic
+from cost_models import PRECISIONS, ConfigError
+from cost_models.config import check_batch, check_layer_degree, check_schedule, check_world, default
 
 PLAN_VERSION = 1
 
@@ -28,23 +29,61 @@ class ClusterSpec(_Frozen):
     hardware: str = Field(description="hardware profile name, or the path of the profile file used")
 
 
-class Parallelism(_Frozen):
-    """Degrees and schedule. gpus = tp × pp × dp; global batch = micro_batch_size × dp × num_microbatches."""
+def _default(name: str) -> object:
+    """Defaults are the cost model's (cost_models.config.ParallelConfig): written once."""
+    return default(name)
 
-    tp: int
-    pp: int
-    dp: int
-    micro_batch_size: int
-    num_microbatches: int
-    global_batch_size: int
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    recompute: Literal["none", "selective", "full"] = "full"
-    sequence_parallel: bool = False
-    schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
-    virtual_stages: int = 1
-    offload_activations: bool = False
-    attention_kernel: Literal["fused", "unfused"] = "fused"
-    precision: str = Field(default="megatron-bf16", description="bytes-per-parameter recipe (cost_models.PRECISIONS)")
+
+def _checked(rule: object, *args: object, **kwargs: object) -> None:
+    """A cost_models rule inside a pydantic validator: its ConfigError becomes the validation error's text."""
+    try:
+        rule(*args, **kwargs)  # type: ignore[operator]
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+
+
+class Parallelism(_Frozen):
+    """Degrees and schedule. gpus = tp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
+    Per-layer recomputation and tensor-parallel degrees are in Plan.layers; ``recompute`` records the
+    model-wide mode the plan was made with."""
+
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    dp: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    global_batch_size: int = Field(default=0, description="micro_batch_size × dp × num_microbatches (derived if "
+                                                          "left out)")
+    zero_stage: Literal[0, 1, 2, 3] = _default("zero_stage")  # type: ignore[assignment]
+    recompute: Literal["none", "selective", "full"] = _default("recompute")  # type: ignore[assignment]
+    sequence_parallel: bool = _default("sequence_parallel")  # type: ignore[assignment]
+    schedule: Literal["1f1b", "gpipe", "interleaved"] = _default("schedule")  # type: ignore[assignment]
+    virtual_stages: int = Field(default=_default("virtual_stages"), ge=1)
+    offload_activations: bool = _default("offload_activations")  # type: ignore[assignment]
+    attention_kernel: Literal["fused", "unfused"] = _default("attention_kernel")  # type: ignore[assignment]
+    attention_dropout: bool = _default("attention_dropout")  # type: ignore[assignment]
+    precision: str | None = Field(default=None, description="bytes-per-parameter recipe (cost_models.PRECISIONS); "
+                                                            "none: the dtype's default recipe")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_batch(cls, raw: object) -> object:
+        if isinstance(raw, dict) and not raw.get("global_batch_size"):
+            try:
+                raw = {**raw, "global_batch_size": raw["micro_batch_size"] * raw["dp"] * raw["num_microbatches"]}
+            except (KeyError, TypeError):
+                pass  # the missing or malformed field is reported by its own check
+        return raw
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Parallelism":
+        _checked(check_batch, self.global_batch_size, micro_batch=self.micro_batch_size, dp=self.dp,
+                 num_microbatches=self.num_microbatches)
+        _checked(check_schedule, self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
+                 num_microbatches=self.num_microbatches)
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
+        return self
 
 
 class Breakdown(_Frozen):
@@ -103,10 +142,10 @@ class Prediction(_Frozen):
 class ModelRef(_Frozen):
     """Which model the plan is for, enough to rebuild it: the source and its build_model overrides."""
 
-    name: str
+    name: str = ""
     source: str = ""
     overrides: dict[str, str] = Field(default={}, description="build_model keywords, as --set key=value gives them")
-    seq_len: int
+    seq_len: int = Field(ge=1)
     dtype: Literal["fp32", "bf16", "fp16"]
 
 
@@ -116,10 +155,15 @@ class LayerAssignment(_Frozen):
     recomputation mode."""
 
     name: str
-    stage: int
-    tp: int
-    dp: int
+    stage: int = Field(ge=0)
+    tp: int = Field(ge=1)
+    dp: int = Field(default=0, description="the stage's tp × dp devices / tp (derived if left out)")
     recompute: Literal["none", "selective", "full"] = "none"
+
+    @property
+    def units(self) -> list[str]:
+        """Module paths of this layer (merged layers join their paths with '+')."""
+        return self.name.split("+")
 
 
 class SolverInfo(_Frozen):
@@ -133,54 +177,156 @@ class SolverInfo(_Frozen):
     rank: int = Field(default=1, description="1 for the best plan, k for the k-th best of --top-k")
 
 
-class Plan(_Frozen):
-    version: int = PLAN_VERSION
-    world_size: int
+class RunPlan(_Frozen):
+    """What the runtime executes: degrees, the model, every layer's chunk, degree and recomputation. Rank
+    order is Megatron's (tp innermost, then dp, then pp), so world_size = pp × dp × tp."""
+
+    world_size: int = Field(ge=1)
     model: ModelRef
-    cluster: ClusterSpec
     parallelism: Parallelism
-    prediction: Prediction
-    layers: list[LayerAssignment] = Field(default=[], description="every profile layer in order")
-    solver: SolverInfo | None = None
-    notes: list[str] = Field(default=[], description="why a plan does not fit, and other remarks")
+    layers: list[LayerAssignment] = Field(min_length=1, description="every profile layer in order")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_layer_dp(cls, raw: object) -> object:
+        try:
+            devices = raw["parallelism"]["tp"] * raw["parallelism"]["dp"]  # type: ignore[index]
+            layers = [{**layer, "dp": layer.get("dp") or devices // layer["tp"]} for layer in raw["layers"]]  # type: ignore[index]
+        except (KeyError, TypeError, ZeroDivisionError, AttributeError):
+            return raw  # the missing or malformed field is reported by its own check
+        return {**raw, "layers": layers}  # type: ignore[dict-item]
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Plan":
+    def _rules(self) -> "RunPlan":
         par = self.parallelism
-        if par.tp * par.pp * par.dp != self.world_size or self.cluster.gpus != self.world_size:
-            raise ValueError(f"dp({par.dp}) * tp({par.tp}) * pp({par.pp}) != world_size({self.world_size}) "
-                             f"(cluster.gpus {self.cluster.gpus})")
-        if par.micro_batch_size * par.dp * par.num_microbatches != par.global_batch_size:
-            raise ValueError(f"micro_batch_size({par.micro_batch_size}) * dp({par.dp}) * num_microbatches("
-                             f"{par.num_microbatches}) != global_batch_size({par.global_batch_size})")
-        chunks = par.pp * par.virtual_stages
+        _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp)
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("a layer appears twice in plan.layers: every layer must be assigned exactly once")
-        stages = [layer.stage for layer in self.layers]
-        if self.layers and (stages != sorted(stages) or set(stages) != set(range(chunks))):
-            raise ValueError(f"plan.layers stages must run 0..{chunks - 1} in order, each holding at least one layer")
+        previous = 0
         for layer in self.layers:
-            if layer.tp * layer.dp != par.tp * par.dp:
+            if layer.stage >= self.num_chunks:
+                raise ValueError(f"layer {layer.name}: stage {layer.stage} outside 0..{self.num_chunks - 1} "
+                                 f"(pp({par.pp}) * virtual_stages({par.virtual_stages}) chunks)")
+            if layer.stage < previous:
+                raise ValueError(f"layer {layer.name}: stage {layer.stage} after stage {previous}; stages must be "
+                                 "non-decreasing in layer order")
+            if layer.stage > previous + 1:
+                raise ValueError(f"layer {layer.name}: stage jumps from {previous} to {layer.stage}; every stage "
+                                 "needs at least one layer")
+            previous = layer.stage
+            _checked(check_layer_degree, layer.name, layer.tp, tp=par.tp, dp=par.dp, micro_batch=par.micro_batch_size,
+                     zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel)
+            if layer.tp * layer.dp != self.stage_devices:
                 raise ValueError(f"layer {layer.name}: tp({layer.tp}) * dp({layer.dp}) != the stage's "
-                                 f"{par.tp * par.dp} devices")
+                                 f"{self.stage_devices} devices")
+        if previous != self.num_chunks - 1:
+            raise ValueError(f"plan.layers use stages 0..{previous} but pp({par.pp}) * virtual_stages"
+                             f"({par.virtual_stages}) = {self.num_chunks} chunks need a layer each")
         return self
+
+    # -- derived quantities ------------------------------------------------------------------------
+    @property
+    def num_chunks(self) -> int:
+        """Pipeline model chunks: pp × virtual_stages (interleaved 1F1B runs v chunks per rank)."""
+        return self.parallelism.pp * self.parallelism.virtual_stages
+
+    @property
+    def global_batch(self) -> int:
+        return self.parallelism.global_batch_size
+
+    @property
+    def stage_devices(self) -> int:
+        return self.parallelism.tp * self.parallelism.dp
+
+    @property
+    def layer_tp_degrees(self) -> tuple[int, ...]:
+        """Every tensor-parallel degree some layer uses, the plan's own first."""
+        seen = [self.parallelism.tp]
+        for layer in self.layers:
+            if layer.tp not in seen:
+                seen.append(layer.tp)
+        return tuple(seen)
+
+    @property
+    def uniform_tp(self) -> bool:
+        return all(layer.tp == self.parallelism.tp for layer in self.layers)
+
+    def chunks_of_rank(self, pp_rank: int) -> list[int]:
+        return [c for c in range(self.num_chunks) if c % self.parallelism.pp == pp_rank]
+
+    def layers_of_chunk(self, chunk: int) -> list[LayerAssignment]:
+        return [layer for layer in self.layers if layer.stage == chunk]
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Layers per model chunk, in order."""
+        counts = [0] * self.num_chunks
+        for layer in self.layers:
+            counts[layer.stage] += 1
+        return tuple(counts)
 
     # -- persistence ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         write_atomic(Path(path), self.model_dump_json(indent=1) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Plan":
+    def load(cls, path: str | Path) -> Self:
         """Read and validate a plan file; raises AutoparError with a one-line reason."""
+        return cls.parse(_read_json(path), where=str(path))
+
+    @classmethod
+    def parse(cls, raw: object, where: str = "plan") -> Self:
         try:
-            return cls.model_validate_json(Path(path).read_text())
-        except FileNotFoundError:
-            raise AutoparError(f"plan file not found: {path}") from None
+            return cls.model_validate(raw)
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "plan"
-            raise AutoparError(f"{path}: invalid plan: {where}: {first['msg']}") from None
+            field = ".".join(str(p) for p in first["loc"]) or "plan"
+            message = str(first["msg"]).removeprefix("Value error, ")
+            if first["type"] == "missing":
+                message = f"missing: a plan needs {field}"
+            elif first["type"] == "extra_forbidden":
+                message = f"unknown field '{field}' (check its spelling against autopar/plan.schema.json)"
+            raise AutoparError(f"{where}: invalid plan: {field}: {message}") from None
+
+
+class Plan(RunPlan):
+    """A plan as autopar writes it: what the runtime executes, the cluster it is for, what the cost model
+    predicts for it and, from `autopar solve`, the solver's status. All parts are frozen and forbid unknown
+    fields, so a plan written today still validates tomorrow."""
+
+    version: int = PLAN_VERSION
+    cluster: ClusterSpec
+    prediction: Prediction
+    solver: SolverInfo | None = None
+    notes: list[str] = Field(default=[], description="why a plan does not fit, and other remarks")
+
+    @model_validator(mode="after")
+    def _cluster(self) -> "Plan":
+        if self.cluster.gpus != self.world_size:
+            raise ValueError(f"cluster.gpus({self.cluster.gpus}) != world_size({self.world_size})")
+        return self
+
+
+def load_run_plan(path: str | Path) -> RunPlan:
+    """A plan file for the runtime (parse_run_plan); raises AutoparError with a one-line reason."""
+    return parse_run_plan(_read_json(path), where=str(path))
+
+
+def parse_run_plan(raw: object, where: str = "plan") -> RunPlan:
+    """A full Plan (as autopar writes it) or only its runnable part (hand-written: world_size, model,
+    parallelism, layers), validated as such."""
+    runnable = isinstance(raw, dict) and set(raw) <= set(RunPlan.model_fields)
+    return (RunPlan if runnable else Plan).parse(raw, where=where)
+
+
+def _read_json(path: str | Path) -> object:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise AutoparError(f"plan file not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise AutoparError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
 
 
 def plan_schema() -> dict:
@@ -189,6 +335,4 @@ def plan_schema() -> dict:
 
 
 if __name__ == "__main__":  # regenerate the checked-in schema: python -m autopar.plan > autopar/plan.schema.json
-    import json
-
     print(json.dumps(plan_schema(), indent=1, sort_keys=True))

@@ -7,12 +7,15 @@ saved_bytes_fixed``. Both parts are measured (meta runs at batch 1 and 2), never
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from autopar.errors import AutoparError
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 TPStyle = Literal["colwise", "rowwise", "sequence_parallel"]
@@ -175,3 +178,42 @@ def write_atomic(path: Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
 
+
+
+def load_profile(source: str | Path | ModelProfile, *, overrides: Mapping[str, str] | None = None,
+                 seq_len: int | None = None, dtype: str = "bf16") -> ModelProfile:
+    """A ModelProfile from an object, a saved profile JSON, or a model source capture can trace."""
+    if isinstance(source, ModelProfile):
+        profile = source
+    else:
+        path = Path(source)
+        if path.suffix == ".json" and path.exists() and _is_saved_profile(path):
+            profile = ModelProfile.load(path)
+        else:
+            from autopar.capture import capture_model  # imports torch: only when a model must be traced
+
+            return capture_model(str(source), dict(overrides or {}), seq_len=seq_len, dtype=dtype)
+    if seq_len is not None and seq_len != profile.seq_len:
+        raise AutoparError(f"the profile was captured at seq_len {profile.seq_len}, not {seq_len}; "
+                           "trace the model again at that length or drop --seq-len")
+    return profile
+
+
+def _is_saved_profile(path: Path) -> bool:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(raw, dict) and "layers" in raw and "capture" in raw
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``["n_layer=4", "bias=false"]`` → ``{"n_layer": "4", "bias": "false"}``: --set overrides of a model's
+    build_model keywords (no torch here: a saved profile is re-planned without it)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise AutoparError(f"--set {item!r}: expected key=value, e.g. --set n_layer=4")
+        out[key.strip()] = value.strip()
+    return out

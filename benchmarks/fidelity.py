@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from autopar.calibrate.validate import validate  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
-from autopar.estimate import estimate, load_profile  # noqa: E402
+from autopar.estimate import estimate  # noqa: E402
+from autopar.profile import load_profile  # noqa: E402
 
 # Model shapes (examples/*.py build_model keywords) and plans: (name, model, plan options).
 GPT = {"n_layer": "4", "n_embd": "256", "n_head": "8", "vocab_size": "2048", "block_size": "128", "tie_weights": "false"}

@@ -160,23 +160,13 @@ def bucketed_time(op: str, nbytes: float, n: int, steps_per_bucket: float, volum
         _scale(op, GRAD_BUCKET_BYTES, link, hw)
 
 
-@dataclass(frozen=True)
-class DPComm:
-    """Per GPU: once-per-step gradient sync split into the part that can hide behind the last backward
-    and the part that cannot, plus ZeRO-3 traffic per micro-batch (which can hide behind compute)."""
-
-    step_overlappable_s: float
-    step_exposed_s: float
-    per_microbatch_s: float
-
-
 def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int, link: Link,
                   hw: HardwareProfile) -> tuple[float, float]:
     """Seconds per parameter (already divided by tp) of the once-per-step sync: (overlappable, exposed).
 
     ZeRO-0: bucketed all-reduce of gradients, overlappable with backward (DDP, Li et al. 2020).
     ZeRO-1/2: bucketed reduce-scatter of gradients (overlappable) + all-gather of updated parameters
-    after the optimizer (exposed: "AG and OA operations do not overlap with compute", SageMaker, seed 002).
+    after the optimizer (exposed: "AG and OA operations do not overlap with compute", Amazon SageMaker documentation, "Introduction to Model Parallelism").
     ZeRO-3 syncs per micro-batch instead (zero3_layer_time)."""
     if dp <= 1 or zero_stage == 3:
         return 0.0, 0.0
@@ -185,14 +175,6 @@ def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int
         return bucketed_time("all_reduce", grad_bytes, n, 2 * (n - 1), 2 * (n - 1) / n, link, hw), 0.0
     gather = bucketed_time("all_gather", param_bytes, n, n - 1, (n - 1) / n, link, hw)
     return bucketed_time("reduce_scatter", grad_bytes, n, n - 1, (n - 1) / n, link, hw), gather
-
-
-def dp_comm(params_per_gpu: float, *, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int,
-            link: Link, hw: HardwareProfile) -> DPComm:
-    """Data-parallel once-per-step traffic of one stage's parameters (already divided by tp); linear in them."""
-    over, exposed = dp_step_rates(dp=dp, zero_stage=zero_stage, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                                  link=link, hw=hw)
-    return DPComm(over * params_per_gpu, exposed * params_per_gpu, 0.0)
 
 
 def zero3_layer_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_bytes: int, link: Link,

@@ -8,7 +8,7 @@ classes are different kernels, so their times add.
 
 Assumptions, each stated where it is used:
 - backward = 2 × forward (a matmul's backward is two matmuls of the same size, an elementwise op's
-  backward reads the output grad and writes the input grad) — DESIGN.md, Narayanan 2021 §5.1 — unless
+  backward reads the output grad and writes the input grad) — Narayanan et al. 2021 §5.1 — unless
   calibration measured a kernel's own ratio (hardware.KernelCosts: heavy element-wise kernels, attention);
 - recomputation re-runs the forward (full: the whole layer; selective: only the attention core);
 - tensor parallelism divides matmul FLOPs by tp; memory-bound traffic divides by tp except, without

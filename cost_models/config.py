@@ -1,9 +1,10 @@
 """One parallel configuration (degrees, batch, ZeRO, recomputation, schedule) and the precision recipe
 that fixes bytes per parameter. Validation raises ConfigError with a one-line reason.
 
-Megatron's conventions (seed 003): ``N = dp × pp × tp``, ``dp = N / (pp × tp)``; global batch
-``B = micro_batch × dp × num_microbatches`` (NeMo/BioNeMo formula, seed 000); under pipelining the
-micro-batches are the gradient-accumulation steps.
+Megatron's conventions (Narayanan et al. 2021; Megatron-LM ``initialize_model_parallel``): ``N = dp × pp × tp``,
+``dp = N / (pp × tp)``; global batch ``B = micro_batch × dp × num_microbatches`` (NVIDIA BioNeMo / NeMo
+"Training Parallelism" documentation); under pipelining the micro-batches are the gradient-accumulation steps.
+Each rule is a function here, called by ParallelConfig, make_config and autopar's Plan: written once.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Precision:
     """Bytes per parameter held by training, by role (Adam optimizer).
 
     Presets reproduce two published breakdowns:
-    - ``amp-fp16`` = SageMaker's 20 bytes (seed 002): fp16 param 2 + fp16 grad 2 + fp32 Adam m,v 8
+    - ``amp-fp16`` = SageMaker's 20 bytes (Amazon SageMaker documentation, "Introduction to Model Parallelism"): fp16 param 2 + fp16 grad 2 + fp32 Adam m,v 8
       + fp32 master param 4 + fp32 master grad 4. Equals Megatron's "fp16 param, fp16 grads" row (20)
       in Megatron-LM docs/distrib_optimizer.md.
     - ``megatron-bf16`` = Megatron's default for bf16 (18): bf16 param 2 + fp32 main grad 4 (grads
@@ -73,6 +74,56 @@ def default_precision(dtype: str) -> Precision:
     """Megatron's default recipe for a training dtype: bf16 → 18 B, fp16 → 20 B, fp32 → 16 B."""
     return {"bf16": PRECISIONS["megatron-bf16"], "fp16": PRECISIONS["amp-fp16"],
             "fp32": PRECISIONS["fp32"]}[dtype]
+
+
+# -- the rules of a configuration, each written once (ParallelConfig, make_config and autopar's plan call them) --
+def check_world(world: int, *, tp: int, pp: int, dp: int) -> None:
+    """The degrees multiply to the number of GPUs (Megatron: dp = world / (pp × tp))."""
+    if tp * pp * dp != world:
+        raise ConfigError(f"pp({pp}) * dp({dp}) * tp({tp}) = {tp * pp * dp} != world_size({world}); "
+                          "pick degrees whose product is the number of GPUs")
+
+
+def check_batch(global_batch: int, *, micro_batch: int, dp: int, num_microbatches: int) -> None:
+    """global batch = micro-batch × dp × micro-batches (NeMo / BioNeMo's formula)."""
+    if micro_batch * dp * num_microbatches != global_batch:
+        raise ConfigError(f"micro_batch_size({micro_batch}) * dp({dp}) * num_microbatches({num_microbatches}) "
+                          f"!= global_batch_size({global_batch})")
+
+
+def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatches: int) -> None:
+    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and m a multiple of pp (Megatron)."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule '{schedule}': choose one of {', '.join(SCHEDULES)}")
+    if schedule != "interleaved" and virtual_stages != 1:
+        raise ConfigError(f"virtual_stages {virtual_stages} needs schedule 'interleaved' (schedule is '{schedule}')")
+    if schedule == "interleaved":
+        if pp < 2:
+            raise ConfigError("the interleaved schedule needs pp ≥ 2; use --schedule 1f1b")
+        if num_microbatches % pp:
+            raise ConfigError(f"interleaved 1F1B needs the number of micro-batches ({num_microbatches}) to be a "
+                              f"multiple of pp ({pp}) (Megatron); change --global-batch")
+
+
+def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch: int, zero_stage: int,
+                       sequence_parallel: bool) -> None:
+    """A layer at its own tensor-parallel degree t views the stage's tp·dp devices as t × (tp·dp / t): t must
+    divide them and keep every replica's micro-batch whole; the runtime runs it without ZeRO and SP."""
+    if t == tp:
+        return
+    if zero_stage or sequence_parallel:
+        raise ConfigError(f"layer {name}: per-layer tp degrees run without ZeRO and sequence parallelism; use one "
+                          "tp for every layer or zero_stage 0 without sequence parallelism")
+    if t < 1 or (tp * dp) % t:
+        raise ConfigError(f"layer {name}: tp {t} does not divide the stage's tp({tp}) * dp({dp}) = {tp * dp} devices")
+    if (micro_batch * t) % tp:
+        raise ConfigError(f"layer {name}: tp {t} gives it dp {tp * dp // t}, which does not divide the stage's "
+                          f"micro-batch of {micro_batch * dp} samples")
+
+
+def default(field_name: str) -> object:
+    """A ParallelConfig field's default: the one place each default of a plan is written."""
+    return ParallelConfig.__dataclass_fields__[field_name].default
 
 
 @dataclass(frozen=True)
@@ -138,20 +189,12 @@ class ParallelConfig:
             raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero_stage})")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)} (got '{self.recompute}')")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)} (got '{self.schedule}')")
         if self.attention_kernel not in ("fused", "unfused"):
             raise ConfigError(f"attention kernel must be fused or unfused (got '{self.attention_kernel}')")
         if not (0.0 <= self.dp_overlap <= 1.0 and 0.0 <= self.zero3_overlap <= 1.0):
             raise ConfigError("overlap fractions must lie in [0, 1]")
-        if self.schedule != "interleaved" and self.virtual_stages != 1:
-            raise ConfigError(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved")
-        if self.schedule == "interleaved":
-            if self.pp < 2:
-                raise ConfigError("the interleaved schedule needs pp ≥ 2; use --schedule 1f1b")
-            if self.num_microbatches % self.pp:
-                raise ConfigError(f"interleaved 1F1B needs the number of micro-batches ({self.num_microbatches}) "
-                                  f"to be a multiple of pp ({self.pp}) (Megatron); change --global-batch")
+        check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
+                       num_microbatches=self.num_microbatches)
         n_layers = len(model.layers)
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "
@@ -177,11 +220,8 @@ class ParallelConfig:
                     continue
                 if layer.kind != "block":
                     raise ConfigError(f"layer {layer.name} is a {layer.kind}: only blocks take their own tp degree")
-                if self.zero_stage or self.sequence_parallel:
-                    raise ConfigError("per-layer tp degrees run without ZeRO and sequence parallelism")
-                if t < 1 or (self.tp * self.dp) % t or (self.micro_batch * t) % self.tp:
-                    raise ConfigError(f"layer {layer.name}: tp {t} must divide the stage's {self.tp * self.dp} "
-                                      f"devices and micro-batch × {t} / {self.tp} must be whole")
+                check_layer_degree(layer.name, t, tp=self.tp, dp=self.dp, micro_batch=self.micro_batch,
+                                   zero_stage=self.zero_stage, sequence_parallel=self.sequence_parallel)
                 if t > 1 and not all(dv % t == 0 for dv in layer.tp.divisors):
                     raise ConfigError(f"layer {layer.name}: tp {t} does not divide {list(layer.tp.divisors)}")
         if self.tp > 1:
@@ -204,9 +244,7 @@ def make_config(gpus: int, *, tp: int, pp: int, micro_batch: int, global_batch: 
             raise ConfigError(f"tp({tp}) × pp({pp}) = {tp * pp} does not divide gpus({gpus}); "
                               "pick degrees whose product divides the GPU count")
         dp = gpus // (tp * pp)
-    if dp * tp * pp != gpus:
-        raise ConfigError(f"dp({dp}) × tp({tp}) × pp({pp}) = {dp * tp * pp} != gpus({gpus}); "
-                          "fix --dp or leave it out to derive it")
+    check_world(gpus, tp=tp, pp=pp, dp=dp)
     if micro_batch < 1 or global_batch < 1:
         raise ConfigError("micro-batch and global batch must be at least 1")
     if global_batch % (micro_batch * dp):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cost_models.errors import ConfigError
+from cost_models.hardware_file import HardwareFile, check_hardware_file
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 GIB = 1024**3
@@ -176,89 +177,69 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
 
 
 def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> HardwareProfile:
-    """Convert a profile dict with units in its field names into a HardwareProfile (SI units)."""
+    """Check a profile dict (hardware_file.HardwareFile: every field known, each in range) and convert it into
+    a HardwareProfile in SI units."""
+    f = check_hardware_file(raw, default_name)
     try:
-        gpus_per_node = int(raw["gpus_per_node"])
-        nic_bytes = raw["nic_bandwidth_gbits_per_s"] * 1e9 / 8 * raw["nics_per_node"] / gpus_per_node
+        gpus_per_node = f.gpus_per_node
+        nic_bytes = f.nic_bandwidth_gbits_per_s * 1e9 / 8 * f.nics_per_node / gpus_per_node
         return HardwareProfile(
-            name=str(raw.get("name", default_name)),
-            description=str(raw.get("description", "")),
-            peak_flops={k: float(raw["peak_dense_tflops"][k]) * 1e12 for k in _DTYPES
-                        if k in raw["peak_dense_tflops"]},
-            memory_bytes=int(raw["memory_gib"] * GIB),
-            memory_reserve_bytes=int(raw["memory_reserve_gib"] * GIB),
-            hbm_bytes_per_s=raw["hbm_bandwidth_gbytes_per_s"] * 1e9,
+            name=f.name or default_name,
+            description=f.description,
+            peak_flops={k: v * 1e12 for k, v in f.peak_dense_tflops.model_dump().items() if v is not None},
+            memory_bytes=int(f.memory_gib * GIB),
+            memory_reserve_bytes=int(f.memory_reserve_gib * GIB),
+            hbm_bytes_per_s=f.hbm_bandwidth_gbytes_per_s * 1e9,
             gpus_per_node=gpus_per_node,
             # NVLink is quoted as the sum of both directions; one direction is half of it.
-            intra_node_bytes_per_s=raw["nvlink_bandwidth_bidirectional_gbytes_per_s"] * 1e9 / 2,
-            intra_node_latency_s=raw["intra_node_latency_us"] * 1e-6,
+            intra_node_bytes_per_s=f.nvlink_bandwidth_bidirectional_gbytes_per_s * 1e9 / 2,
+            intra_node_latency_s=f.intra_node_latency_us * 1e-6,
             inter_node_bytes_per_s=nic_bytes,
-            inter_node_latency_s=raw["inter_node_latency_us"] * 1e-6,
-            host_link_bytes_per_s=raw["host_link_bandwidth_gbytes_per_s"] * 1e9,
-            gemm_efficiency=_table(raw["gemm_efficiency_by_mflop_per_token"], scale=1e6),
-            gemm_rows_efficiency=_table(raw["gemm_efficiency_by_rows"], scale=1.0),
-            memory_efficiency=float(raw["memory_bandwidth_efficiency"]),
-            collective_efficiency=_table(raw["collective_efficiency_by_mbytes"], scale=1e6),
-            sources=dict(raw.get("sources", {})),
-            comm_overlap=_fraction(raw.get("comm_compute_overlap", 1.0)),
-            reduce_scatter_bandwidth_ratio=_positive(raw.get("reduce_scatter_relative_bandwidth", 1.0)),
-            zero3_comm_overlap=_fraction(raw["zero3_comm_compute_overlap"]) if "zero3_comm_compute_overlap" in raw
+            inter_node_latency_s=f.inter_node_latency_us * 1e-6,
+            host_link_bytes_per_s=f.host_link_bandwidth_gbytes_per_s * 1e9,
+            gemm_efficiency=_table(f.gemm_efficiency_by_mflop_per_token, scale=1e6),
+            gemm_rows_efficiency=_table(f.gemm_efficiency_by_rows, scale=1.0),
+            memory_efficiency=f.memory_bandwidth_efficiency,
+            collective_efficiency=_table(f.collective_efficiency_by_mbytes, scale=1e6),
+            sources=dict(f.sources),
+            comm_overlap=_fraction(f.comm_compute_overlap),
+            reduce_scatter_bandwidth_ratio=f.reduce_scatter_relative_bandwidth,
+            zero3_comm_overlap=_fraction(f.zero3_comm_compute_overlap) if f.zero3_comm_compute_overlap is not None
             else None,
-            heavy_memory_efficiency=float(raw["heavy_op_bandwidth_efficiency"])
-            if "heavy_op_bandwidth_efficiency" in raw else None,
-            optimizer_efficiency=float(raw["optimizer_bandwidth_efficiency"])
-            if "optimizer_bandwidth_efficiency" in raw else None,
-            lockstep=_lockstep(raw),
-            kernels=_kernels(raw),
-            collective_scale={str(op): LogTable(tuple((float(x) * 1e6, float(v)) for x, v in pts))
-                              for op, pts in raw.get("collective_time_scale_by_op_mbytes", {}).items()},
+            heavy_memory_efficiency=f.heavy_op_bandwidth_efficiency,
+            optimizer_efficiency=f.optimizer_bandwidth_efficiency,
+            lockstep=_lockstep(f),
+            kernels=_kernels(f),
+            collective_scale={op: LogTable(tuple((x * 1e6, v) for x, v in pts))
+                              for op, pts in f.collective_time_scale_by_op_mbytes.items()},
         )
-    except KeyError as err:
-        raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' lacks field {err}; "
-                          "copy a built-in profile from cost_models/profiles/ and edit it") from err
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
-        raise ConfigError(f"hardware profile '{raw.get('name', default_name)}' has a bad value: {err}") from err
+        raise ConfigError(f"hardware profile '{f.name or default_name}' has a bad value: {err}") from err
 
 
-def _fraction(x: Any) -> float:
-    value = round(float(x), 3)
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"comm_compute_overlap and zero3_comm_compute_overlap must lie in [0, 1], got {x}; "
-                          "fix the hardware profile")
-    return value
+def _fraction(x: float) -> float:
+    """An overlap share, to 3 decimals so the solver's integer model sees the same number."""
+    return round(float(x), 3)
 
 
-def _positive(x: Any) -> float:
-    value = float(x)
-    if not 0.0 < value <= 4.0:
-        raise ConfigError(f"reduce_scatter_relative_bandwidth must lie in (0, 4], got {x}; fix the hardware profile")
-    return value
+def _lockstep(f: HardwareFile) -> LockstepCosts:
+    sync = f.collective_sync_overhead_us_by_compute_us
+    d = f.dtensor_overhead_us
+    return LockstepCosts(sync=LogTable(tuple((x * 1e-6, v * 1e-6) for x, v in sync)) if sync else None,
+                         module_s=d.per_module * 1e-6, op_s=d.per_op * 1e-6, collective_s=d.per_collective * 1e-6)
 
 
-def _lockstep(raw: Mapping[str, Any]) -> LockstepCosts:
-    sync = raw.get("collective_sync_overhead_us_by_compute_us")
-    dtensor = raw.get("dtensor_overhead_us", {})
-    values = {k: float(dtensor.get(k, 0.0)) * 1e-6 for k in ("per_module", "per_op", "per_collective")}
-    if any(v < 0 for v in values.values()):
-        raise ConfigError("dtensor_overhead_us values must be ≥ 0; fix the hardware profile")
-    return LockstepCosts(sync=LogTable(tuple((float(x) * 1e-6, float(v) * 1e-6) for x, v in sync)) if sync else None,
-                         module_s=values["per_module"], op_s=values["per_op"], collective_s=values["per_collective"])
-
-
-def _kernels(raw: Mapping[str, Any]) -> KernelCosts:
-    heavy = {str(k): float(v) for k, v in raw.get("heavy_op_bandwidth_efficiency_by_kernel", {}).items()}
-    backward = {str(k): float(v) for k, v in raw.get("backward_over_forward_by_kernel", {}).items()}
-    attention = raw.get("attention_efficiency")
-    if any(not 0.0 < v <= 1.0 for v in heavy.values()) or (attention is not None and not 0.0 < attention <= 1.0):
+def _kernels(f: HardwareFile) -> KernelCosts:
+    heavy, backward = f.heavy_op_bandwidth_efficiency_by_kernel, f.backward_over_forward_by_kernel
+    if any(not 0.0 < v <= 1.0 for v in heavy.values()):
         raise ConfigError("kernel efficiencies must lie in (0, 1]; fix the hardware profile")
-    ratios = list(backward.values()) + [float(raw.get("attention_backward_over_forward", 2.0))]
-    if any(not 0.0 < v <= 10.0 for v in ratios):
+    if any(not 0.0 < v <= 10.0 for v in backward.values()):
         raise ConfigError("backward / forward ratios must lie in (0, 10]; fix the hardware profile")
     return KernelCosts(heavy=tuple(sorted(heavy.items())), backward=tuple(sorted(backward.items())),
-                       attention=float(attention) if attention is not None else None, attention_backward=ratios[-1])
+                       attention=f.attention_efficiency, attention_backward=f.attention_backward_over_forward)
 
 
-def _table(points: list[list[float]], scale: float) -> EfficiencyTable:
-    return EfficiencyTable(tuple((float(x) * scale, float(e)) for x, e in points))
+def _table(points: list[tuple[float, float]], scale: float) -> EfficiencyTable:
+    return EfficiencyTable(tuple((x * scale, e) for x, e in points))

@@ -1,7 +1,8 @@
 """Memory of one GPU of one pipeline stage: model states, activations in flight, buffers, reserve.
 
 Sources:
-- Bytes per parameter by role: config.Precision (SageMaker's 20-byte breakdown, seed 002; Megatron-LM
+- Bytes per parameter by role: config.Precision (SageMaker's 20-byte breakdown, Amazon SageMaker documentation "Introduction to Model
+  Parallelism"; Megatron-LM
   docs/distrib_optimizer.md for the bf16 and fp32 rows and for the distributed optimizer).
 - ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer state (incl. fp32 master copies) over dp,
   stage 2 also gradients, stage 3 also parameters, and needs the gathered parameters of the layer
@@ -14,7 +15,7 @@ Sources:
   rematerialises one layer at a time in backward; "selective" drops the attention kernel's own saves.
 - Micro-batches in flight (Narayanan et al. 2021): GPipe holds all m; 1F1B stage s of p holds
   min(p − s, m); interleaved 1F1B holds Megatron's warm-up count + 1 model-chunk micro-batches.
-- Offload (SageMaker "activation offloading", seed 002): kept activations go to host memory; the GPU
+- Offload (SageMaker "activation offloading", same page): kept activations go to host memory; the GPU
   holds the micro-batch being produced or consumed and the one in transfer.
 """
 from __future__ import annotations

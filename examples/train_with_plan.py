@@ -15,12 +15,12 @@ import torch.distributed as dist
 from autopar.errors import AutoparError
 from autopar.runtime.mesh import build_meshes, init_distributed
 from autopar.runtime.parallelize import parallelize
-from autopar.runtime.spec import RunSpec
+from autopar.plan import load_run_plan
 from autopar.runtime.train import build_model, load_model
 
 
 def main(plan_path: str, steps: int = 5) -> int:
-    spec = RunSpec.from_file(plan_path)
+    spec = load_run_plan(plan_path)
     device = init_distributed()  # backend and device from what is available
     try:
         loaded = load_model(spec)  # the plan's model file; checks it matches the plan's layers

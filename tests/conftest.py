@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def megatron_profiles() -> dict:
-    """The GPT shapes of the Megatron scaling table (seed 003), captured once per test session."""
+    """The GPT shapes of the Megatron scaling table (Narayanan et al. 2021, Table 1), captured once per test session."""
     from pathlib import Path
 
     from autopar.capture import capture_model

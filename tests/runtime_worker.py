@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from autopar.runtime.mesh import build_meshes, finish, init_distributed  # noqa: E402
 from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
-from autopar.runtime.spec import RunSpec  # noqa: E402
+from autopar.plan import RunPlan, parse_run_plan  # noqa: E402
 from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
 
 STEPS = 3
@@ -126,7 +125,7 @@ def shapes(world: int) -> dict[str, dict]:
     return out
 
 
-def reference(loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Single-process training on the whole global batch: the numbers every plan must reproduce. A bf16
     plan keeps fp32 weights and computes in bf16: under autocast, or (``cast``: FSDP2's policy) with a bf16
     copy of the weights whose gradients are taken back to fp32."""
@@ -153,9 +152,9 @@ def reference(loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[floa
     return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def cached_reference(cache: dict, loaded: LoadedModel, spec: RunSpec, cast: bool) -> tuple[list[float], dict]:
+def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict]:
     cast = cast and spec.model.dtype in COMPUTE_DTYPES  # an fp32 plan has one reference, FSDP or not
-    key = (json.dumps(dataclasses.asdict(spec.model), sort_keys=True), spec.global_batch, cast)
+    key = (spec.model.model_dump_json(), spec.global_batch, cast)
     if key not in cache:
         cache[key] = reference(loaded, spec, cast)
     return cache[key]
@@ -165,7 +164,7 @@ def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
+def run_shape(loaded: LoadedModel, spec: RunPlan, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
     meshes = build_meshes(spec, device)
     model = build_model(loaded, spec, seed=0, device=device)
     pm = parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn)
@@ -190,7 +189,7 @@ def run_shape(loaded: LoadedModel, spec: RunSpec, device: torch.device) -> tuple
     return losses, pm.full_gradients(), pm
 
 
-def collective_counts(pm, loaded: LoadedModel, spec: RunSpec) -> dict[str, int]:
+def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
     """The DTensor (functional) collectives one forward_backward of the spec's micro-batches issues."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -237,7 +236,7 @@ def main() -> None:
         start = time.perf_counter()
         key = json.dumps(raw["model"], sort_keys=True)
         try:
-            spec = RunSpec.from_plan_dict(raw)
+            spec = parse_run_plan(raw)
             if key not in loaded_cache:
                 loaded_cache[key] = load_model(spec)
             loaded = loaded_cache[key]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
-from cost_models import ConfigError, CostModel, ParallelConfig, hardware_from_dict, load_hardware, make_config
-from cost_models.comm import (GRAD_BUCKET_BYTES, Link, all_gather_time, all_reduce_time, dp_comm, group_link, p2p_time,
+from cost_models import ConfigError, CostModel, ParallelConfig, builtin_names, hardware_from_dict, load_hardware, make_config
+from cost_models.comm import (GRAD_BUCKET_BYTES, Link, all_gather_time, all_reduce_time, dp_step_rates, group_link, p2p_time,
                               tp_layer_comm, zero3_layer_time)
 from cost_models.compute import layer_compute
 from cost_models.config import PRECISIONS, default_precision
@@ -73,6 +73,15 @@ def test_bad_hardware_input_says_what_to_do(tmp_path) -> None:
         load_hardware(bad)
     with pytest.raises(ConfigError, match="no peak FLOP/s for bf16"):
         load_hardware("v100-32gb").peak("bf16")
+    # a misspelt optional field is named, never silently replaced by its default
+    with pytest.raises(ConfigError, match="unknown field 'comm_compute_overlapp'"):
+        hardware_from_dict({**ROUND_HW, "comm_compute_overlapp": 0.5})
+    with pytest.raises(ConfigError, match="unknown field 'dtensor_overhead_us.per_moduel'"):
+        hardware_from_dict({**ROUND_HW, "dtensor_overhead_us": {"per_moduel": 1.0}})
+    with pytest.raises(ConfigError, match="comm_compute_overlap: Input should be less than or equal to 1"):
+        hardware_from_dict({**ROUND_HW, "comm_compute_overlap": 1.5})
+    for name in builtin_names():  # every shipped profile passes the same checks
+        load_hardware(name)
 
 
 # -- compute -------------------------------------------------------------------------------------
@@ -161,13 +170,13 @@ def test_tp_comm_under_sequence_parallelism() -> None:
 def test_dp_and_zero_traffic() -> None:
     link = Link(10e9, 0.0, inter_node=True)
     # 1e9 params, fp32 grads (4 B), bf16 params (2 B), dp=4
-    z0 = dp_comm(1e9, dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
-    assert z0.step_overlappable_s == pytest.approx(2 * 3 / 4 * 4e9 / 10e9) and z0.step_exposed_s == 0
-    z1 = dp_comm(1e9, dp=4, zero_stage=1, param_bytes=2, grad_bytes=4, link=link, hw=HW)
-    assert z1.step_overlappable_s == pytest.approx(3 / 4 * 4e9 / 10e9)
-    assert z1.step_exposed_s == pytest.approx(3 / 4 * 2e9 / 10e9)
-    z3 = dp_comm(1e9, dp=4, zero_stage=3, param_bytes=2, grad_bytes=4, link=link, hw=HW)
-    assert (z3.step_overlappable_s, z3.step_exposed_s) == (0.0, 0.0)  # ZeRO-3 syncs per micro-batch, per layer
+    over, exposed = dp_step_rates(dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert 1e9 * over == pytest.approx(2 * 3 / 4 * 4e9 / 10e9) and exposed == 0
+    over, exposed = dp_step_rates(dp=4, zero_stage=1, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert 1e9 * over == pytest.approx(3 / 4 * 4e9 / 10e9)
+    assert 1e9 * exposed == pytest.approx(3 / 4 * 2e9 / 10e9)
+    # ZeRO-3 syncs per micro-batch, per layer
+    assert dp_step_rates(dp=4, zero_stage=3, param_bytes=2, grad_bytes=4, link=link, hw=HW) == (0.0, 0.0)
     # one layer of 1e8 params: 2 all-gathers of 2e8 B and a reduce-scatter of 4e8 B over dp=4
     z3_layer = zero3_layer_time(1e8, dp=4, param_bytes=2, grad_bytes=4, link=link, hw=HW)
     assert z3_layer == pytest.approx(2 * 3 / 4 * 2e8 / 10e9 + 3 / 4 * 4e8 / 10e9)
@@ -177,13 +186,13 @@ def test_gradient_sync_pays_latency_per_bucket() -> None:
     link = Link(10e9, 1e-5, inter_node=True)
     # 2·GRAD_BUCKET_BYTES of fp32 grads (two buckets) all-reduced over dp=4: 2 × 6 steps × 10 µs + 2·3/4·S/B
     params = 2 * GRAD_BUCKET_BYTES / 4
-    z0 = dp_comm(params, dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
-    assert z0.step_overlappable_s == pytest.approx(2 * 6 * 1e-5 + 2 * 3 / 4 * 2 * GRAD_BUCKET_BYTES / 10e9)
+    over, _ = dp_step_rates(dp=4, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    assert params * over == pytest.approx(2 * 6 * 1e-5 + 2 * 3 / 4 * 2 * GRAD_BUCKET_BYTES / 10e9)
 
 
 # -- memory --------------------------------------------------------------------------------------
 def test_bytes_per_parameter_reproduce_published_breakdowns() -> None:
-    # SageMaker (seed 002): fp16 param 2 + fp16 grad 2 + Adam 8 + fp32 param 4 + fp32 grad 4 = 20 bytes.
+    # SageMaker's "Introduction to Model Parallelism": fp16 param 2 + fp16 grad 2 + Adam 8 + fp32 param 4 + fp32 grad 4 = 20 bytes.
     sm = PRECISIONS["amp-fp16"]
     assert (sm.param_bytes, sm.grad_bytes, sm.optimizer_state_bytes, sm.master_param_bytes,
             sm.master_grad_bytes) == (2, 2, 8, 4, 4)
@@ -271,7 +280,7 @@ def test_impossible_configurations_say_why() -> None:
         make_config(16, tp=3, pp=2, micro_batch=1, global_batch=16)
     with pytest.raises(ConfigError, match=r"global batch 100 is not divisible by micro-batch\(4\) × dp\(8\)"):
         make_config(8, tp=1, pp=1, micro_batch=4, global_batch=100)
-    with pytest.raises(ConfigError, match=r"dp\(3\) × tp\(2\) × pp\(1\) = 6 != gpus\(8\)"):
+    with pytest.raises(ConfigError, match=r"pp\(1\) \* dp\(3\) \* tp\(2\) = 6 != world_size\(8\)"):
         make_config(8, tp=2, pp=1, dp=3, micro_batch=1, global_batch=6)
     with pytest.raises(ConfigError, match="tp=8 does not divide the 4 attention heads"):
         CostModel(toy, HW).evaluate(ParallelConfig(tp=8, pp=1, dp=1, micro_batch=1, num_microbatches=1))

@@ -36,7 +36,7 @@ SPECS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", 
 
 @pytest.fixture(scope="module")
 def profile():
-    from autopar.estimate import load_profile
+    from autopar.profile import load_profile
 
     return load_profile(GPT, overrides={"n_layer": str(BLOCKS), "n_embd": "128", "n_head": "4"}, seq_len=256)
 

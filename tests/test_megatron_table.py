@@ -1,4 +1,5 @@
-"""Published numbers: the Megatron-LM scaling table (Narayanan et al. 2021, Table 1; seed 003).
+"""Published numbers: the Megatron-LM scaling table (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473, Table 1).
 
 Setup as published: A100-80GB DGX nodes, sequence 2048, vocabulary 51200, full recomputation, each
 row's own TP / PP / DP / micro-batch / global batch, 1F1B schedule. Megatron-LM of 2021 ran attention

@@ -184,9 +184,14 @@ def test_loading_a_plan_validates_it(tmp_path) -> None:  # noqa: ANN001
     plan.save(path)
     assert Plan.load(path) == plan
     broken = plan.model_dump()
+    broken["world_size"] = broken["cluster"]["gpus"] = 5
+    path.write_text(__import__("json").dumps(broken))
+    with pytest.raises(AutoparError, match=r"pp\(\d\) \* dp\(\d\) \* tp\(\d\) = 4 != world_size\(5\)"):
+        Plan.load(path)
+    broken = plan.model_dump()
     broken["parallelism"]["dp"] = 3
     path.write_text(__import__("json").dumps(broken))
-    with pytest.raises(AutoparError, match=r"dp\(3\) \* tp\(\d\) \* pp\(\d\) != world_size\(4\)"):
+    with pytest.raises(AutoparError, match=r"dp\(3\) \* num_microbatches\(\d+\) != global_batch_size\(16\)"):
         Plan.load(path)
 
 

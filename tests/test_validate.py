@@ -11,7 +11,8 @@ import autopar
 from autopar.calibrate.validate import validate
 from autopar.cli import app
 from autopar.errors import AutoparError
-from autopar.estimate import load_profile, plan_config, predict
+from autopar.pricing import config_of, predict
+from autopar.profile import load_profile
 from cost_models import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def profile():
 
 
 def test_a_plan_re_predicted_on_its_own_hardware_is_unchanged(profile) -> None:
-    """plan_config recovers the exact configuration: cuts, per-layer recomputation and degrees included."""
+    """config_of recovers the exact configuration: cuts, per-layer recomputation and degrees included."""
     hw = load_hardware("a100-80gb")
     plans = [autopar.estimate(profile, gpus=8, tp=2, pp=2, micro_batch=2, global_batch=32, zero=1,
                               recompute="selective", gpu="a100-80gb"),
@@ -35,7 +36,7 @@ def test_a_plan_re_predicted_on_its_own_hardware_is_unchanged(profile) -> None:
         again = predict(plan, profile, hw, hardware_name="a100-80gb")
         assert again.prediction == plan.prediction
         assert again.layers == plan.layers
-    cfg = plan_config(plans[0], profile)
+    cfg = config_of(plans[0], profile)
     assert (cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.micro_batch) == (2, 2, 2, 1, 2)
 
 

@@ -34,10 +34,6 @@ def _table(points: tuple[tuple[float, float], ...], scale: float) -> list[list[f
     return [[sig(x / scale), sig(e)] for x, e in points]
 
 
-def _ms(row: Mapping[str, Any]) -> str:
-    return f"{row['measured_s'] * 1e3:.4g}"
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.estimate import load_profile, predict
+from autopar.pricing import predict
+from autopar.profile import load_profile
 from autopar.plan import Plan
 from cost_models import ConfigError, load_hardware
 from cost_models.hardware import GIB

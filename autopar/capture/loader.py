@@ -54,17 +54,6 @@ def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> Mo
     raise AutoparError(f"{path}: unknown model input type '{path.suffix}' (expected a .py model file or a .json config)")
 
 
-def parse_set(items: list[str]) -> dict[str, str]:
-    """``["n_layer=4", "bias=false"]`` → ``{"n_layer": "4", "bias": "false"}``."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise AutoparError(f"--set {item!r}: expected key=value, e.g. --set n_layer=4")
-        out[key.strip()] = value.strip()
-    return out
-
-
 # -- Python model files ------------------------------------------------------------------------
 def _load_python(path: Path, overrides: dict[str, str]) -> ModelSpec:
     module = _import_file(path)

@@ -43,7 +43,7 @@ def estimate_command(
     try:
         overrides = None
         if set_:
-            from autopar.capture import parse_set
+            from autopar.profile import parse_set
 
             overrides = parse_set(set_)
         plan = estimate(model, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware, tp=tp,

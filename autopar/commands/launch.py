@@ -20,12 +20,12 @@ def launch_command(
 ) -> None:
     """Start torchrun with the plan's world size and train STEPS steps, printing loss and step time."""
     from autopar.runtime.launch import launch, torchrun_command
-    from autopar.runtime.spec import RunSpec
+    from autopar.plan import load_run_plan
 
     try:
         if steps < 1:
             raise AutoparError("--steps must be a positive integer")
-        spec = RunSpec.from_file(plan)
+        spec = load_run_plan(plan)
         if dry_run or nnodes > 1:
             cmd = torchrun_command(plan, spec, model=model, steps=steps, as_json=json_, nnodes=nnodes, lr=lr)
             typer.echo(" ".join(["torchrun", *cmd[3:]]))

@@ -46,7 +46,7 @@ def solve_command(
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                TimeElapsedColumn)
 
-    from autopar.capture.loader import parse_set
+    from autopar.profile import parse_set
     from autopar.search import Pins, solve_top_k
 
     if recompute not in (None, "none", "selective", "full"):

@@ -39,7 +39,7 @@ def sweep_command(
         counts = parse_gpus(gpus)
         overrides = None
         if set_:
-            from autopar.capture.loader import parse_set  # imports torch: only when there is something to parse
+            from autopar.profile import parse_set
 
             overrides = parse_set(set_)
         status = Console(stderr=True)

@@ -6,7 +6,7 @@ model's ``configure_model`` applies the TP plan and FSDP2 over the device mesh);
 state sharded, ZeRO-2), ZeRO-0 → ``DDPStrategy``. Batch: the DataLoader yields micro-batches;
 ``accumulate_grad_batches`` = micro-batches per step.
 
-Lightning has no pipeline parallelism (seed 001): a plan with pp > 1 is exported with the pipeline ranks
+Lightning has no pipeline parallelism (Lightning documentation, "Train models with billions of parameters"): a plan with pp > 1 is exported with the pipeline ranks
 folded into data parallelism, with a warning. Sequence parallelism, recomputation and offload are not
 Trainer arguments: they live in the model code, so they are warned about too.
 

@@ -1,6 +1,6 @@
 """Megatron-LM / Megatron-Core command-line arguments, as a bash array ready for ``pretrain_gpt.py``.
 
-Megatron derives data parallelism from the launch: dp = world / (tp × pp) (seed 003), so the export
+Megatron derives data parallelism from the launch: dp = world / (tp × pp) (Megatron-LM arguments.py: data_parallel_size = world_size // (tp × pp)), so the export
 also sets NNODES and GPUS_PER_NODE for torchrun. Micro-batches are gradient accumulation:
 num_microbatches = global / (micro × dp).
 

@@ -59,7 +59,7 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
           dtype: str = "bf16", progress: Callable[[int], None] | None = None) -> list[SweepRow]:
     """Solve MODEL for every count. Counts that are not whole nodes are rejected up front (bad input);
     a count where no plan fits becomes a row with the reason."""
-    from autopar.estimate import load_profile
+    from autopar.profile import load_profile
     from autopar.search import solve
 
     if not gpu_counts:

@@ -4,11 +4,11 @@
     pm = parallelize(model, spec, meshes, tp_plans=plans, loss_fn=model_spec.loss_fn)
     loss = pm.forward_backward(batch); optimizer.step()
 
-The only package besides capture and calibrate that imports torch (``spec`` does not: plain data).
+The only package besides capture and calibrate that imports torch; the plan it runs is plain data (autopar/plan.py).
 """
-from autopar.runtime.spec import LayerRun, ModelRef, Parallelism, RunSpec
+from autopar.plan import LayerAssignment, ModelRef, Parallelism, RunPlan
 
-__all__ = ["RunSpec", "LayerRun", "ModelRef", "Parallelism", "parallelize", "build_meshes", "init_distributed"]
+__all__ = ["RunPlan", "LayerAssignment", "ModelRef", "Parallelism", "parallelize", "build_meshes", "init_distributed"]
 
 
 def __getattr__(name: str):  # torch loads only when the runtime is used, not when a plan is parsed

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from autopar.runtime.spec import LayerRun
+from autopar.plan import LayerAssignment
 
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
@@ -48,13 +48,12 @@ def _checkpointed(forward: Callable, mode: str) -> Callable:
     return run
 
 
-def apply_ac(model: nn.Module, layers: list[LayerRun], *, default_mode: str = "none") -> list[str]:
-    """Checkpoint the layers the plan marks; ``default_mode`` applies to block layers when the plan gives
-    a global mode but marks no layer. Returns the checkpointed module paths."""
-    marked = [layer for layer in layers if layer.recompute != "none"]
+def apply_ac(model: nn.Module, layers: list[LayerAssignment]) -> list[str]:
+    """Checkpoint the layers the plan marks (each layer's own mode: the plan's one statement of it). Returns
+    the checkpointed module paths."""
     done: list[str] = []
     for layer in layers:
-        mode = layer.recompute if marked else default_mode
+        mode = layer.recompute
         if mode == "none":
             continue
         for unit in layer.units:

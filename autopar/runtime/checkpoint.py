@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
@@ -47,21 +46,9 @@ def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer |
         set_optimizer_state_dict(list(pm.parts.values()), optimizer, state["optim"])  # type: ignore[arg-type]
 
 
-def load_full_state_dict(pm: ParallelModel, full: dict[str, torch.Tensor]) -> None:
-    """Shard a single-process state dict (every rank holds it) into the parallelized parts."""
-    for part in pm.parts.values():
-        own = get_model_state_dict(part)
-        set_model_state_dict(part, {k: full[k] for k in own if k in full},
-                             options=StateDictOptions(full_state_dict=True, strict=False))
-
-
 def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor]:
     """The unsharded state dict of this rank's parts (collective within each part's meshes)."""
     out: dict[str, torch.Tensor] = {}
     for part in pm.parts.values():
         out.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
     return out
-
-
-def unwrapped(part: nn.Module) -> nn.Module:
-    return getattr(part, "module", part)

@@ -24,10 +24,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autopar.runtime.mesh import Meshes
-from autopar.runtime.spec import LayerRun
+from autopar.plan import LayerAssignment
 
 
-def apply_fsdp(model: nn.Module, layers: list[LayerRun], meshes: Meshes, *, reshard_after_forward: bool,
+def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, reshard_after_forward: bool,
                compute_dtype: torch.dtype | None = None) -> nn.Module:
     """fully_shard every layer unit on the dp mesh (one all-gather per layer), then the root for the rest.
     Units sharing a parameter (GPT's tied wte / lm_head) form one FSDP group. The last group is not
@@ -74,7 +74,7 @@ def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_cl
                                    process_group=meshes.world.get_group("dp"), **kwargs)
 
 
-def gradient_groups(model: nn.Module, layers: list[LayerRun], meshes: Meshes) -> list[tuple[torch.Tensor, Any]]:
+def gradient_groups(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes) -> list[tuple[torch.Tensor, Any]]:
     """(parameter, data-parallel group of its layer) for every parameter of the layers, once each."""
     out: list[tuple[torch.Tensor, Any]] = []
     seen: set[int] = set()

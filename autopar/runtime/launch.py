@@ -14,18 +14,17 @@ import argparse
 import json
 import os
 import resource
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.runtime.spec import RunSpec
+from autopar.plan import RunPlan, load_run_plan
 
 EXIT_PLAN_ERROR = 2
 
 
-def torchrun_command(plan_path: str | Path, spec: RunSpec, *, model: str | None, steps: int, as_json: bool,
+def torchrun_command(plan_path: str | Path, spec: RunPlan, *, model: str | None, steps: int, as_json: bool,
                      nproc_per_node: int | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                      lr: float = 1e-3) -> list[str]:
     """The torchrun command line that runs the plan (``nnodes > 1``: one per node, same command)."""
@@ -47,16 +46,6 @@ def torchrun_command(plan_path: str | Path, spec: RunSpec, *, model: str | None,
     return cmd
 
 
-def multi_node_hint(plan_path: str | Path, spec: RunSpec, gpus_per_node: int, *, model: str | None,
-                    steps: int) -> str:
-    """The command to run on every node of a cluster with ``gpus_per_node`` GPUs each."""
-    nnodes = max(1, spec.world_size // gpus_per_node)
-    cmd = torchrun_command(plan_path, spec, model=model, steps=steps, as_json=False,
-                           nproc_per_node=spec.world_size // nnodes, nnodes=nnodes)
-    return " ".join(shlex.quote(c) if "$" not in c else c for c in cmd[1:]).replace(
-        "-m torch.distributed.run", "torchrun", 1)
-
-
 def launch(plan_path: str | Path, model: str | None = None, *, steps: int = 3, as_json: bool = False,
            lr: float = 1e-3, env: dict[str, str] | None = None) -> int:
     """Validate the plan here, then run torchrun on this node; returns its exit code."""
@@ -68,7 +57,7 @@ def prepare(plan_path: str | Path, model: str | None = None, *, steps: int, as_j
             env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """Check the plan against this node, then the torchrun command that runs it on this node and its
     environment (OMP_NUM_THREADS 1 unless set: one thread per rank; Python's fault handler on)."""
-    spec = RunSpec.from_file(plan_path)
+    spec = load_run_plan(plan_path)
     if model is not None and not Path(model).exists():
         raise AutoparError(f"model file not found: {model}")
     import torch
@@ -109,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        spec = RunSpec.from_file(args.plan)
+        spec = load_run_plan(args.plan)
         loaded, meshes, pm = setup(spec, args.model)
     except AutoparError as e:
         print(f"error: [rank {rank}] {e}", file=sys.stderr, flush=True)

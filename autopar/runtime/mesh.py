@@ -1,4 +1,4 @@
-"""Process group and device meshes for a RunSpec: Megatron rank order, tp innermost, then dp, then pp.
+"""Process group and device meshes for a RunPlan: Megatron rank order, tp innermost, then dp, then pp.
 
 ``rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank`` — tensor-parallel groups are consecutive
 ranks (inside a node), pipeline stages the outermost blocks of ranks.
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.errors import AutoparError
-from autopar.runtime.spec import RunSpec
+from autopar.plan import RunPlan
 
 PROCESS_GROUP_TIMEOUT_S = 120  # a hang fails fast instead of waiting NCCL/gloo's default 30 minutes
 
@@ -62,7 +62,7 @@ def finish(code: int = 0) -> NoReturn:
 
 @dataclasses.dataclass
 class Meshes:
-    """The meshes and groups one rank needs to run a RunSpec."""
+    """The meshes and groups one rank needs to run a RunPlan."""
 
     device: torch.device
     world: DeviceMesh  # (pp, dp, tp) with the plan's own degrees
@@ -89,7 +89,7 @@ class Meshes:
         return self.by_tp[tp_l]["dp", "tp"]
 
 
-def check_environment(spec: RunSpec) -> None:
+def check_environment(spec: RunPlan) -> None:
     """Fail before training, with the formula, when the launch does not match the plan."""
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     if world != spec.world_size:
@@ -98,7 +98,7 @@ def check_environment(spec: RunSpec) -> None:
                            f"{world} were launched (torchrun --nproc-per-node {spec.world_size})")
 
 
-def build_meshes(spec: RunSpec, device: torch.device) -> Meshes:
+def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
     check_environment(spec)
     p = spec.parallelism
     names = ("pp", "dp", "tp")

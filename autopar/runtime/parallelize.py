@@ -1,4 +1,4 @@
-"""``parallelize``: apply a RunSpec to a model, in torchtitan's order, and run training steps with it.
+"""``parallelize``: apply a RunPlan to a model, in torchtitan's order, and run training steps with it.
 
 Order, and why it matters:
 1. pipeline split — every later step works on this rank's chunk modules, which keep the user's names;
@@ -41,7 +41,7 @@ from autopar.runtime.data_parallel import (apply_ddp, apply_fsdp, gradient_group
                                            unwrap)
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.pp import build_schedule, split_model, tied_across_chunks
-from autopar.runtime.spec import LayerRun, RunSpec
+from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.tp import apply_relayout, apply_tp
 
 LossFn = Callable[..., torch.Tensor]
@@ -53,7 +53,7 @@ _WRAPPER_SEGMENTS = ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_mo
 class ParallelModel:
     """This rank's share of the model (one chunk, or several under interleaved 1F1B) and how to train it."""
 
-    spec: RunSpec
+    spec: RunPlan
     meshes: Meshes
     parts: dict[int, nn.Module]  # chunk index -> module (DDP/FSDP-wrapped where planned)
     loss_fn: LossFn
@@ -180,7 +180,7 @@ def clean_name(name: str) -> str:
     return name
 
 
-def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
+def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
                 loss_fn: LossFn, loss_parallel: bool = True) -> ParallelModel:
     """Apply the plan to ``model`` (full weights on every rank, or meta: see ``materialize``).
 
@@ -208,9 +208,6 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
     # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
     manual_sync = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
     manual_sync = manual_sync or (zero == 0 and pipelined)
-    if zero > 0 and not spec.uniform_tp:
-        raise AutoparError("ZeRO stages 1-3 with per-layer tensor-parallel degrees are not supported yet: "
-                           "use zero_stage 0 or one tp for every layer")
     pairs: list[tuple[torch.Tensor, Any]] = []
     for c, part in parts.items():
         layers = spec.layers_of_chunk(c) if pipelined else list(spec.layers)
@@ -219,7 +216,7 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
                      loss_parallel=loss_parallel)
         if not spec.uniform_tp:
             apply_relayout(part, layers, p.tp, meshes.stage_group)
-        apply_ac(part, layers, default_mode=p.recompute)
+        apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
         if manual_sync:
@@ -237,7 +234,7 @@ def parallelize(model: nn.Module, spec: RunSpec, meshes: Meshes, *, tp_plans: di
                          grad_pairs=pairs if manual_sync else None)
 
 
-def _data_parallel(part: nn.Module, layers: list[LayerRun], meshes: Meshes, *, zero: int, ddp_ok: bool,
+def _data_parallel(part: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, zero: int, ddp_ok: bool,
                    compute_dtype: torch.dtype | None) -> nn.Module:
     if zero == 3:
         return apply_fsdp(part, layers, meshes, reshard_after_forward=True, compute_dtype=compute_dtype)

@@ -34,7 +34,7 @@ from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, Pipel
 
 from autopar.errors import AutoparError
 from autopar.runtime.mesh import Meshes
-from autopar.runtime.spec import LayerRun, RunSpec
+from autopar.plan import LayerAssignment, RunPlan
 
 _SIDE = -1  # a node computed from inputs/constants only: recomputed where needed
 
@@ -49,7 +49,7 @@ class _LayerLeafTracer(torch.fx.Tracer):
         return module_qualified_name in self.units or super().is_leaf_module(m, module_qualified_name)
 
 
-def split_model(model: nn.Module, layers: tuple[LayerRun, ...], chunks: list[int]) -> dict[int, torch.fx.GraphModule]:
+def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int]) -> dict[int, torch.fx.GraphModule]:
     """The chunk modules with the given indices (those of this pipeline rank)."""
     unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
     try:
@@ -131,7 +131,7 @@ def _reaches_inputs(n: torch.fx.Node, chunk_of: dict[torch.fx.Node, int]) -> boo
     return any(_reaches_inputs(a, chunk_of) for a in n.all_input_nodes)
 
 
-def tied_across_chunks(model: nn.Module, layers: tuple[LayerRun, ...]) -> list[str]:
+def tied_across_chunks(model: nn.Module, layers: tuple[LayerAssignment, ...]) -> list[str]:
     """Parameter names shared by layers of different chunks (e.g. GPT's wte / lm_head)."""
     chunk_of_unit = {unit: layer.stage for layer in layers for unit in layer.units}
     users: dict[int, dict[int, str]] = {}
@@ -142,7 +142,7 @@ def tied_across_chunks(model: nn.Module, layers: tuple[LayerRun, ...]) -> list[s
     return [" / ".join(names.values()) for names in users.values() if len(names) > 1]
 
 
-def build_schedule(spec: RunSpec, chunk_modules: dict[int, nn.Module], meshes: Meshes,
+def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,
                    loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
     """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""
     p = spec.parallelism

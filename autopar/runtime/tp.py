@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 
 from autopar.errors import AutoparError
 from autopar.runtime.mesh import Meshes
-from autopar.runtime.spec import LayerRun
+from autopar.plan import LayerAssignment
 
 
 class _SequenceShardedEmbedding(RowwiseParallel):
@@ -100,7 +100,7 @@ def _clearing(forward: Callable, shared: _SharedInput) -> Callable:
     return run
 
 
-def layer_styles(model: nn.Module, layer: LayerRun, plan: dict[str, str], *, sequence_parallel: bool,
+def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str], *, sequence_parallel: bool,
                  loss_parallel: bool, shared: _SharedInput | None = None) -> dict[str, ParallelStyle]:
     """Module FQN -> ParallelStyle for one layer, from the capture's relative plan. Column-parallel
     linears inside the layer share their input redistribution through ``shared`` when given."""
@@ -133,7 +133,7 @@ def layer_styles(model: nn.Module, layer: LayerRun, plan: dict[str, str], *, seq
     return styles
 
 
-def _resolve(model: nn.Module, layer: LayerRun, rel: str) -> str:
+def _resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
     """The FQN of a plan entry: relative to the layer's unit that has it (merged layers have several)."""
     for unit in layer.units:
         fqn = f"{unit}.{rel}" if rel else unit
@@ -146,7 +146,7 @@ def _resolve(model: nn.Module, layer: LayerRun, rel: str) -> str:
                        "(the plan was made for a different model)")
 
 
-def apply_tp(model: nn.Module, layers: list[LayerRun], plans: dict[str, dict[str, str]], meshes: Meshes, *,
+def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]], meshes: Meshes, *,
              sequence_parallel: bool, loss_parallel: bool) -> None:
     """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights."""
     ties = _tied_parameters(model)
@@ -219,7 +219,7 @@ class _Relayout(torch.autograd.Function):
         return _relayout(grad, *ctx.args), None, None, None
 
 
-def apply_relayout(model: nn.Module, layers: list[LayerRun], base_tp: int, group: dist.ProcessGroup) -> None:
+def apply_relayout(model: nn.Module, layers: list[LayerAssignment], base_tp: int, group: dist.ProcessGroup) -> None:
     """Hooks that move a layer's batch-major input (first positional argument, at least 2-D: ids or
     hidden states) from the stage's (dp, tp) layout to the layer's (dp_l, tp_l) and its output back.
     Inputs without a batch dimension (a position vector) are the same everywhere and stay as they are.

@@ -16,7 +16,7 @@ import torch.nn as nn
 from autopar.errors import AutoparError
 from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
 from autopar.runtime.parallelize import ParallelModel, parallelize
-from autopar.runtime.spec import RunSpec
+from autopar.plan import RunPlan
 
 @dataclasses.dataclass
 class LoadedModel:
@@ -27,7 +27,7 @@ class LoadedModel:
     tp_plans: dict[str, dict[str, str]]
 
 
-def load_model(spec: RunSpec, source: str | None = None) -> LoadedModel:
+def load_model(spec: RunPlan, source: str | None = None) -> LoadedModel:
     """Load the model file on every rank; capture its profile once (rank 0) for the layer names and
     tensor-parallel plans, and share it. A failure anywhere becomes the same one-line error on every rank."""
     from autopar.capture import capture_model, load_spec
@@ -56,7 +56,7 @@ def load_model(spec: RunSpec, source: str | None = None) -> LoadedModel:
     return LoadedModel(load_spec(source, spec.model.overrides), names, plans)
 
 
-def check_model_matches(spec: RunSpec, layer_names: list[str]) -> None:
+def check_model_matches(spec: RunPlan, layer_names: list[str]) -> None:
     planned = [layer.name for layer in spec.layers]
     if planned != layer_names:
         diff = next((i for i, (a, b) in enumerate(zip(planned, layer_names)) if a != b),
@@ -68,7 +68,7 @@ def check_model_matches(spec: RunSpec, layer_names: list[str]) -> None:
                            "this model or pass the plan's model overrides")
 
 
-def build_model(loaded: LoadedModel, spec: RunSpec, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
+def build_model(loaded: LoadedModel, spec: RunPlan, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
     """The full model with seeded fp32 weights, identical on every rank (then ``parallelize`` shards it).
     fp32 whatever the plan's dtype: a bf16 / fp16 plan trains with fp32 master weights and computes in its
     dtype (see ``autopar.runtime.parallelize``), as Megatron's recipes the cost model prices do."""
@@ -83,7 +83,7 @@ def build_model(loaded: LoadedModel, spec: RunSpec, *, seed: int = 0, device: to
     return model
 
 
-def synthetic_batch(loaded: LoadedModel, spec: RunSpec, step: int) -> tuple[torch.Tensor, ...]:
+def synthetic_batch(loaded: LoadedModel, spec: RunPlan, step: int) -> tuple[torch.Tensor, ...]:
     """The model file's example inputs for the global batch, the same on every rank (seeded by step)."""
     state = torch.random.get_rng_state()
     torch.manual_seed(10_000 + step)
@@ -92,7 +92,7 @@ def synthetic_batch(loaded: LoadedModel, spec: RunSpec, step: int) -> tuple[torc
     return batch
 
 
-def setup(spec: RunSpec, source: str | None = None, *, loss_parallel: bool = True,
+def setup(spec: RunPlan, source: str | None = None, *, loss_parallel: bool = True,
           seed: int = 0) -> tuple[LoadedModel, Meshes, ParallelModel]:
     """Everything before the first step; raises AutoparError (the same on every rank) on a mismatch."""
     device = init_distributed()

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from autopar.errors import AutoparError
-from autopar.estimate import load_profile, to_plan
+from autopar.pricing import plan_of
 from autopar.plan import Plan, SolverInfo
-from autopar.profile import ModelProfile
+from autopar.profile import ModelProfile, load_profile
 from autopar.search.explain import explain_infeasible
 from autopar.search.engine import SearchResult, search
 from autopar.search.space import Pins
@@ -60,6 +60,6 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         info = SolverInfo(status=status, objective_s=objective, bound_s=min(bound, objective),
                           gap=max(0.0, (objective - bound) / objective) if status != "OPTIMAL" else 0.0,
                           wall_s=result.wall_s, choices=result.choices, solves=result.solved, rank=rank)
-        plans.append(to_plan(profile, cand.estimate, hw, gpus_per_node=gpus_per_node,
+        plans.append(plan_of(profile, cand.estimate, hw, gpus_per_node=gpus_per_node,
                              hardware_name=str(hardware_file or gpu), solver=info))
     return plans

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Iterator
 
 from autopar.errors import AutoparError
+from autopar.pricing import attention_kernel
 from autopar.profile import ModelProfile
 from cost_models import ParallelConfig
 
@@ -56,9 +57,10 @@ def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross
 
 
 def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
-                  allow_cross_node_tp: bool = False, attention_kernel: str = "fused") -> Iterator[ParallelConfig]:
+                  allow_cross_node_tp: bool = False) -> Iterator[ParallelConfig]:
     """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
-    model: Megatron's even split, no recomputation)."""
+    model: Megatron's even split, no recomputation), with the attention kernel the model runs."""
+    kernel = attention_kernel(profile)
     n_layers = len(profile.layers)
     tps = tp_degrees(profile, gpus, gpus_per_node, allow_cross_node_tp)
     if pins.tp is not None:
@@ -88,7 +90,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                                     tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
                                     recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
                                     virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
-                                    attention_kernel=attention_kernel)  # type: ignore[arg-type]
+                                    attention_kernel=kernel)  # type: ignore[arg-type]
 
 
 def choice_key(cfg: ParallelConfig) -> tuple:

@@ -1,0 +1,106 @@
+"""Pricing a plan: the one converter between a Plan (autopar/plan.py) and the cost model's ParallelConfig
+(cost_models/config.py), both ways, and re-pricing a plan on other hardware.
+
+This is where autopar's plain data meets cost_models (which never imports autopar): the profile is passed
+as-is (its field names are cost_models.model's Protocol), and cost_models' ConfigError becomes an
+AutoparError with the same one-line message.
+"""
+from __future__ import annotations
+
+import json
+
+from autopar.errors import AutoparError
+from autopar.plan import (Breakdown, ClusterSpec, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism, Plan,
+                          Prediction, RunPlan, SolverInfo, StagePrediction)
+from autopar.profile import ModelProfile
+from cost_models import PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate
+from cost_models.hardware import GIB
+from cost_models.partition import chunk_ranges, stage_layer_counts
+
+
+def attention_kernel(profile: ModelProfile, requested: str = "fused") -> str:
+    """The attention kernel a run of this model uses: an eager (unfused) implementation materialises the
+    S×S scores whatever the plan asks."""
+    return "unfused" if getattr(profile, "attention_impl", "sdpa") == "eager" else requested
+
+
+def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
+    """The cost model's configuration of a plan (degrees, batch split, cuts, per-layer modes and degrees,
+    every flag); raises AutoparError if the plan is not for this profile."""
+    names = [layer.name for layer in profile.layers]
+    if [layer.name for layer in plan.layers] != names:
+        raise AutoparError(f"the plan's layers are not the model's ({len(plan.layers)} vs {len(names)} layers); "
+                           "pass the model and overrides the plan was made for")
+    par = plan.parallelism
+    degrees = tuple(layer.tp for layer in plan.layers)
+    gpus_per_node = plan.cluster.gpus_per_node if isinstance(plan, Plan) else None
+    return ParallelConfig(
+        tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch_size, num_microbatches=par.num_microbatches,
+        zero_stage=par.zero_stage, recompute=par.recompute, sequence_parallel=par.sequence_parallel,
+        schedule=par.schedule, virtual_stages=par.virtual_stages, offload_activations=par.offload_activations,
+        gpus_per_node=gpus_per_node, precision=PRECISIONS[par.precision] if par.precision else None,
+        attention_kernel=attention_kernel(profile, par.attention_kernel),  # type: ignore[arg-type]
+        attention_dropout=par.attention_dropout, stage_layers=plan.stage_layers,
+        layer_recompute=tuple(layer.recompute for layer in plan.layers),
+        layer_tp=degrees if any(t != par.tp for t in degrees) else None)
+
+
+def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
+    return Parallelism(
+        tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch_size=cfg.micro_batch, num_microbatches=cfg.num_microbatches,
+        global_batch_size=cfg.global_batch, zero_stage=cfg.zero_stage, recompute=cfg.recompute,  # type: ignore[arg-type]
+        sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule,  # type: ignore[arg-type]
+        virtual_stages=cfg.virtual_stages, offload_activations=cfg.offload_activations,
+        attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,  # type: ignore[arg-type]
+        precision=precision)
+
+
+def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
+            hardware_name: str, solver: SolverInfo | None = None) -> Plan:
+    cfg = est.config
+    stages = []
+    for dev in est.devices:
+        indices = [i for start, stop in dev.layers for i in range(start, stop)]
+        mem = dev.memory
+        stages.append(StagePrediction(
+            stage=dev.stage, first_layer=profile.layers[indices[0]].name, last_layer=profile.layers[indices[-1]].name,
+            num_layers=len(indices), params_per_gpu=round(dev.params_per_gpu), fwd_s=dev.fwd_s, bwd_s=dev.bwd_s,
+            tp_comm_s=dev.tp_comm_s, pp_comm_s=dev.pp_comm_s, time_per_microbatch_s=dev.time_per_microbatch_s,
+            microbatches_in_flight=dev.microbatches_in_flight,
+            memory=MemoryBreakdown(params_gib=mem.params / GIB, grads_gib=mem.grads / GIB,
+                                   optimizer_gib=mem.optimizer / GIB, activations_gib=mem.activations / GIB,
+                                   buffers_gib=mem.buffers / GIB, reserve_gib=mem.reserve / GIB,
+                                   total_gib=mem.total / GIB)))
+    notes = []
+    if not est.fits:
+        worst = max(est.devices, key=lambda d: d.memory.total)
+        notes.append(f"does not fit: stage {worst.stage} needs {worst.memory.total / GIB:.1f} GiB per GPU but "
+                     f"{hw.name} has {hw.memory_bytes / GIB:.1f} GiB; raise --tp or --pp, use --recompute full, "
+                     "a higher --zero or a smaller --micro-batch")
+    prediction = Prediction(
+        step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
+        peak_memory_gib=est.peak_memory_bytes / GIB, memory_capacity_gib=hw.memory_bytes / GIB, fits=est.fits,
+        bubble_fraction=est.bubble_fraction, breakdown_s=Breakdown(**est.breakdown_s), stages=stages)
+    parallelism = parallelism_of(cfg, est.precision.name)
+    layers = []
+    for chunk, (start, stop) in enumerate((r.start, r.stop) for r in chunk_ranges(
+            cfg.stage_layers or stage_layer_counts(profile.layers, cfg.chunks))):
+        for i in range(start, stop):
+            t = cfg.layer_degree(i)
+            layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=t, dp=cfg.tp * cfg.dp // t,
+                                          recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
+    model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
+                     overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()})
+    return Plan(world_size=cfg.gpus, model=model,
+                cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),
+                parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
+
+
+def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_name: str) -> Plan:
+    """The same plan, priced again under ``hw`` (e.g. a calibrated profile)."""
+    try:
+        est = CostModel(profile, hw).evaluate(config_of(plan, profile))
+    except ConfigError as err:
+        raise AutoparError(str(err)) from err
+    return plan_of(profile, est, hw, gpus_per_node=plan.cluster.gpus_per_node, hardware_name=hardware_name,
+                   solver=plan.solver)

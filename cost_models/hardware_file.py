@@ -1,0 +1,87 @@
+"""The hardware profile file: every field it may hold, with its unit in its name, checked by pydantic.
+
+A misspelt field is an error that names it (it used to fall back to the field's default silently); a
+value out of range says which field and what range. ``hardware.hardware_from_dict`` reads the checked
+file and converts it to SI units once.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cost_models.errors import ConfigError
+
+Points = list[tuple[float, float]]  # [[x, value], ...] of a table, x ascending
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PeakTflops(_Strict):
+    """Dense tensor-core (or vector) TFLOP/s by dtype; a dtype the device lacks is left out."""
+
+    bf16: float | None = Field(default=None, gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    fp32: float | None = Field(default=None, gt=0)
+
+
+class DTensorOverhead(_Strict):
+    per_module: float = Field(default=0.0, ge=0)
+    per_op: float = Field(default=0.0, ge=0)
+    per_collective: float = Field(default=0.0, ge=0)
+
+
+class HardwareFile(_Strict):
+    """One accelerator and its links as a profile file states them (units in the names)."""
+
+    name: str | None = None
+    description: str = ""
+    peak_dense_tflops: PeakTflops
+    memory_gib: float = Field(gt=0)
+    memory_reserve_gib: float = Field(ge=0)
+    hbm_bandwidth_gbytes_per_s: float = Field(gt=0)
+    gpus_per_node: int = Field(ge=1)
+    nvlink_bandwidth_bidirectional_gbytes_per_s: float = Field(gt=0)
+    intra_node_latency_us: float = Field(ge=0)
+    nic_bandwidth_gbits_per_s: float = Field(gt=0)
+    nics_per_node: float = Field(gt=0)
+    inter_node_latency_us: float = Field(ge=0)
+    host_link_bandwidth_gbytes_per_s: float = Field(gt=0)
+    gemm_efficiency_by_mflop_per_token: Points
+    gemm_efficiency_by_rows: Points
+    memory_bandwidth_efficiency: float = Field(gt=0, le=1)
+    collective_efficiency_by_mbytes: Points
+    sources: dict[str, str] = {}
+    comm_compute_overlap: float = Field(default=1.0, ge=0, le=1)
+    reduce_scatter_relative_bandwidth: float = Field(default=1.0, gt=0, le=4)
+    zero3_comm_compute_overlap: float | None = Field(default=None, ge=0, le=1)
+    heavy_op_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
+    optimizer_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
+    collective_sync_overhead_us_by_compute_us: Points | None = None
+    dtensor_overhead_us: DTensorOverhead = DTensorOverhead()
+    heavy_op_bandwidth_efficiency_by_kernel: dict[str, float] = {}
+    backward_over_forward_by_kernel: dict[str, float] = {}
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    attention_backward_over_forward: float = Field(default=2.0, gt=0, le=10)
+    collective_time_scale_by_op_mbytes: dict[str, Points] = {}
+    calibration: dict[str, Any] | None = Field(default=None, description="what a calibration measured and fitted "
+                                                                          "(kept for the record, never read)")
+
+
+def check_hardware_file(raw: Mapping[str, Any], default_name: str) -> HardwareFile:
+    """The file, checked; ConfigError (one line, the field and what is wrong) otherwise."""
+    name = raw.get("name", default_name) if isinstance(raw, Mapping) else default_name
+    try:
+        return HardwareFile.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "profile"
+        if first["type"] == "missing":
+            raise ConfigError(f"hardware profile '{name}' lacks field '{where}'; copy a built-in profile from "
+                              "cost_models/profiles/ and edit it") from None
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"hardware profile '{name}' has an unknown field '{where}' (misspelt?); the fields are "
+                              "those of cost_models/hardware_file.py") from None
+        raise ConfigError(f"hardware profile '{name}': {where}: {first['msg']}; fix the hardware profile") from None
