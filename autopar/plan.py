@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autopar.errors import AutoparError
 from autopar.profile import write_atomic
 from cost_models import PRECISIONS, ConfigError
-from cost_models.config import check_batch, check_layer_degree, check_schedule, check_world, default
+from cost_models.config import (check_batch, check_expert_degrees, check_layer_degree, check_schedule, check_world,
+                                 default)
 
 PLAN_VERSION = 1
 
@@ -64,6 +65,12 @@ class Parallelism(_Frozen):
     attention_dropout: bool = _default("attention_dropout")  # type: ignore[assignment]
     precision: str | None = Field(default=None, description="bytes-per-parameter recipe (cost_models.PRECISIONS); "
                                                             "none: the dtype's default recipe")
+    ep: int = Field(default=_default("ep"), ge=1, description="expert-parallel degree: routed experts sharded over "
+                                                               "ep GPUs of a stage (mixture of experts)")
+    etp: int | None = Field(default=_default("etp"), ge=1, description="the experts' tensor-parallel degree "
+                                                                        "(none: tp, Megatron-Core's default)")
+    moe_imbalance: float | None = Field(default=_default("moe_imbalance"), description="busiest GPU's expert load "
+                                                                                       "over the average (none: default)")
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +88,9 @@ class Parallelism(_Frozen):
                  num_microbatches=self.num_microbatches)
         _checked(check_schedule, self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                  num_microbatches=self.num_microbatches)
+        etp = self.etp if self.etp is not None else self.tp
+        if self.ep > 1 or self.etp is not None:
+            _checked(check_expert_degrees, ep=self.ep, etp=etp, tp=self.tp, dp=self.dp)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
         return self
@@ -92,6 +102,7 @@ class Breakdown(_Frozen):
 
     compute: float
     tp_comm: float
+    ep_comm: float = Field(default=0.0, description="expert dispatch and combine (all-to-all), mixture of experts")
     dp_comm: float
     pp_comm: float
     bubble: float
@@ -120,6 +131,7 @@ class StagePrediction(_Frozen):
     fwd_s: float = Field(description="forward compute of one micro-batch")
     bwd_s: float = Field(description="backward compute of one micro-batch, recomputation included")
     tp_comm_s: float
+    ep_comm_s: float = Field(default=0.0, description="expert dispatch and combine of one micro-batch")
     pp_comm_s: float
     time_per_microbatch_s: float
     microbatches_in_flight: float

@@ -90,6 +90,25 @@ def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
     return (link.latency_s + _transfer(nbytes, link, hw)) * _scale("send_recv", nbytes, link, hw) if nbytes > 0 else 0.0
 
 
+def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, hw: HardwareProfile) -> float:
+    """All-to-all in which each of ``n`` ranks (``stride`` apart in Megatron rank order) sends ``nbytes`` in
+    all, 1/n to each peer: the pairwise exchange of Thakur, Rabenseifner & Gropp 2005 ("Optimization of
+    collective communication operations in MPICH", §3.3): (n − 1) steps of α and (n − 1)/n·S on the wire,
+    as NCCL runs it (a send/recv to every peer). Inside a node it runs on NVLink; across nodes the share
+    bound for other nodes goes through this GPU's NIC while the rest stays on NVLink, concurrently, so the
+    slower of the two sets the time."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    local = 1 if stride >= gpus_per_node else max(1, min(n, gpus_per_node // stride))  # peers in this node
+    intra = intra_node_link(hw)
+    eff = hw.collective_efficiency(nbytes / n)
+    on_nvlink = (local - 1) / n * nbytes / (intra.bytes_per_s * eff)
+    if local >= n:
+        return (n - 1) * intra.latency_s + on_nvlink * _scale("all_to_all", nbytes, intra, hw)
+    on_nic = (n - local) / n * nbytes / (hw.inter_node_bytes_per_s * eff)
+    return (n - 1) * hw.inter_node_latency_s + max(on_nvlink, on_nic)
+
+
 # -- tensor parallel --------------------------------------------------------------------------------
 def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link,
                   hw: HardwareProfile, sequence_parallel: bool = False) -> tuple[float, float]:

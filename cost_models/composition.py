@@ -5,10 +5,10 @@ calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model ter
 construction. Every term of the step is defined here and nowhere else:
 
   leaves (per device, summed over its layers: ``layer_row``; or the largest: ``LARGEST``)
-      fwd, bwd, tp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer;
+      fwd, bwd, tp, a2a, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer;
       p2p (per pipeline cut the device sends across)
   device d, per micro-batch
-      T_d      = fwd + bwd + tp + p2p + offload + zero3
+      T_d      = fwd + bwd + tp + a2a + p2p + offload + zero3       (a2a: expert dispatch and combine, unhidden)
       offload  = max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
       zero3    = max(0, z3 − overlap₃·(fwd + bwd)) + z3_sync        (lockstep sync never hides)
   device d, per step
@@ -21,8 +21,8 @@ construction. Every term of the step is defined here and nowhere else:
       step     = pipeline + tail
 
 Sources of each term: pipeline.py (schedules), comm.py (collectives, data parallelism, ZeRO), memory.py
-(model states, activations in flight, offload), lockstep.py (sync and dispatch costs), step.py (how a
-layer's costs are computed).
+(model states, activations in flight, offload), lockstep.py (sync and dispatch costs), experts.py (routed
+experts under expert parallelism), step.py (how a layer's costs are computed).
 """
 from __future__ import annotations
 
@@ -66,11 +66,14 @@ class LayerCost:
     zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
     tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
     gather_buffer_bytes: float = 0.0  # ZeRO-3: this layer's gathered parameters, running and prefetched
+    a2a_fwd_s: float = 0.0         # expert-parallel dispatch and combine (experts.py), forward
+    a2a_bwd_s: float = 0.0         # and backward (recomputation included)
+    expert_params_per_gpu: float = 0.0  # of params_per_gpu, the routed experts' (sharded over ep, reduced over edp)
 
 
 # The leaves a device sums over its layers, with their unit.
 SUMMED: dict[str, str] = {
-    "fwd": TIME, "bwd": TIME, "tp": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
+    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
     "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
     "tied_sync": TIME,
 }
@@ -92,7 +95,8 @@ def layer_row(c: LayerCost, copy: bool) -> dict[str, float]:
     embeddings on the first and last stage and all-reduces their gradients between them)."""
     k = 1.0 if copy else 0.0
     return {
-        "fwd": c.fwd_s, "bwd": c.bwd_s, "tp": c.tp_fwd_s + c.tp_bwd_s, "kept": c.kept_bytes,
+        "fwd": c.fwd_s, "bwd": c.bwd_s, "tp": c.tp_fwd_s + c.tp_bwd_s, "a2a": c.a2a_fwd_s + c.a2a_bwd_s,
+        "kept": c.kept_bytes,
         "params": c.params_per_gpu + k * c.tied_params_per_gpu,
         "state_params": c.state_bytes[0] + k * c.state_tied_bytes[0],
         "state_grads": c.state_bytes[1] + k * c.state_tied_bytes[1],
@@ -158,7 +162,7 @@ def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> d
     zero3: Any = 0
     if shape.zero3_overlap is not None:
         zero3 = A.pos(q["z3"] - compute * shape.zero3_overlap, f"zero3_exposed_{d}") + q["z3_sync"]
-    time = A.let(compute + q["tp"] + q["p2p"] + offload + zero3, f"T_{d}")
+    time = A.let(compute + q["tp"] + q["a2a"] + q["p2p"] + offload + zero3, f"T_{d}")
     return {"time": time, "compute": compute, "offload": offload, "zero3": zero3}
 
 

@@ -121,6 +121,24 @@ def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch: int,
                           f"micro-batch of {micro_batch * dp} samples")
 
 
+def model_experts(model: ModelLike) -> tuple[int | None, int | None]:
+    """(routed experts, expert FFN width) of the model's MoE layers, or (None, None) without any."""
+    moes = [layer.moe for layer in model.layers if getattr(layer, "moe", None)]  # type: ignore[attr-defined]
+    if not moes:
+        return None, None
+    experts = sorted({m.num_experts for m in moes})
+    return experts[0] if len(experts) == 1 else _gcd_all(experts), _gcd_all(sorted({m.expert_ffn_size for m in moes}))
+
+
+def _gcd_all(values: list[int]) -> int:
+    from math import gcd
+
+    out = 0
+    for v in values:
+        out = gcd(out, v)
+    return out
+
+
 def default(field_name: str) -> object:
     """A ParallelConfig field's default: the one place each default of a plan is written."""
     return ParallelConfig.__dataclass_fields__[field_name].default
@@ -157,6 +175,22 @@ class ParallelConfig:
     # Per-layer tensor-parallel degree (one per profile layer; None: ``tp`` everywhere). Only blocks may
     # differ; each divides the stage's tp·dp devices, and without ZeRO or SP (what the runtime runs).
     layer_tp: tuple[int, ...] | None = None
+    # Mixture of experts (experts.py): the routed experts of every MoE layer are sharded over ``ep`` GPUs at
+    # tensor-parallel degree ``etp`` (None: the stage's tp, Megatron-Core's default; 1: folded off tensor
+    # parallelism), their gradients reduced over the rest of the stage; ``moe_imbalance``: how much more
+    # than the average the busiest GPU's experts receive (None: experts.DEFAULT_IMBALANCE, or the capacity).
+    ep: int = 1
+    etp: int | None = None
+    moe_imbalance: float | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """GPUs of a stage holding the same experts: tp·dp / (etp·ep)."""
+        return self.tp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def gpus(self) -> int:
@@ -179,6 +213,12 @@ class ParallelConfig:
         if self.layer_recompute is not None:
             return self.layer_recompute[index]
         return self.recompute if kind == "block" else "none"
+
+    def _validate_experts(self, model: ModelLike) -> None:
+        experts, ffn = model_experts(model)
+        check_experts(experts, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp, expert_ffn=ffn)
+        if self.moe_imbalance is not None and not 1.0 <= self.moe_imbalance <= 8.0:
+            raise ConfigError(f"moe_imbalance {self.moe_imbalance} must lie in [1, 8]")
 
     def validate(self, model: ModelLike) -> None:
         """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
@@ -220,10 +260,14 @@ class ParallelConfig:
                     continue
                 if layer.kind != "block":
                     raise ConfigError(f"layer {layer.name} is a {layer.kind}: only blocks take their own tp degree")
+                if getattr(layer, "moe", None):
+                    raise ConfigError(f"layer {layer.name} is a mixture of experts: its experts take the expert "
+                                      "tensor-parallel degree (etp), not a per-layer tp")
                 check_layer_degree(layer.name, t, tp=self.tp, dp=self.dp, micro_batch=self.micro_batch,
                                    zero_stage=self.zero_stage, sequence_parallel=self.sequence_parallel)
                 if t > 1 and not all(dv % t == 0 for dv in layer.tp.divisors):
                     raise ConfigError(f"layer {layer.name}: tp {t} does not divide {list(layer.tp.divisors)}")
+        self._validate_experts(model)
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):
@@ -232,6 +276,32 @@ class ParallelConfig:
                     ok = [t for t in range(1, 65) if all(d % t == 0 for d in layer.tp.divisors)]
                     raise ConfigError(f"tp={self.tp} does not divide {what} of layer {layer.name}; "
                                       f"use a tp among {', '.join(map(str, ok))}")
+
+
+def check_expert_degrees(*, ep: int, etp: int, tp: int, dp: int) -> None:
+    """The experts' degrees on their own: etp is tp or 1, and etp·ep divides the stage's tp·dp GPUs."""
+    if ep < 1:
+        raise ConfigError(f"ep must be at least 1 (got {ep})")
+    if etp not in (1, tp):
+        raise ConfigError(f"expert tensor parallelism etp {etp} must be the stage's tp ({tp}) or 1")
+    if (tp * dp) % (etp * ep):
+        raise ConfigError(f"ep({ep}) * etp({etp}) = {ep * etp} does not divide the stage's tp({tp}) * dp({dp}) = "
+                          f"{tp * dp} GPUs; pick an ep that divides {tp * dp // etp}")
+
+
+def check_experts(num_experts: int | None, *, ep: int, etp: int, tp: int, dp: int,
+                  expert_ffn: int | None = None) -> None:
+    """Expert parallelism (Megatron-Core): ep·etp divides the stage's tp·dp GPUs, etp is the stage's tp or
+    1, ep divides the routed experts (and etp their FFN width); a model without experts runs ep = 1."""
+    if num_experts is None:
+        if ep != 1:
+            raise ConfigError(f"--ep {ep}: the model has no mixture-of-experts layer; use ep 1")
+        return
+    check_expert_degrees(ep=ep, etp=etp, tp=tp, dp=dp)
+    if num_experts % ep:
+        raise ConfigError(f"ep {ep} does not divide the model's {num_experts} routed experts")
+    if expert_ffn is not None and expert_ffn % etp:
+        raise ConfigError(f"etp {etp} does not divide the experts' FFN width {expert_ffn}")
 
 
 def make_config(gpus: int, *, tp: int, pp: int, micro_batch: int, global_batch: int, dp: int | None = None,

@@ -19,6 +19,7 @@ from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, comp
                                      layer_largest, layer_row, named_terms)
 from cost_models.compute import layer_compute, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
+from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import (StageMemory, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
                                 offload_resident, remat_peak_bytes)
@@ -37,6 +38,7 @@ class DeviceEstimate:
     bwd_s: float
     compute_s: float
     tp_comm_s: float
+    ep_comm_s: float                       # expert dispatch and combine (all-to-all)
     pp_comm_s: float
     offload_s: float
     zero3_comm_s: float
@@ -108,6 +110,7 @@ class CostModel:
         self._links: dict[tuple, tuple[comm.Link, comm.Link, comm.Link]] = {}
         self._shapes: dict[tuple, StepShape] = {}
         self._step_work: dict[tuple, tuple] = {}  # _with_step_work: by parameters and data-parallel setting
+        self._experts: dict[tuple, ExpertCost] = {}
         self._settings: dict[tuple, int] = {}
 
     # -- one layer -------------------------------------------------------------------------------
@@ -126,7 +129,10 @@ class CostModel:
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
                     attn: tuple[str, bool]) -> LayerCost:
+        """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those)."""
         seq, hw = self.model.seq_len, self.hw
+        if getattr(layer, "moe", None):
+            layer = DenseView(layer, seq)  # type: ignore[assignment]
         c = layer_compute(layer, b=b, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,
                           dtype=self.model.dtype, attention_kernel=attn[0], attention_dropout=attn[1])
         tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=b, seq_len=seq, tp=tp, link=link, hw=hw,
@@ -170,7 +176,8 @@ class CostModel:
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.dp
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
-                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision)
+                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
+                   cfg.moe_imbalance)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -190,32 +197,66 @@ class CostModel:
                 share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
                 c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
+            if getattr(layer, "moe", None):
+                c = self._with_experts(c, layer, cfg, mode)
             out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision))
             self._full_cache[key] = out[-1]
         return out
+
+    def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str) -> LayerCost:
+        """A MoE layer's dense cost with its routed experts added (experts.py)."""
+        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        imbalance = imbalance_of(layer.moe, cfg.moe_imbalance)  # type: ignore[attr-defined]
+        key = (layer.block_id, cfg.micro_batch, cfg.tp, cfg.expert_tp, cfg.ep, cfg.sequence_parallel, mode, imbalance,
+               gpn)
+        e = self._experts.get(key)
+        if e is None:
+            e = self._experts[key] = expert_cost(
+                self._representative[layer.block_id], b=cfg.micro_batch, seq_len=self.model.seq_len, tp=cfg.tp,
+                etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
+                imbalance=imbalance, gpus_per_node=gpn, hw=self.hw, dtype=self.model.dtype,
+                dtype_bytes=self.dtype_bytes)
+        return replace(c, fwd_s=c.fwd_s + e.fwd_s, bwd_s=c.bwd_s + e.bwd_s, tp_fwd_s=c.tp_fwd_s + e.tp_fwd_s,
+                       tp_bwd_s=c.tp_bwd_s + e.tp_bwd_s, a2a_fwd_s=e.a2a_fwd_s, a2a_bwd_s=e.a2a_bwd_s,
+                       executed_flops=c.executed_flops + e.executed_flops, model_flops=c.model_flops + e.model_flops,
+                       kept_bytes=c.kept_bytes + e.kept_bytes, remat_bytes=c.remat_bytes + e.remat_bytes,
+                       params_per_gpu=c.params_per_gpu + e.params_per_gpu, expert_params_per_gpu=e.params_per_gpu)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
                         precision: Precision) -> LayerCost:
         """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
         state and tied-copy sync filled in. None of it depends on the micro-batch, so it is cached by the
         layer's parameters (the search asks for every micro-batch size)."""
-        own, copy = c.params_per_gpu, c.tied_params_per_gpu
-        key = (own, copy, dp_l, cfg.zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s,
-               link_dp.inter_node)
-        work = self._step_work.get(key)
-        if work is None or work[-1] is not precision:
-            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, cfg.zero_stage, precision,
-                                                                link_dp) + (precision,)
-        state, tied_state, over, exposed, opt, zero3, zero3_tied, _ = work
+        own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
+        dense = own - experts
+        state, tied_state, over, exposed, opt, zero3, zero3_tied = self._step_work_of(dense, copy, dp_l,
+                                                                                     cfg.zero_stage, precision, link_dp)
+        sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer
+        if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
+            gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+            edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
+            link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
+            e_state, _, e_over, e_exposed, e_opt, e_zero3, _ = self._step_work_of(experts, 0.0, edp, cfg.zero_stage,
+                                                                                  precision, link_e)
+            state = tuple(a + b for a, b in zip(state, e_state))
+            sync = (sync[0] + e_over * experts, sync[1] + e_exposed * experts, sync[2] + e_opt * experts)
+            zero3 += e_zero3
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
         return LayerCost(  # not dataclasses.replace: this runs for every layer option the search considers
             c.fwd_s, c.bwd_s, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
-            own, copy, state_bytes=state, state_tied_bytes=tied_state,
-            dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
-            tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
-            zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, tied_sync_s=tied,
-            gather_buffer_bytes=2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0)
+            own, copy, state, tied_state, sync[0], sync[1], sync[2], over * copy, exposed * copy, opt * copy,
+            zero3, zero3_tied, z3_sync, tied, 2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0,
+            c.a2a_fwd_s, c.a2a_bwd_s, experts)
+
+    def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
+                      link_dp: comm.Link) -> tuple:
+        key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node)
+        work = self._step_work.get(key)
+        if work is None or work[-1] is not precision:
+            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, zero_stage, precision, link_dp) + \
+                (precision,)
+        return work[:-1]
 
     def _layer_step_work(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
                          link_dp: comm.Link) -> tuple:
@@ -352,7 +393,8 @@ def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[s
                          activations=terms["activations"], buffers=q["gather_buffer"], reserve=shape.reserve_bytes)
     return DeviceEstimate(
         stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
-        fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], pp_comm_s=q["p2p"],
+        fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], ep_comm_s=q["a2a"],
+        pp_comm_s=q["p2p"],
         offload_s=terms["offload"], zero3_comm_s=terms["zero3"], time_per_microbatch_s=terms["time"],
         dp_comm_tail_s=terms["dp_tail"], optimizer_s=q["optimizer"], params_per_gpu=q["params"],
         microbatches_in_flight=shape.in_flight[d], memory=memory)
@@ -366,7 +408,8 @@ def _breakdown(devices: tuple[DeviceEstimate, ...], step: dict, pipe: PipelineTi
     last = max(range(len(devices)), key=lambda d: ends[d])
     tail = step["tail"]
     optimizer = min(tail, devices[last].optimizer_s)
-    return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "pp_comm": m * slow.pp_comm_s,
+    return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "ep_comm": m * slow.ep_comm_s,
+            "pp_comm": m * slow.pp_comm_s,
             "offload": m * slow.offload_s, "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),
             "bubble": pipe.bubble_s, "optimizer": optimizer}
 

@@ -2,7 +2,7 @@
 
 Point-wise, not only at the optimum: random configurations with every flag (ZeRO 0-3, sequence parallelism,
 activation offload, GPipe / 1F1B / interleaved, tied weights across stages, per-layer tp degrees and
-recomputation, lock-step costs, partial overlap) have their cuts and per-layer options fixed in the solver by
+recomputation, mixture-of-experts layers under expert parallelism, lock-step costs, partial overlap) have their cuts and per-layer options fixed in the solver by
 constraint; the solver's value of every term must equal the cost model's evaluation of that configuration.
 """
 from __future__ import annotations
@@ -16,9 +16,11 @@ from autopar.errors import ModelMismatch
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.guard import check_solution, rounding_tolerance_s
+from autopar.search.space import Pins, expert_choices
 from cost_models import CostModel, ParallelConfig, load_hardware
 from cost_models.composition import LARGEST, TIME, term_unit
 from cost_models.hardware import LockstepCosts, LogTable
+from test_solver import with_experts
 
 HW = load_hardware("a100-80gb")
 LOCKSTEP = LockstepCosts(sync=LogTable(((1e-4, 2e-5), (1e-2, 1e-4))), module_s=3e-5, op_s=5e-6, collective_s=2e-5)
@@ -43,6 +45,8 @@ def tied_profile(rng: random.Random) -> ModelProfile:
                             cut_bytes_per_sample=act, tp=tp)
 
     kinds = {k: layer("", "block", k, int(rng.uniform(0.5, 2.0) * 12 * hidden * hidden), block_tp) for k in "ab"}
+    if rng.random() < 0.4:  # blocks of kind b are mixtures of experts
+        kinds["b"] = with_experts(kinds["b"], rng, hidden=hidden, seq=seq)
     layers = [layer("wte", "embedding", "wte", vocab * hidden, TPPattern(plan={"": "rowwise"}, divisors=[vocab]))]
     layers += [kinds[rng.choice("ab")].model_copy(update={"name": f"h.{n}"}) for n in range(rng.randint(2, 5))]
     layers += [layer("ln_f", "norm", "ln_f", 2 * hidden, TPPattern(plan={"": "sequence_parallel"})),
@@ -70,13 +74,15 @@ def random_config(rng: random.Random, profile: ModelProfile) -> ParallelConfig:
     if pp > 1 and rng.random() < 0.4 and pp * 2 <= L:
         schedule, v = "interleaved", rng.choice([v for v in (2, 3) if pp * v <= L])
     m = pp * rng.choice([1, 2]) if schedule == "interleaved" else rng.choice([1, 2, 4])
+    ep, etp = rng.choice(expert_choices(profile, tp=tp, dp=dp, pins=Pins()))
     cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=rng.choice([1, 2]), num_microbatches=m, zero_stage=zero,
                          sequence_parallel=sp, schedule=schedule, virtual_stages=v,  # type: ignore[arg-type]
-                         offload_activations=rng.random() < 0.3, gpus_per_node=8)
+                         offload_activations=rng.random() < 0.3, gpus_per_node=rng.choice([4, 8]), ep=ep, etp=etp,
+                         moe_imbalance=rng.choice([None, 1.0, 1.5]))
     blocks = [i for i, lp in enumerate(profile.layers) if lp.kind == "block"]
     modes = ["none"] * L
     degrees = [tp] * L
-    choices = block_degrees(CostModel(profile, HW), cfg, 8)
+    choices = block_degrees(CostModel(profile, HW), cfg, cfg.gpus_per_node)
     for i in blocks:
         modes[i] = rng.choice(MODES)
         degrees[i] = rng.choice(choices)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autopar.errors import AutoparError
-from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
+from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, MoEProfile, TPPair, TPPattern
 from autopar.search.brute import brute_force
 from autopar.search.cpsat import solve_inner
 from autopar.search.engine import search
@@ -41,10 +41,13 @@ def random_profile(rng: random.Random, n_blocks: int) -> ModelProfile:
 
     kinds = [rng.choice("ab") for _ in range(n_blocks)]
     block_cost = {k: (rng.uniform(0.5, 2.0), rng.random()) for k in "ab"}
+    moe_kind = rng.choice(["", "", "b"])  # a third of the models: blocks of kind b are mixtures of experts
     layers = [layer(0, "emb", "embedding", "emb", TPPattern(plan={"": "rowwise"}, divisors=[vocab]),
                     vocab / (12 * hidden))]
     for n, kind in enumerate(kinds):
         template = layer(0, "", "block", kind, block_tp, block_cost[kind][0])
+        if kind == moe_kind:
+            template = with_experts(template, rng, hidden=hidden, seq=seq)
         if any(lp.block_id == kind for lp in layers):  # identical blocks share every number
             template = next(lp for lp in layers if lp.block_id == kind)
         layers.append(template.model_copy(update={"index": n + 1, "name": f"blocks.{n}"}))
@@ -54,6 +57,21 @@ def random_profile(rng: random.Random, n_blocks: int) -> ModelProfile:
     return ModelProfile(name="random", source="", dtype="bf16", seq_len=seq, params=sum(lp.params for lp in layers),
                         param_bytes=sum(lp.param_bytes for lp in layers), layers=layers,
                         capture=CaptureInfo(method="torch.export", graph_nodes=0, traced_layers=len(layers), wall_s=0))
+
+
+def with_experts(layer: LayerProfile, rng: random.Random, *, hidden: int, seq: int) -> LayerProfile:
+    """The block as a mixture of experts: a random share of its work, weights and activations is routed
+    experts (E of them, top-k per token, with or without a capacity factor), the rest stays dense."""
+    share, experts, k = rng.uniform(0.3, 0.7), rng.choice([4, 8]), rng.choice([1, 2])
+    cf = rng.choice([None, None, 1.25])
+    per_sample = seq * k * (cf or 1.0)
+    moe = MoEProfile(num_experts=experts, top_k=k, hidden_size=hidden, expert_ffn_size=4 * hidden,
+                     expert_params=int(share * layer.params / experts), router_params=experts * hidden,
+                     capacity_factor=cf, expert_fwd_flops_per_token=share * layer.fwd_flops_per_sample / per_sample,
+                     expert_saved_bytes_per_token=share * layer.saved_bytes_per_sample / per_sample,
+                     expert_memory_bytes_per_token=share * layer.fwd_memory_bytes_per_sample / per_sample,
+                     module="mlp", experts_module="mlp.experts")
+    return layer.model_copy(update={"moe": moe})
 
 
 def random_instance(seed: int) -> tuple:
@@ -196,9 +214,10 @@ def test_loading_a_plan_validates_it(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_random_optima_use_every_decision() -> None:
-    """The random instances are not degenerate: their optima use non-uniform cuts, mixed recomputation
-    and per-layer tensor-parallel degrees (so the brute-force agreement above covers all three)."""
-    seen = {"cuts": 0, "recompute": 0, "layer_tp": 0}
+    """The random instances are not degenerate: their optima use non-uniform cuts, mixed recomputation,
+    per-layer tensor-parallel degrees and expert parallelism (so the brute-force agreement above covers all
+    four)."""
+    seen = {"cuts": 0, "recompute": 0, "layer_tp": 0, "expert_parallel": 0}
     for seed in range(200):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         try:
@@ -210,4 +229,5 @@ def test_random_optima_use_every_decision() -> None:
             seen["cuts"] += cfg.pp > 1 and len(set(cfg.stage_layers or ())) > 1
             seen["recompute"] += len(set(cfg.layer_recompute or ())) > 1
             seen["layer_tp"] += cfg.layer_tp is not None
+            seen["expert_parallel"] += cfg.ep > 1
     assert all(count >= 3 for count in seen.values()), seen

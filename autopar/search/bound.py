@@ -31,7 +31,7 @@ class Option:
 
     def __init__(self, row: dict[str, float]):
         self.row = row
-        self.busy = row["fwd"] + row["bwd"] + row["tp"]  # compute and TP communication: what nothing hides
+        self.busy = row["fwd"] + row["bwd"] + row["tp"] + row["a2a"]  # compute, TP and EP traffic: nothing hides
         # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
         # flight, and what each micro-batch in flight adds (the formula is linear in them)
         leaves = {**row, "remat": 0.0, "gather_buffer": 0.0}
@@ -88,7 +88,8 @@ class LowerBound:
         links follow from tp, dp and the node size; the pipeline link only prices a tied copy, which the
         first stage does not hold)."""
         return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
-                cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node)
+                cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
+                cfg.ep, cfg.expert_tp, cfg.moe_imbalance)
 
     def _shape(self, cfg: ParallelConfig) -> StepShape:
         """The composition's constants of ``cfg``. What the bounds read of them (the overlaps, offload, v) is
@@ -175,7 +176,7 @@ class _Entry:
     def __init__(self, options: list[tuple[int, list[Option]]]):
         self.options = options
         self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
-        self.floor = sum(n * min(o.row["tp"] + o.row["z3"] for o in opts) for n, opts in options)
+        self.floor = sum(n * min(o.row["tp"] + o.row["a2a"] + o.row["z3"] for o in opts) for n, opts in options)
         self._heaviest: dict[tuple, float] = {}
 
     def busy_bound(self, shape: StepShape, busy: float, p2p: float) -> float:
@@ -183,7 +184,7 @@ class _Entry:
         compute c and TP time t, c + t + max(0, traffic − ov·c) ≥ the same at c = busy, t = 0 whenever
         c + t ≥ busy (it grows with c). Also ≥ TP + traffic + transfers + sync, as compute hides no more
         ZeRO-3 traffic than itself."""
-        leaves = {"fwd": busy, "bwd": 0.0, "tp": 0.0, "kept": 0.0, "p2p": p2p, "z3": self.least["z3"],
+        leaves = {"fwd": busy, "bwd": 0.0, "tp": 0.0, "a2a": 0.0, "kept": 0.0, "p2p": p2p, "z3": self.least["z3"],
                   "z3_sync": self.least["z3_sync"]}
         return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
 

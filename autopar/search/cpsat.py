@@ -44,10 +44,10 @@ def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> l
     """Tensor-parallel degrees a block may take besides the stage's own: divisors of the stage's tp·dp
     devices inside a node that keep the local micro-batch whole and that every block's pattern admits.
     Only without ZeRO and sequence parallelism (what the runtime runs with per-layer degrees)."""
-    if cfg.zero_stage or cfg.sequence_parallel:
-        return [cfg.tp]
-    devices = cfg.tp * cfg.dp
     blocks = list({lp.block_id: lp for lp in cost.model.layers if lp.kind == "block"}.values())  # one per kind
+    if cfg.zero_stage or cfg.sequence_parallel or any(getattr(lp, "moe", None) for lp in blocks):
+        return [cfg.tp]  # a MoE model's experts take their own degree (etp) instead
+    devices = cfg.tp * cfg.dp
     return [t for t in range(1, min(devices, gpus_per_node) + 1)
             if devices % t == 0 and (cfg.micro_batch * t) % cfg.tp == 0
             and all(t == 1 or all(dv % t == 0 for dv in lp.tp.divisors) for lp in blocks)] or [cfg.tp]

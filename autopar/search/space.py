@@ -18,6 +18,7 @@ from autopar.errors import AutoparError
 from autopar.pricing import attention_kernel
 from autopar.profile import ModelProfile
 from cost_models import ParallelConfig
+from cost_models.config import model_experts
 
 ZERO_STAGES = (0, 1, 2, 3)
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
@@ -37,6 +38,9 @@ class Pins:
     schedule: str | None = None
     virtual_stages: int | None = None
     offload: bool | None = None
+    ep: int | None = None                 # expert parallelism (mixture-of-experts models)
+    etp: int | None = None                # the experts' tensor-parallel degree: tp or 1
+    moe_imbalance: float | None = None    # not searched: the load the plan assumes (None: the default)
 
 
 def divisors(n: int) -> list[int]:
@@ -86,17 +90,35 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                             continue
                         for schedule, v in _schedules(pp, m, n_layers, pins):
                             for offload in ((False, True) if pins.offload is None else (pins.offload,)):
-                                yield ParallelConfig(
-                                    tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
-                                    recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
-                                    virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
-                                    attention_kernel=kernel)  # type: ignore[arg-type]
+                                for ep, etp in expert_choices(profile, tp=tp, dp=dp, pins=pins):
+                                    yield ParallelConfig(
+                                        tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
+                                        recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
+                                        virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
+                                        attention_kernel=kernel, ep=ep, etp=etp,  # type: ignore[arg-type]
+                                        moe_imbalance=pins.moe_imbalance)
+
+
+def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins) -> list[tuple[int, int | None]]:
+    """(ep, etp) a stage of tp·dp GPUs may run the experts at (etp None: the stage's tp): every ep dividing the
+    routed experts and tp·dp/etp (cost_models.config.check_experts); (1, None) for a model without experts."""
+    experts, ffn = model_experts(profile)
+    if experts is None:
+        return [(1, None)]
+    out = []
+    for etp in ([tp, 1] if tp > 1 else [1]):
+        if (pins.etp is not None and etp != pins.etp) or (ffn is not None and ffn % etp):
+            continue
+        for ep in divisors(tp * dp // etp):
+            if experts % ep == 0 and (pins.ep is None or ep == pins.ep):
+                out.append((ep, None if etp == tp else etp))
+    return out
 
 
 def choice_key(cfg: ParallelConfig) -> tuple:
     """An outer choice's decisions, for a deterministic order among equally fast plans."""
     return (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.num_microbatches, cfg.zero_stage, cfg.sequence_parallel,
-            cfg.schedule, cfg.virtual_stages, cfg.offload_activations)
+            cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp)
 
 
 def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str, int]]:
