@@ -216,11 +216,12 @@ class CostModel:
                 etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance, gpus_per_node=gpn, hw=self.hw, dtype=self.model.dtype,
                 dtype_bytes=self.dtype_bytes)
-        return replace(c, fwd_s=c.fwd_s + e.fwd_s, bwd_s=c.bwd_s + e.bwd_s, tp_fwd_s=c.tp_fwd_s + e.tp_fwd_s,
-                       tp_bwd_s=c.tp_bwd_s + e.tp_bwd_s, a2a_fwd_s=e.a2a_fwd_s, a2a_bwd_s=e.a2a_bwd_s,
-                       executed_flops=c.executed_flops + e.executed_flops, model_flops=c.model_flops + e.model_flops,
-                       kept_bytes=c.kept_bytes + e.kept_bytes, remat_bytes=c.remat_bytes + e.remat_bytes,
-                       params_per_gpu=c.params_per_gpu + e.params_per_gpu, expert_params_per_gpu=e.params_per_gpu)
+        # the step work (state, syncs) is filled in next (_with_step_work): only what the experts add here
+        return LayerCost(c.fwd_s + e.fwd_s, c.bwd_s + e.bwd_s, c.tp_fwd_s + e.tp_fwd_s, c.tp_bwd_s + e.tp_bwd_s,
+                         c.executed_flops + e.executed_flops, c.model_flops + e.model_flops,
+                         c.kept_bytes + e.kept_bytes, c.remat_bytes + e.remat_bytes,
+                         c.params_per_gpu + e.params_per_gpu, c.tied_params_per_gpu, a2a_fwd_s=e.a2a_fwd_s,
+                         a2a_bwd_s=e.a2a_bwd_s, expert_params_per_gpu=e.params_per_gpu)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
                         precision: Precision) -> LayerCost:

@@ -12,6 +12,8 @@ Derived from the step's one composition (cost_models/composition.py), not a copy
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Callable
 
 from autopar.search.cpsat import block_degrees
 from cost_models import CostModel, ParallelConfig
@@ -27,10 +29,11 @@ FLOAT = FloatAlgebra()
 class Option:
     """One option (tp degree, recomputation) of one distinct layer: its row and what the bounds read."""
 
-    __slots__ = ("row", "busy", "memory_fixed", "memory_per_microbatch")
+    __slots__ = ("row", "busy", "memory_fixed", "memory_per_microbatch", "_alone")
 
     def __init__(self, row: dict[str, float]):
         self.row = row
+        self._alone: dict[tuple, float] = {}
         self.busy = row["fwd"] + row["bwd"] + row["tp"] + row["a2a"]  # compute, TP and EP traffic: nothing hides
         # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
         # flight, and what each micro-batch in flight adds (the formula is linear in them)
@@ -43,7 +46,10 @@ class Option:
 
     def alone(self, shape: StepShape) -> float:
         """device_time of a device holding only this layer (no transfers)."""
-        return device_time(FLOAT, {**self.row, "p2p": 0.0}, shape, 0)["time"]
+        key = (shape.host_s_per_byte, shape.zero3_overlap)
+        if key not in self._alone:
+            self._alone[key] = device_time(FLOAT, {**self.row, "p2p": 0.0}, shape, 0)["time"]
+        return self._alone[key]
 
 
 class LowerBound:
@@ -58,9 +64,12 @@ class LowerBound:
             self._counts[lp.block_id] = self._counts.get(lp.block_id, 0) + 1
             self._rep.setdefault(lp.block_id, i)
         self._entries: dict[tuple, _Entry] = {}
+        self._layers: dict[tuple, list[Option]] = {}
+        self._block_degrees: dict[tuple, list[int]] = {}
         self._knapsack: dict[tuple, float] = {}
         self._p2p: dict[tuple, tuple[float, float]] = {}
         self._shapes: dict[tuple, StepShape] = {}
+        self._limits: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
 
     def options(self, cfg: ParallelConfig) -> list[tuple[int, list[Option]]]:
         """Per distinct layer: (how many, its options): blocks may take any degree and mode, the rest run at
@@ -70,18 +79,32 @@ class LowerBound:
     def _entry(self, cfg: ParallelConfig, key: tuple) -> "_Entry":
         entry = self._entries.get(key)
         if entry is None:
-            cost = self.cost
-            layers = cost.model.layers
-            precision = cfg.precision or default_precision(cost.model.dtype)
-            degrees = block_degrees(cost, cfg, self.gpus_per_node)
-            reps = list(self._rep.values())
-            choices = {i: [(t, k) for t in degrees for k in self.modes] if layers[i].kind == "block"
-                       else [(cfg.tp, "none")] for i in reps}
-            wanted = [(i, k, t) for i in reps for t, k in choices[i]]
-            rows = iter(layer_row(c, copy=False) for c in cost.option_costs(cfg, cost.links(cfg), precision, wanted))
-            entry = self._entries[key] = _Entry(
-                [(self._counts[layers[i].block_id], [Option(next(rows)) for _ in choices[i]]) for i in reps])
+            layers = self.cost.model.layers
+            entry = self._entries[key] = _Entry([(self._counts[layers[i].block_id], self._layer_options(cfg, i))
+                                                 for i in self._rep.values()])
         return entry
+
+    def _layer_options(self, cfg: ParallelConfig, i: int) -> list[Option]:
+        """Layer i's options under ``cfg``; a layer without experts does not depend on the expert degrees, so
+        its options are shared by every (ep, etp) of a setting."""
+        cost = self.cost
+        layer = cost.model.layers[i]
+        experts = (cfg.ep, cfg.expert_tp, cfg.moe_imbalance) if getattr(layer, "moe", None) else ()
+        key = (i, self._options_key(cfg)[:-3], experts)
+        opts = self._layers.get(key)
+        if opts is None:
+            precision = cfg.precision or default_precision(cost.model.dtype)
+            degrees = self._degrees(cfg) if layer.kind == "block" else [cfg.tp]
+            choices = [(t, k) for t in degrees for k in self.modes] if layer.kind == "block" else [(cfg.tp, "none")]
+            costs = cost.option_costs(cfg, cost.links(cfg), precision, [(i, k, t) for t, k in choices])
+            opts = self._layers[key] = [Option(layer_row(c, copy=False)) for c in costs]
+        return opts
+
+    def _degrees(self, cfg: ParallelConfig) -> list[int]:
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel)
+        if key not in self._block_degrees:
+            self._block_degrees[key] = block_degrees(self.cost, cfg, self.gpus_per_node)
+        return self._block_degrees[key]
 
     def _options_key(self, cfg: ParallelConfig) -> tuple:
         """What a layer's rows on the first stage depend on (CostModel.layer_costs' setting, whose tp and dp
@@ -90,6 +113,42 @@ class LowerBound:
         return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
                 cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
                 cfg.ep, cfg.expert_tp, cfg.moe_imbalance)
+
+    def _memory_limits(self, cfg: ParallelConfig) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Two necessary conditions on the layers' memory, each a knapsack (micro-batches in flight, capacity).
+        Device d holds state S_d and f_d micro-batches of kept bytes K_d: S_d + f_d·K_d ≤ C − R. Summed, with
+        the fewest in flight f_min (the last device's in every schedule): Σ (S + f_min·K) ≤ pp·(C − R); and
+        K_d ≤ (C − R − S_d)/f_d summed, with Σ_d S_d/f_d ≥ S/f_max: Σ (S + f_max·K) ≤ f_max·Σ_d (C − R)/f_d,
+        which binds when early stages hold many micro-batches (1F1B's stage 0 holds pp of them)."""
+        key = (cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages, cfg.offload_activations)
+        limits = self._limits.get(key)
+        if limits is None:
+            hw = self.cost.hw
+            usable = hw.memory_bytes - hw.memory_reserve_bytes
+            flights = [device_in_flight(cfg, d) for d in range(cfg.pp)]
+            f_min, f_max = min(flights), max(flights)
+            limits = self._limits[key] = ((f_min, f_max), (cfg.pp * usable, f_max * sum(usable / f for f in flights)))
+        return limits
+
+    def _offload_bound(self, cfg: ParallelConfig, entry: "_Entry", shape: StepShape, key: tuple,
+                       in_flight: tuple[float, float], p2p: float) -> float:
+        """Σ_d T_d with activation offload: device_time's compute + offload is max(F, k·K) + max(B, k·K) per
+        device (F, B: forward and backward, K: kept bytes, k: host seconds per byte), at least that of the
+        totals over the devices (max(0, ·) is subadditive), and each max at least any convex combination of
+        its arguments: with λ, μ ∈ {0, 1} the bound is linear per layer option, a memory knapsack each."""
+        k = shape.host_s_per_byte or 0.0
+        best = 0.0
+        for lam, mu in ((1, 0), (0, 1), (0, 0)):
+            vkey = (key, lam, mu)
+            busy = self._knapsack.get(vkey)
+            if busy is None:
+                _, caps = self._memory_limits(cfg)
+                busy = self._knapsack[vkey] = max(_knapsack_busy(
+                    entry.options, f, cap, weight=lambda o: (o.row["fwd"] if lam else k * o.row["kept"]) +
+                    (o.row["bwd"] if mu else k * o.row["kept"]) + o.row["tp"] + o.row["a2a"])
+                    for f, cap in zip(in_flight, caps))
+            best = max(best, entry.busy_bound(replace(shape, host_s_per_byte=None), busy, p2p))
+        return best
 
     def _shape(self, cfg: ParallelConfig) -> StepShape:
         """The composition's constants of ``cfg``. What the bounds read of them (the overlaps, offload, v) is
@@ -114,28 +173,45 @@ class LowerBound:
         return self._p2p[key]
 
     def __call__(self, cfg: ParallelConfig) -> float:
-        busy, heaviest = self.parts(cfg)
-        if busy == math.inf:
+        """A quick lower bound (the memory knapsack with the fewest micro-batches in flight): cheap enough for
+        every outer choice; ``strong`` is at least as high."""
+        total, heaviest, _ = self.parts(cfg, strong=False)
+        if total == math.inf:
             return math.inf
-        return pipeline_total(max(busy / cfg.pp, heaviest), busy, cfg.num_microbatches, cfg.virtual_stages)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
 
-    def parts(self, cfg: ParallelConfig) -> tuple[float, float]:
-        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer); inf: cannot fit."""
+    def strong(self, cfg: ParallelConfig) -> float:
+        """The lower bound with every necessary condition: both memory knapsacks, offload transfers and
+        device 0's tail (for the choices the search reaches before its incumbent closes it)."""
+        total, heaviest, busy = self.parts(cfg, strong=True)
+        if total == math.inf:
+            return math.inf
+        entry = self._entry(cfg, self._options_key(cfg))
+        shape = self._shape(cfg)
+        return _with_first_device_tail(cfg, total, heaviest, busy, entry.tail_density(shape.dp_overlap, cfg.virtual_stages))
+
+    def parts(self, cfg: ParallelConfig, strong: bool = True) -> tuple[float, float, float]:
+        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer, least Σ busy); inf: cannot
+        fit. ``strong``: every memory condition and the offload transfers, else the quick ones."""
         key = self._options_key(cfg)
         entry = self._entry(cfg, key)
         shape = self._shape(cfg)
-        # the last device holds the fewest micro-batches in every schedule (fewest warm-up forwards)
-        in_flight = device_in_flight(cfg, cfg.pp - 1)
-        knapsack_key = (key, cfg.pp, in_flight)
+        in_flight, memory_cap = self._memory_limits(cfg)
+        if not strong:
+            in_flight, memory_cap = in_flight[:1], memory_cap[:1]
+        knapsack_key = (key, in_flight, memory_cap)
         busy = self._knapsack.get(knapsack_key)
         if busy is None:
-            busy = self._knapsack[knapsack_key] = _knapsack_busy(entry.options, in_flight, cfg.pp * (
-                self.cost.hw.memory_bytes - self.cost.hw.memory_reserve_bytes))
+            busy = self._knapsack[knapsack_key] = max(_knapsack_busy(entry.options, f, cap)
+                                                      for f, cap in zip(in_flight, memory_cap))
         if busy == math.inf:
-            return math.inf, math.inf
+            return math.inf, math.inf, math.inf
         p2p = 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
         total = entry.busy_bound(shape, busy, p2p)
-        return total, entry.heaviest(shape, at_least=total / cfg.pp)
+        if strong and shape.host_s_per_byte is not None:
+            total = max(total, self._offload_bound(cfg, entry, shape, knapsack_key, in_flight, p2p))
+        heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
+        return total, heaviest, busy
 
     def beats(self, cfg: ParallelConfig, upper: float) -> bool:
         """False when no plan of this choice can have a step below ``upper``, counting the once-per-step
@@ -148,7 +224,7 @@ class LowerBound:
         m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
         if pp < 2 or m - 1 / v <= 0:
             return True
-        busy, heaviest = self.parts(cfg)
+        busy, heaviest, _ = self.parts(cfg)
         if busy == math.inf:
             return False
         shape = self._shape(cfg)
@@ -178,6 +254,7 @@ class _Entry:
         self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
         self.floor = sum(n * min(o.row["tp"] + o.row["a2a"] + o.row["z3"] for o in opts) for n, opts in options)
         self._heaviest: dict[tuple, float] = {}
+        self._density: dict[tuple, float] = {}
 
     def busy_bound(self, shape: StepShape, busy: float, p2p: float) -> float:
         """Σ_d T_d ≥ device_time(fwd = the least busy time, traffic and sync at their least, p2p): with
@@ -187,6 +264,22 @@ class _Entry:
         leaves = {"fwd": busy, "bwd": 0.0, "tp": 0.0, "a2a": 0.0, "kept": 0.0, "p2p": p2p, "z3": self.least["z3"],
                   "z3_sync": self.least["z3_sync"]}
         return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
+
+    def tail_density(self, dp_overlap: float, v: int) -> float:
+        """The least tail seconds a layer on device 0 brings per second of its busy time: its end is at least
+        dpe + optimizer (A) and at least dpo − overlap·bwd/v + dpe + optimizer (B), summed over its layers
+        (composition.device_tail), so each bound's least ratio over every layer's options is valid."""
+        key = (dp_overlap, v)
+        if key not in self._density:
+            best = 0.0
+            for tail_of in (lambda r: r["dpe"] + r["optimizer"],
+                            lambda r: r["dpo"] - r["bwd"] * dp_overlap / v + r["dpe"] + r["optimizer"]):
+                # a layer without busy time adds no work to device 0, and meets any density if its tail is ≥ 0
+                ratios = [tail_of(o.row) / o.busy if o.busy > 0 else -math.inf
+                          for _, opts in self.options for o in opts if o.busy > 0 or tail_of(o.row) < 0]
+                best = max(best, min(ratios, default=0.0))
+            self._density[key] = best
+        return self._density[key]
 
     def heaviest(self, shape: StepShape, at_least: float = 0.0) -> float:
         """max_d T_d ≥ the time of a device holding only the heaviest layer, at its fastest option. Only its
@@ -200,15 +293,33 @@ class _Entry:
         return self._heaviest[key]
 
 
-def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, capacity: float) -> float:
-    """The least Σ busy over the layers with the options chosen by the memory knapsack: Σ_layers
-    memory(option) ≤ capacity (pp stages' memory less their reserves); inf: nothing fits. The LP optimum:
-    from each layer's fastest option, upgrade along its lower convex hull of (memory, busy), cheapest
-    seconds per byte first."""
+def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, busy: float, density: float) -> float:
+    """The step's lower bound with device 0's tail: device 0 finishes its last backward last, so the step
+    includes its end (composition.device_tail + optimizer), at least ``density`` × its busy time b₀. With
+    b₀ = x·B (B: the least Σ busy), max_d T_d ≥ max(x·B, (1 − x)·B/(pp − 1), heaviest, mean), so
+        step ≥ min over x of (m − 1/v)·max(…) + Σ T/v + density·x·B,
+    convex and piecewise linear in x: its minimum lies at a breakpoint (pipeline_total with the tail)."""
+    m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
+    floor = max(total / pp, heaviest)
+    if pp == 1:
+        return pipeline_total(max(floor, busy), total, m, v) + density * busy
+    if busy <= 0 or density <= 0:
+        return pipeline_total(floor, total, m, v)
+    points = {0.0, 1.0, 1.0 / pp, floor / busy, 1.0 - (pp - 1) * floor / busy}
+    return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) + density * x * busy
+               for x in points if 0.0 <= x <= 1.0)
+
+
+def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, capacity: float,
+                   weight: Callable[[Option], float] | None = None) -> float:
+    """The least Σ busy (or Σ ``weight``) over the layers with the options chosen by the memory knapsack:
+    Σ_layers memory(option) ≤ capacity (pp stages' memory less their reserves); inf: nothing fits. The LP
+    optimum: from each layer's fastest option, upgrade along its lower convex hull of (memory, time),
+    cheapest seconds per byte first."""
     busy = used = 0.0
     upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
     for n, opts in options:
-        hull = _lower_hull(sorted((o.memory(in_flight), o.busy) for o in opts))
+        hull = _lower_hull(sorted((o.memory(in_flight), weight(o) if weight else o.busy) for o in opts))
         start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
         busy += n * hull[start][1]
         used += n * hull[start][0]

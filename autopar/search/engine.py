@@ -1,8 +1,8 @@
 """Exact search: branch and bound over the outer choices (space.py), CP-SAT for cuts and per-layer options.
 
-Outer choices are visited in increasing order of a valid lower bound on their step time (bound.py). A
-choice whose bound is not below the k-th best step found so far cannot improve the answer and is never
-solved; the inner model also receives that step as an upper bound, so CP-SAT can prove "no better"
+Outer choices are visited in increasing order of a quick valid lower bound on their step time (bound.py),
+and a choice the search reaches gets the strong bound before it is solved. A choice whose bound is not
+below the k-th best step found so far cannot improve the answer and is never solved; the inner model also receives that step as an upper bound, so CP-SAT can prove "no better"
 quickly. Every inner solution is evaluated by the cost model and checked against the solver's objective
 (guard.py). The reported bound of the whole search is the least of the open choices' bounds and the
 inner solves' own bounds: when every inner solve is OPTIMAL and the pruning completes, status is OPTIMAL
@@ -97,13 +97,13 @@ class _Search:
         del self.best[self.top_k:]
 
     def skip(self, cfg: ParallelConfig, pins: Pins) -> bool:
-        """Offload only adds time when the same choice fits without it; a choice whose once-per-step tail
-        alone rules it out is never solved."""
+        """Offload only adds time when the same choice fits without it; a choice whose strong lower bound or
+        once-per-step tail rules it out is never solved."""
         if cfg.offload_activations and pins.offload is None and \
                 replace(cfg, offload_activations=False) in self.fits_without_offload:
             return True
         kth = self.kth()
-        return kth is not None and not self.lower_bound.beats(cfg, kth)
+        return kth is not None and (self.lower_bound.strong(cfg) >= kth or not self.lower_bound.beats(cfg, kth))
 
     def solve(self, cfg: ParallelConfig, lb: float, time_limit_s: float, threads: int,
               degrees: list[int] | None) -> None:
