@@ -18,7 +18,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
              seq_len: int | None = None, zero: int = 0, recompute: str = "full", sequence_parallel: bool = False,
              schedule: str = "1f1b", virtual_stages: int = 1, offload_activations: bool = False,
              attention_kernel: str = "fused", attention_dropout: bool = False,
-             overrides: Mapping[str, str] | None = None, dtype: str = "bf16") -> Plan:
+             overrides: Mapping[str, str] | None = None, dtype: str = "bf16", ep: int = 1, etp: int | None = None,
+             moe_imbalance: float | None = None) -> Plan:
     """Predict step time and memory of one configuration; raises AutoparError if it cannot run.
 
     A configuration that runs but does not fit in memory is returned with ``prediction.fits`` false and
@@ -34,7 +35,7 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
                           recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                           virtual_stages=virtual_stages, offload_activations=offload_activations,
                           gpus_per_node=gpus_per_node, attention_kernel=pricing_kernel(profile, attention_kernel),
-                          attention_dropout=attention_dropout)
+                          attention_dropout=attention_dropout, ep=ep, etp=etp, moe_imbalance=moe_imbalance)
         result = CostModel(profile, hw).evaluate(cfg)
     except ConfigError as err:
         raise AutoparError(str(err)) from err

@@ -151,6 +151,17 @@ class Prediction(_Frozen):
     stages: list[StagePrediction]
 
 
+class ExpertsRef(_Frozen):
+    """A mixture-of-experts model's experts, as exporters name them (Megatron's --num-experts, --moe-router-topk)."""
+
+    num_experts: int
+    top_k: int
+    shared_experts: int = 0
+    expert_ffn_size: int
+    capacity_factor: float | None = None
+    moe_blocks: list[bool] = Field(description="for each transformer block in order, whether it is a mixture of experts")
+
+
 class ModelRef(_Frozen):
     """Which model the plan is for, enough to rebuild it: the source and its build_model overrides."""
 
@@ -159,6 +170,7 @@ class ModelRef(_Frozen):
     overrides: dict[str, str] = Field(default={}, description="build_model keywords, as --set key=value gives them")
     seq_len: int = Field(ge=1)
     dtype: Literal["fp32", "bf16", "fp16"]
+    experts: ExpertsRef | None = Field(default=None, description="the model's routed experts, if any")
 
 
 class LayerAssignment(_Frozen):

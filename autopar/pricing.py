@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 from autopar.errors import AutoparError
-from autopar.plan import (Breakdown, ClusterSpec, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism, Plan,
-                          Prediction, RunPlan, SolverInfo, StagePrediction)
+from autopar.plan import (Breakdown, ClusterSpec, ExpertsRef, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism,
+                          Plan, Prediction, RunPlan, SolverInfo, StagePrediction)
 from autopar.profile import ModelProfile
 from cost_models import PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.hardware import GIB
@@ -44,6 +44,17 @@ def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
         layer_recompute=tuple(layer.recompute for layer in plan.layers),
         layer_tp=degrees if any(t != par.tp for t in degrees) else None, ep=par.ep, etp=par.etp,
         moe_imbalance=par.moe_imbalance)
+
+
+def experts_of(profile: ModelProfile) -> ExpertsRef | None:
+    """The model's experts for the plan (the first MoE layer's: the cost model prices each layer's own)."""
+    blocks = [layer for layer in profile.layers if layer.kind == "block"]
+    moe = next((layer.moe for layer in blocks if layer.moe), None)
+    if moe is None:
+        return None
+    return ExpertsRef(num_experts=moe.num_experts, top_k=moe.top_k, shared_experts=moe.num_shared_experts,
+                      expert_ffn_size=moe.expert_ffn_size, capacity_factor=moe.capacity_factor,
+                      moe_blocks=[layer.moe is not None for layer in blocks])
 
 
 def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
@@ -91,7 +102,8 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
             layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=t, dp=cfg.tp * cfg.dp // t,
                                           recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
     model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
-                     overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()})
+                     overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()},
+                     experts=experts_of(profile))
     return Plan(world_size=cfg.gpus, model=model,
                 cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)

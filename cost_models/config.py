@@ -299,9 +299,10 @@ def check_experts(num_experts: int | None, *, ep: int, etp: int, tp: int, dp: in
         return
     check_expert_degrees(ep=ep, etp=etp, tp=tp, dp=dp)
     if num_experts % ep:
-        raise ConfigError(f"ep {ep} does not divide the model's {num_experts} routed experts")
+        raise ConfigError(f"ep({ep}) does not divide the model's {num_experts} routed experts; "
+                          f"pick an ep that divides {num_experts}")
     if expert_ffn is not None and expert_ffn % etp:
-        raise ConfigError(f"etp {etp} does not divide the experts' FFN width {expert_ffn}")
+        raise ConfigError(f"etp({etp}) does not divide the experts' FFN width {expert_ffn}; use etp 1")
 
 
 def make_config(gpus: int, *, tp: int, pp: int, micro_batch: int, global_batch: int, dp: int | None = None,

@@ -37,7 +37,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     moe = None
     if len(layer.units) == 1 and (found := find_moe(module)) is not None:
         moe, experts = measured(found, unit, g, nodes, tokens)
-        extra = (moe.capacity_factor or 1.0) - 1.0  # the routed experts' work at the capacity factor
+        # the routed experts' work at the capacity factor (a model padded to it traced that work already)
+        extra = 0.0 if found.padded else (moe.capacity_factor or 1.0) - 1.0
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]
         mem, saved = mem + extra * experts["memory_bytes"], saved + extra * experts["saved_bytes"]
     is_head = layer.index == head

@@ -28,6 +28,7 @@ class MoEModule:
     path: str          # the MoE module, relative to the layer ("mlp")
     experts: str       # its routed experts ("mlp.experts")
     profile: MoEProfile  # with the measured per-token figures still zero
+    padded: bool = False  # the experts run their capacity (padding included), not tokens × top_k rows
 
 
 def find_moe(block: nn.Module) -> MoEModule | None:
@@ -53,7 +54,8 @@ def find_moe(block: nn.Module) -> MoEModule | None:
             shared_expert_params=sum(p.numel() for m in shared for p in m.parameters()),
             router_params=sum(p.numel() for p in router.parameters()),
             capacity_factor=_capacity(configs), module=path, experts_module=f"{path}.{name}" if path else name)
-        return MoEModule(path, moe.experts_module, moe)
+        # Megatron-Core's --moe-pad-expert-input-to-capacity: experts run at their capacity, padding included
+        return MoEModule(path, moe.experts_module, moe, padded=bool(getattr(module, "pad_to_capacity", False)))
     return None
 
 
@@ -112,12 +114,13 @@ def _capacity(configs: list[Any]) -> float | None:
 def measured(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str],
              tokens: int) -> tuple[MoEProfile, dict[str, float]]:
     """The profile with one routed expert's per-token figures — what the experts' nodes cost per sample,
-    divided by a sample's token-expert pairs (tokens × top_k) — and those per-sample totals by field."""
+    divided by the rows they ran per sample (tokens × top_k, times the capacity factor when the experts are
+    padded to it) — and those per-sample totals by field."""
     prefix = f"{unit}.{moe.experts}" if unit else moe.experts
     inside = [n for n in nodes if g.nodes[n]["module"] == prefix or g.nodes[n]["module"].startswith(prefix + ".")]
     totals = {f: sum(g.nodes[n][f"{f}_per_sample"] for n in inside)
               for f in ("flops", "matmul_flops", "memory_bytes", "saved_bytes")}
-    pairs = tokens * moe.profile.top_k
+    pairs = tokens * moe.profile.top_k * ((moe.profile.capacity_factor or 1.0) if moe.padded else 1.0)
     profile = moe.profile.model_copy(update={
         "expert_fwd_flops_per_token": totals["flops"] / pairs,
         "expert_saved_bytes_per_token": totals["saved_bytes"] / pairs,

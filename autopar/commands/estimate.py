@@ -32,6 +32,11 @@ def estimate_command(
     offload_activations: Annotated[bool, typer.Option("--offload-activations", help="keep activations in "
                                                       "host memory between forward and backward")] = False,
     attention_kernel: Annotated[str, typer.Option(help="fused (flash) or unfused (materialised scores)")] = "fused",
+    ep: Annotated[int, typer.Option(help="expert-parallel degree: routed experts sharded over ep GPUs of a stage "
+                                         "(mixture of experts)")] = 1,
+    etp: Annotated[Optional[int], typer.Option(help="the experts' tensor-parallel degree: tp (default) or 1")] = None,
+    moe_imbalance: Annotated[Optional[float], typer.Option(help="the busiest GPU's expert load over the average "
+                                                                "(default 1.25, or the model's capacity)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a build_model keyword: key=value "
                                                       "(repeatable)")] = None,
     dtype: Annotated[str, typer.Option(help="training dtype: bf16, fp16 or fp32")] = "bf16",
@@ -50,7 +55,8 @@ def estimate_command(
                         pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
                         zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                         virtual_stages=virtual_stages, offload_activations=offload_activations,
-                        attention_kernel=attention_kernel, overrides=overrides, dtype=dtype)
+                        attention_kernel=attention_kernel, overrides=overrides, dtype=dtype, ep=ep, etp=etp,
+                        moe_imbalance=moe_imbalance)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)

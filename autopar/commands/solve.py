@@ -36,6 +36,10 @@ def solve_command(
     schedule: Annotated[Optional[str], typer.Option(help="pin the schedule: 1f1b, gpipe, interleaved")] = None,
     virtual_stages: Annotated[Optional[int], typer.Option(help="pin virtual stages (interleaved)")] = None,
     offload: Annotated[Optional[bool], typer.Option("--offload/--no-offload", help="pin activation offload")] = None,
+    ep: Annotated[Optional[int], typer.Option(help="pin the expert-parallel degree (mixture of experts)")] = None,
+    etp: Annotated[Optional[int], typer.Option(help="pin the experts' tensor-parallel degree: tp or 1")] = None,
+    moe_imbalance: Annotated[Optional[float], typer.Option(help="the busiest GPU's expert load over the average "
+                                                                "(default 1.25, or the model's capacity)")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option(help="let tensor parallelism span nodes")] = False,
     top_k: Annotated[int, typer.Option(help="list the K best distinct plans")] = 1,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write the best plan JSON here")] = None,
@@ -56,7 +60,8 @@ def solve_command(
     if zero not in (None, 0, 1, 2, 3):
         _fail(f"--zero {zero}: choose 0, 1, 2 or 3")
     pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
-                sequence_parallel=sequence_parallel, schedule=schedule, virtual_stages=virtual_stages, offload=offload)
+                sequence_parallel=sequence_parallel, schedule=schedule, virtual_stages=virtual_stages, offload=offload,
+                ep=ep, etp=etp, moe_imbalance=moe_imbalance)
     console = Console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[best]}"), TimeElapsedColumn())
