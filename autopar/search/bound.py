@@ -134,21 +134,30 @@ class LowerBound:
                        in_flight: tuple[float, float], p2p: float) -> float:
         """Σ_d T_d with activation offload: device_time's compute + offload is max(F, k·K) + max(B, k·K) per
         device (F, B: forward and backward, K: kept bytes, k: host seconds per byte), at least that of the
-        totals over the devices (max(0, ·) is subadditive), and each max at least any convex combination of
-        its arguments: with λ, μ ∈ {0, 1} the bound is linear per layer option, a memory knapsack each."""
+        totals over the devices (max(0, ·) is subadditive), and each max at least any convex combination
+        λ·F + (1 − λ)·k·K of its arguments: for fixed λ, μ the bound is linear per layer option, a memory
+        knapsack. Every (λ, μ) gives a valid bound; the knapsack's optimum is concave in them (a minimum of
+        linear functions), so coordinate ascent by golden-section search finds the best (backward usually
+        hides the transfer, μ = 1, and λ settles between forward-bound and transfer-bound layers)."""
         k = shape.host_s_per_byte or 0.0
-        best = 0.0
-        for lam, mu in ((1, 0), (0, 1), (0, 0)):
+        _, caps = self._memory_limits(cfg)
+        flat = replace(shape, host_s_per_byte=None)
+
+        def value(lam: float, mu: float) -> float:
             vkey = (key, lam, mu)
             busy = self._knapsack.get(vkey)
             if busy is None:
-                _, caps = self._memory_limits(cfg)
                 busy = self._knapsack[vkey] = max(_knapsack_busy(
-                    entry.options, f, cap, weight=lambda o: (o.row["fwd"] if lam else k * o.row["kept"]) +
-                    (o.row["bwd"] if mu else k * o.row["kept"]) + o.row["tp"] + o.row["a2a"])
+                    entry.options, f, cap, weight=lambda o: lam * o.row["fwd"] + mu * o.row["bwd"] +
+                    (2 - lam - mu) * k * o.row["kept"] + o.row["tp"] + o.row["a2a"])
                     for f, cap in zip(in_flight, caps))
-            best = max(best, entry.busy_bound(replace(shape, host_s_per_byte=None), busy, p2p))
-        return best
+            return entry.busy_bound(flat, busy, p2p)
+
+        lam = mu = 1.0
+        for _ in range(2):
+            lam = _golden_max(lambda x: value(x, mu))
+            mu = _golden_max(lambda x: value(lam, x))
+        return max(value(lam, mu), value(0.0, 0.0), value(1.0, 1.0))
 
     def _shape(self, cfg: ParallelConfig) -> StepShape:
         """The composition's constants of ``cfg``. What the bounds read of them (the overlaps, offload, v) is
@@ -180,6 +189,15 @@ class LowerBound:
             return math.inf
         return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
 
+    def cheap(self, cfg: ParallelConfig) -> float:
+        """A lower bound without the memory knapsack (every layer at its fastest option): what every outer
+        choice gets first; the search computes ``__call__`` only for the choices it reaches."""
+        entry = self._entry(cfg, self._options_key(cfg))
+        shape = self._shape(cfg)
+        total = entry.busy_bound(shape, entry.fastest, 2 * (cfg.chunks - 1) * self._transfers(cfg)[0])
+        heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
+
     def strong(self, cfg: ParallelConfig) -> float:
         """The lower bound with every necessary condition: both memory knapsacks, offload transfers and
         device 0's tail (for the choices the search reaches before its incumbent closes it)."""
@@ -188,7 +206,9 @@ class LowerBound:
             return math.inf
         entry = self._entry(cfg, self._options_key(cfg))
         shape = self._shape(cfg)
-        return _with_first_device_tail(cfg, total, heaviest, busy, entry.tail_density(shape.dp_overlap, cfg.virtual_stages))
+        first = self.cost.model.layers[0].block_id
+        return max(_with_first_device_tail(cfg, total, heaviest, busy, items)
+                   for items in entry.tail_items(shape.dp_overlap, cfg.virtual_stages, list(self._rep), first))
 
     def parts(self, cfg: ParallelConfig, strong: bool = True) -> tuple[float, float, float]:
         """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer, least Σ busy); inf: cannot
@@ -253,8 +273,9 @@ class _Entry:
         self.options = options
         self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
         self.floor = sum(n * min(o.row["tp"] + o.row["a2a"] + o.row["z3"] for o in opts) for n, opts in options)
+        self.fastest = sum(n * min(o.busy for o in opts) for n, opts in options)  # the knapsack without memory
         self._heaviest: dict[tuple, float] = {}
-        self._density: dict[tuple, float] = {}
+        self._items: dict[tuple, list[list[tuple]]] = {}
 
     def busy_bound(self, shape: StepShape, busy: float, p2p: float) -> float:
         """Σ_d T_d ≥ device_time(fwd = the least busy time, traffic and sync at their least, p2p): with
@@ -265,21 +286,18 @@ class _Entry:
                   "z3_sync": self.least["z3_sync"]}
         return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
 
-    def tail_density(self, dp_overlap: float, v: int) -> float:
-        """The least tail seconds a layer on device 0 brings per second of its busy time: its end is at least
-        dpe + optimizer (A) and at least dpo − overlap·bwd/v + dpe + optimizer (B), summed over its layers
-        (composition.device_tail), so each bound's least ratio over every layer's options is valid."""
+    def tail_items(self, dp_overlap: float, v: int, blocks: list[str], first: str) -> list[list[tuple]]:
+        """Device 0's end is at least dpe + optimizer (A) and at least dpo − overlap·bwd/v + dpe + optimizer
+        (B), summed over its layers (composition.device_tail): for each, per distinct layer (how many, the most
+        busy time one brings, the least tail one brings, whether device 0 must hold it: the first layer)."""
         key = (dp_overlap, v)
-        if key not in self._density:
-            best = 0.0
-            for tail_of in (lambda r: r["dpe"] + r["optimizer"],
-                            lambda r: r["dpo"] - r["bwd"] * dp_overlap / v + r["dpe"] + r["optimizer"]):
-                # a layer without busy time adds no work to device 0, and meets any density if its tail is ≥ 0
-                ratios = [tail_of(o.row) / o.busy if o.busy > 0 else -math.inf
-                          for _, opts in self.options for o in opts if o.busy > 0 or tail_of(o.row) < 0]
-                best = max(best, min(ratios, default=0.0))
-            self._density[key] = best
-        return self._density[key]
+        if key not in self._items:
+            self._items[key] = [
+                [(n, max(o.busy for o in opts), min(tail_of(o.row) for o in opts), block == first)
+                 for block, (n, opts) in zip(blocks, self.options)]
+                for tail_of in (lambda r: r["dpe"] + r["optimizer"],
+                                lambda r: r["dpo"] - r["bwd"] * dp_overlap / v + r["dpe"] + r["optimizer"])]
+        return self._items[key]
 
     def heaviest(self, shape: StepShape, at_least: float = 0.0) -> float:
         """max_d T_d ≥ the time of a device holding only the heaviest layer, at its fastest option. Only its
@@ -293,21 +311,43 @@ class _Entry:
         return self._heaviest[key]
 
 
-def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, busy: float, density: float) -> float:
+def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, busy: float,
+                            items: list[tuple[int, float, float, bool]]) -> float:
     """The step's lower bound with device 0's tail: device 0 finishes its last backward last, so the step
-    includes its end (composition.device_tail + optimizer), at least ``density`` × its busy time b₀. With
+    includes its end (composition.device_tail + optimizer), at least the least tail of any set of layers
+    with its busy time b₀ (``_least_cost_cover`` over ``items``: convex, piecewise linear in b₀). With
     b₀ = x·B (B: the least Σ busy), max_d T_d ≥ max(x·B, (1 − x)·B/(pp − 1), heaviest, mean), so
-        step ≥ min over x of (m − 1/v)·max(…) + Σ T/v + density·x·B,
-    convex and piecewise linear in x: its minimum lies at a breakpoint (pipeline_total with the tail)."""
+        step ≥ min over x of (m − 1/v)·max(…) + Σ T/v + cover(x·B),
+    a sum of convex piecewise-linear functions of x: its minimum lies at a breakpoint of one of them."""
     m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
     floor = max(total / pp, heaviest)
-    if pp == 1:
-        return pipeline_total(max(floor, busy), total, m, v) + density * busy
-    if busy <= 0 or density <= 0:
+    if pp == 1:  # device 0 holds every layer
+        return pipeline_total(max(floor, busy), total, m, v) + max(0.0, sum(n * least for n, _, least, _ in items))
+    if busy <= 0:
         return pipeline_total(floor, total, m, v)
     points = {0.0, 1.0, 1.0 / pp, floor / busy, 1.0 - (pp - 1) * floor / busy}
-    return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) + density * x * busy
-               for x in points if 0.0 <= x <= 1.0)
+    points.update(w / busy for w in _cover_breakpoints(items))
+    return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) +
+               _least_cost_cover(items, x * busy) for x in points if 0.0 <= x <= 1.0)
+
+
+def _golden_max(f: Callable[[float], float], iterations: int = 12) -> float:
+    """The x in [0, 1] maximising a concave ``f``, to 0.618^iterations (golden-section search); the ends are
+    candidates too (a piecewise-linear f may peak there)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = 0.0, 1.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(iterations):
+        if fa < fb:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = f(b)
+        else:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = f(a)
+    return max((0.0, 1.0, a, b), key=f)
 
 
 def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, capacity: float,
@@ -336,25 +376,42 @@ def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, ca
     return math.inf if excess > 1e-6 * max(1.0, used) else busy
 
 
-def _least_cost_cover(items: list[tuple[int, float, float, bool]], need: float) -> float:
-    """min Σ x_i·cost_i subject to Σ x_i·time_i ≥ need, 0 ≤ x_i ≤ count_i, one unit of each forced item
-    taken: the LP optimum — every item of non-positive cost, then the most time per unit cost first."""
-    total = 0.0
+def _cover_order(items: list[tuple[int, float, float, bool]]) -> tuple[float, float, list[tuple]]:
+    """(cost and time of what every cover takes: the forced units and every unit of non-positive cost, the
+    rest as (time per cost, count, time, cost), the most time per cost first)."""
+    cost = taken = 0.0
     rest = []
     for n, time_i, cost_i, forced in items:
         if forced:
-            total, need, n = total + cost_i, need - time_i, n - 1
+            cost, taken, n = cost + cost_i, taken + time_i, n - 1
         if cost_i <= 0:
-            total, need = total + n * cost_i, need - n * time_i
+            cost, taken = cost + n * cost_i, taken + n * time_i
         elif n > 0:
             rest.append((time_i / cost_i, n, time_i, cost_i))
-    for _, n, time_i, cost_i in sorted(rest, reverse=True):
+    return cost, taken, sorted(rest, reverse=True)
+
+
+def _least_cost_cover(items: list[tuple[int, float, float, bool]], need: float) -> float:
+    """min Σ x_i·cost_i subject to Σ x_i·time_i ≥ need, 0 ≤ x_i ≤ count_i, one unit of each forced item
+    taken: the LP optimum — every item of non-positive cost, then the most time per unit cost first."""
+    total, taken, rest = _cover_order(items)
+    need -= taken
+    for _, n, time_i, cost_i in rest:
         if need <= 0:
             break
         take = min(n, need / time_i)
         total += take * cost_i
         need -= take * time_i
     return max(total, 0.0)
+
+
+def _cover_breakpoints(items: list[tuple[int, float, float, bool]]) -> list[float]:
+    """The needs at which ``_least_cost_cover``'s slope changes (it is linear between them)."""
+    _, taken, rest = _cover_order(items)
+    points = [taken]
+    for _, n, time_i, _ in rest:
+        points.append(points[-1] + n * time_i)
+    return points
 
 
 def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

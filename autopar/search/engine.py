@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import heapq
 import math
 import time
 from dataclasses import replace
@@ -50,12 +51,16 @@ GREEDY_MAX_CHOICES = 1000  # outer choices, at most, in the Megatron-style first
 # the search stays deterministic)
 
 
-def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...], bound: LowerBound) -> Candidate | None:
+def _greedy_incumbent(cost: CostModel, queue: "_Queue", modes: tuple[str, ...], bound: LowerBound) -> Candidate | None:
     """The best Megatron-style plan (even split, one recomputation mode for every block) over the outer
     choices in lower-bound order, stopping at the first whose bound cannot beat it: a real plan, and an
-    upper bound that lets CP-SAT prove most choices no better, fast."""
+    upper bound that lets CP-SAT prove most choices no better, fast. The choices it looks at go back into
+    the queue."""
     best: Candidate | None = None
-    for lb, _, cfg in queue[:GREEDY_MAX_CHOICES]:
+    seen = []
+    while len(seen) < GREEDY_MAX_CHOICES and (item := queue.pop()) is not None:
+        seen.append(item)
+        lb, _, cfg = item
         if best is not None and lb >= best.estimate.step_time_s:
             break
         if best is not None and not bound.beats(cfg, best.estimate.step_time_s):
@@ -69,6 +74,8 @@ def _greedy_incumbent(cost: CostModel, queue: list, modes: tuple[str, ...], boun
                 best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts, per_layer))
             if est.fits:
                 break
+    for item in seen:
+        queue.push(item)
     return best
 
 
@@ -128,14 +135,20 @@ class _Search:
 
 @contextlib.contextmanager
 def _frozen_heap() -> Iterator[None]:
-    """The search makes millions of short-lived objects (layer costs, rows, bounds) and keeps few. Python's
-    cyclic collector would walk the whole heap every few thousand allocations: with a traced model and
-    torch loaded that was half the search time. What exists before the search is left out of those walks
-    (gc.freeze) until it ends; the search's own objects are collected as usual."""
+    """The search makes millions of short-lived objects (layer costs, rows, bounds) and keeps few, in caches
+    that grow as it goes; it makes no reference cycles of its own. Python's cyclic collector would walk the
+    whole heap every few thousand allocations (with a traced model and torch loaded that was half the search
+    time) and, as the caches grow, the caches again and again (a quarter of what remained; a collection after
+    a DeepSeek-V3 search finds nothing unreachable). So the collector is off while the search runs, and what
+    existed before it is left out of later walks until it ends."""
+    enabled = gc.isenabled()
     gc.freeze()
+    gc.disable()
     try:
         yield
     finally:
+        if enabled:
+            gc.enable()
         gc.unfreeze()
 
 
@@ -150,6 +163,35 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
                        threads=threads, per_layer_tp=per_layer_tp, progress=progress)
 
 
+class _Queue:
+    """The outer choices by lower bound, refined lazily: each enters with the cheap bound (no memory
+    knapsack, LowerBound.cheap) and gets the quick bound only when it reaches the front, so the many
+    choices the incumbent closes are never refined (best-first search with lazy evaluation)."""
+
+    def __init__(self, bound: LowerBound, choices: Iterator[ParallelConfig]):
+        self.bound = bound
+        self.heap = [(bound.cheap(cfg), n, False, cfg) for n, cfg in enumerate(choices)]
+        heapq.heapify(self.heap)
+        self.total = len(self.heap)
+
+    def pop(self) -> tuple[float, int, ParallelConfig] | None:
+        """The choice of least quick bound, with that bound (None: no choice left that can fit)."""
+        while self.heap:
+            lb, n, refined, cfg = heapq.heappop(self.heap)
+            if refined:
+                return lb, n, cfg
+            quick = self.bound(cfg)
+            if quick < math.inf:  # else it cannot fit
+                heapq.heappush(self.heap, (max(lb, quick), n, True, cfg))
+        return None
+
+    def push(self, item: tuple[float, int, ParallelConfig]) -> None:
+        heapq.heappush(self.heap, (item[0], item[1], True, item[2]))
+
+    def least(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+
 def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
             pins: Pins, allow_cross_node_tp: bool, top_k: int, time_limit_s: float, threads: int,
             per_layer_tp: bool, progress: Callable[[int, int, float | None], None] | None) -> SearchResult:
@@ -157,29 +199,27 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k)
-    queue, dropped_for_memory = [], 0
-    for n, cfg in enumerate(outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
-                                          pins=pins, allow_cross_node_tp=allow_cross_node_tp)):
-        lb = state.lower_bound(cfg)
-        if lb < math.inf:
-            queue.append((lb, n, cfg))
-        else:
-            dropped_for_memory += 1
-    queue.sort(key=lambda item: (item[0], item[1]))
+    queue = _Queue(state.lower_bound, outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node,
+                                                    global_batch=global_batch, pins=pins,
+                                                    allow_cross_node_tp=allow_cross_node_tp))
     greedy = _greedy_incumbent(cost, queue, modes, state.lower_bound) if top_k == 1 else None
+    first = None
     if greedy is not None:  # refine the incumbent's own choice first: its non-uniform optimum prunes the rest
         state.add(greedy)
-        queue.insert(0, queue.pop(next(i for i, item in enumerate(queue) if item[2] is greedy.choice)))
-    for visited, (lb, _, cfg) in enumerate(queue):
+        first = greedy.choice
+        state.solve(first, state.lower_bound(first), time_limit_s / 10, threads,
+                    block_degrees(cost, first, gpus_per_node) if per_layer_tp else None)
+    visited = 0
+    while (item := queue.pop()) is not None:
+        lb, _, cfg = item
         if progress is not None:
-            progress(visited, len(queue), state.best[0].estimate.step_time_s if state.best else None)
+            progress(visited, queue.total, state.best[0].estimate.step_time_s if state.best else None)
+        visited += 1
         kth = state.kth()
         if kth is not None and lb >= kth:
-            if visited == 0 and greedy is not None:
-                continue  # the incumbent's choice, moved out of order: the rest are still sorted
             state.bound = min(state.bound, lb)
             break
-        if state.skip(cfg, pins):
+        if cfg is first or state.skip(cfg, pins):
             continue
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0:
@@ -188,13 +228,12 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
             break
         state.solve(cfg, lb, min(remaining, max(1.0, time_limit_s / 10)), threads,
                     block_degrees(cost, cfg, gpus_per_node) if per_layer_tp else None)
-    return _result(state, queue, dropped_for_memory, time.perf_counter() - start)
+    return _result(state, queue.total, time.perf_counter() - start)
 
 
-def _result(state: _Search, queue: list, dropped_for_memory: int, wall: float) -> SearchResult:
-    choices = len(queue) + dropped_for_memory
+def _result(state: _Search, choices: int, wall: float) -> SearchResult:
     if not state.best:
-        if not queue and not dropped_for_memory:
+        if not choices:
             raise AutoparError("no parallel configuration satisfies the divisibility rules and pins: check that "
                                "--global-batch is divisible by the data-parallel degree and the pins agree with --gpus")
         return SearchResult([], "INFEASIBLE", math.inf, wall, choices, state.solved)
