@@ -144,13 +144,17 @@ EXPECTED_WARNINGS = {
 @pytest.mark.parametrize("name", list(EXPECTED_WARNINGS))
 @pytest.mark.parametrize("target", SPECS)
 def test_warns_exactly_for_what_the_target_cannot_express(plans, name, target):
-    warnings = list(export(plans[name], target).warnings)
-    expected = EXPECTED_WARNINGS[name][target]
-    assert len(warnings) == len(expected), warnings
+    assert_warnings(export(plans[name], target).warnings, EXPECTED_WARNINGS[name][target])
+
+
+def assert_warnings(warnings: tuple[str, ...], expected: list[str]) -> None:
+    """Each expected substring in its own warning, and no other warning."""
+    left = list(warnings)
+    assert len(left) == len(expected), left
     for needle in expected:
-        hit = next((w for w in warnings if needle in w), None)
-        assert hit is not None, (needle, warnings)
-        warnings.remove(hit)
+        hit = next((w for w in left if needle in w), None)
+        assert hit is not None, (needle, left)
+        left.remove(hit)
 
 
 # -- parsers: the export text back to the numbers it sets --------------------------------------------------

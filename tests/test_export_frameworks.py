@@ -269,14 +269,11 @@ _TITAN_REGISTRY = '''def autopar_default():
 '''
 
 
-@pytest.mark.parametrize("name", PARSER_PLANS)
-def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
-    """torchtitan 0.3's ConfigManager: --module / --config load a config function (here one returning the
-    trainer's defaults, as a model's config_registry would), the overrides are parsed by tyro, and the
-    Trainer config checks itself (micro-batch split, CUDA graphs vs pipelining)."""
+def titan_0_3_config(plan, tmp_path: Path, monkeypatch):
+    """torchtitan 0.3's ConfigManager on the plan's overrides (skips where torchtitan 0.3 cannot be imported)."""
     titan = pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan)")
     if (Path(titan.__file__).parent / "config" / "job_config.py").exists():
-        pytest.skip("the installed torchtitan is 0.2 (its test is test_torchtitan_0_2_toml)")
+        pytest.skip("the installed torchtitan is 0.2 (its tests are the 0.2 TOML ones)")
     try:
         from torchtitan.config.manager import ConfigManager
         import torchtitan.trainer  # noqa: F401
@@ -284,10 +281,17 @@ def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
         pytest.skip(f"torchtitan 0.3's trainer does not import: {err} (pip install triton)")
     (tmp_path / "autopar_titan_registry.py").write_text(_TITAN_REGISTRY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    plan = all_plans[name]
     _, words = _bash_array(export(plan, "torchtitan").text, "TORCHTITAN_ARGS")
-    config = ConfigManager().parse_args(["--module", "autopar_titan_registry", "--config", "autopar_default",
-                                         *words])
+    return ConfigManager().parse_args(["--module", "autopar_titan_registry", "--config", "autopar_default", *words])
+
+
+@pytest.mark.parametrize("name", PARSER_PLANS)
+def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
+    """torchtitan 0.3's ConfigManager: --module / --config load a config function (here one returning the
+    trainer's defaults, as a model's config_registry would), the overrides are parsed by tyro, and the
+    Trainer config checks itself (micro-batch split, CUDA graphs vs pipelining)."""
+    plan = all_plans[name]
+    config = titan_0_3_config(plan, tmp_path, monkeypatch)
     want = _titan(export(plan, "torchtitan").text)
     for section in ("training", "parallelism", "compile"):
         for key, value in want[section].items():

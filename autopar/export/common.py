@@ -66,26 +66,55 @@ def chunk_layer_names(plan: Plan) -> list[list[str]]:
     return chunks
 
 
-# The parallel degrees beyond data parallelism a plan carries (fields of plan.parallelism). Each exporter maps
-# the ones it can set to its own names with model_degrees(); a new degree is one more entry here and in the
-# mappings, and a target without a name for it warns when the plan uses it.
-MODEL_DEGREES = ("tp", "pp")
-_DEGREE_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
+# The parallel degrees beyond data parallelism a plan carries. Each exporter maps the ones it can set to its own
+# names with model_degrees(); a new degree is one more entry here (and in degree_of) and in the mappings, and a
+# target without a name for it warns when the plan uses it. The expert degrees (mixture of experts) apply only to
+# a model with experts: ep, the expert-parallel degree, and etp, the experts' tensor-parallel degree (the plan's
+# etp, or its tp where it leaves etp out: Megatron-Core's default).
+MODEL_DEGREES = ("tp", "pp", "ep", "etp")
+EXPERT_DEGREES = ("ep", "etp")
+_DEGREE_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert", "etp": "expert tensor"}
+# What a run without the degree does instead of the plan (the warning's consequence).
+_DROPPED = {"ep": "every GPU holds all the routed experts and no tokens are exchanged: more memory per GPU than "
+                  "planned",
+            "etp": "each GPU holds whole experts, not 1/{value} of each: more expert memory per GPU than planned"}
+
+
+def has_experts(plan: Plan) -> bool:
+    """True for a mixture-of-experts plan (the model names its experts, or the plan sets ep)."""
+    return plan.model.experts is not None or plan.parallelism.ep > 1
+
+
+def degree_of(plan: Plan, degree: str) -> int | None:
+    """The plan's value of one of MODEL_DEGREES; None for the expert degrees of a model without experts."""
+    par = plan.parallelism
+    if degree in EXPERT_DEGREES:
+        if not has_experts(plan):
+            return None
+        if degree == "etp":
+            return par.etp if par.etp is not None else par.tp
+    return getattr(par, degree, 1)
 
 
 def model_degrees(plan: Plan, names: dict[str, str], target: str, warnings: list[str],
                   handled: tuple[str, ...] = ()) -> dict[str, int]:
     """{target's name: degree} for each of MODEL_DEGREES the target names; a degree > 1 it has no name for
-    (and that the exporter does not handle itself, ``handled``) is a warning: the export runs it as 1."""
+    (and that the exporter does not handle itself, ``handled``) is a warning: the export runs it as 1. An
+    unnamed etp warns only where the target runs the plan's ep > 1 (its experts then run without tensor
+    parallelism); without expert parallelism a target's experts follow its tensor parallelism."""
     settings = {}
     for degree in MODEL_DEGREES:
-        value = getattr(plan.parallelism, degree, 1)
+        value = degree_of(plan, degree)
+        if value is None:
+            continue
         if degree in names:
             settings[names[degree]] = value
-        elif value > 1 and degree not in handled:
+        elif value > 1 and degree not in handled and (degree != "etp" or ("ep" in names and plan.parallelism.ep > 1)):
             kind = _DEGREE_NAMES.get(degree, degree)
+            dropped = _DROPPED.get(degree, "its {value} ranks per group are left out of the launch: a different "
+                                           "run than planned").format(value=value)
             warnings.append(f"{target} has no {kind} parallelism; the plan's {degree} {value} is not exported "
-                            f"(its {value} ranks per group are left out of the launch: a different run than planned)")
+                            f"({dropped})")
     return settings
 
 
@@ -243,6 +272,8 @@ def summary(plan: Plan) -> str:
     parts = [f"tp {par.tp} × pp {par.pp} × dp {par.dp}", f"micro-batch {par.micro_batch_size} × "
              f"{par.num_microbatches} micro-batches = global batch {par.global_batch_size}",
              f"ZeRO-{par.zero_stage}", f"recompute {par.recompute}"]
+    if has_experts(plan):
+        parts.insert(1, f"experts: ep {par.ep} × etp {degree_of(plan, 'etp')}")
     if par.sequence_parallel:
         parts.append("sequence parallel")
     if par.pp > 1:

@@ -14,13 +14,22 @@ parallelism belongs to the model (Megatron-DeepSpeed). Tensor parallelism is Dee
 ``deepspeed.checkpointing.checkpoint``, which the model calls per transformer layer (full recomputation);
 ``partition_activations`` splits each kept layer input over the tensor-parallel ranks (as sequence
 parallelism does) and ``cpu_checkpointing`` keeps it in host memory (activation offload).
+
+Mixture of experts: DeepSpeed 0.19's AutoEP (``expert_parallel: {enabled, autoep_size,
+expert_tensor_parallel_size}``) replaces the model's MoE blocks at ``deepspeed.initialize``, found by the
+model's type (its presets: Mixtral, Qwen3-MoE, DeepSeek-V2/V3, ...) or by the section's ``moe_layer_pattern`` /
+``router_pattern`` / ``expert_pattern``. It folds an expert-parallel group over neighbouring ranks of a stage,
+AutoTP's ranks included (Megatron-Core's layout for etp 1), runs experts without tensor parallelism and routes
+without a capacity factor; with tensor and pipeline parallelism together it does not run, and the export says
+to build the layers as DeepSpeed-MoE's ``deepspeed.moe.layer.MoE(..., ep_size=ep)`` instead.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from autopar.export.common import Export, fp32_grads, precision, summary, tp_warning, uniform_recompute
+from autopar.export.common import Export, degree_of, fp32_grads, precision, summary, tp_warning, uniform_recompute
+from autopar.export.experts import dropless_warning
 from autopar.plan import Plan
 
 TARGET = "DeepSpeed"
@@ -72,6 +81,7 @@ def export(plan: Plan, dialect: str = "0.19") -> Export:
                         "cpu_checkpointing) and the plan recomputes nothing; exported without offload "
                         "(activations stay on the GPU: more memory than planned)")
     config.update(_precision(plan, zero, warnings))
+    config.update(_experts(plan, warnings))
     config = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings}, **config}
     return Export("deepspeed", json.dumps(config, indent=2) + "\n", tuple(warnings), VERSIONS[dialect])
 
@@ -96,3 +106,29 @@ def _schedule(plan: Plan) -> str:
     if schedule == "1f1b":
         return ""
     return f"; its pipeline engine runs 1F1B, not the plan's {schedule} schedule"
+
+
+def _experts(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    """Expert parallelism as DeepSpeed's AutoEP section (module docstring), or the advice to build the MoE
+    layers with DeepSpeed-MoE where AutoEP cannot run the plan's degrees."""
+    par, experts = plan.parallelism, plan.model.experts
+    if par.ep == 1:
+        return {}
+    if par.tp > 1 and par.pp > 1:
+        fits = "" if par.dp % par.ep == 0 else f", which ep {par.ep} does not divide (dp {par.dp})"
+        count = f"num_experts={experts.num_experts}, " if experts is not None else ""
+        top_k = f", k={experts.top_k}" if experts is not None else ""
+        warnings.append(f"DeepSpeed's AutoEP (ds_config expert_parallel) folds experts over tensor parallelism only "
+                        f"without pipeline parallelism; the plan's ep {par.ep} is not in the config: build each MoE "
+                        f"layer as deepspeed.moe.layer.MoE(hidden_size, expert, {count}ep_size={par.ep}{top_k}) "
+                        f"(DeepSpeed-MoE draws its expert-parallel groups from the data-parallel ranks{fits}; folding "
+                        "them over tensor-parallel ranks is Megatron-Core's)")
+        return {}
+    etp = degree_of(plan, "etp") or 1
+    if etp > 1:
+        warnings.append(f"DeepSpeed's AutoEP runs the experts without tensor parallelism (expert_tensor_parallel_size "
+                        f"1 is the only size it accepts); the plan's etp {etp} is exported as 1 (each GPU holds whole "
+                        "experts: more expert memory per GPU than planned)")
+    if (w := dropless_warning(plan, "DeepSpeed's AutoEP")) is not None:
+        warnings.append(w)
+    return {"expert_parallel": {"enabled": True, "autoep_size": par.ep, "expert_tensor_parallel_size": 1}}

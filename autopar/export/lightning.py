@@ -8,7 +8,8 @@ state sharded, ZeRO-2), ZeRO-0 → ``DDPStrategy``. Batch: the DataLoader yields
 
 Lightning has no pipeline parallelism (Lightning documentation, "Train models with billions of parameters"): a plan with pp > 1 is exported with the pipeline ranks
 folded into data parallelism, with a warning. Sequence parallelism, recomputation and offload are not
-Trainer arguments: they live in the model code, so they are warned about too.
+Trainer arguments: they live in the model code, so they are warned about too; so is expert parallelism
+(Lightning's strategies have no expert-parallel degree).
 
 Precision: ``precision="bf16-mixed"`` alone makes FSDPStrategy reduce gradients in bf16, while the plan
 (Megatron's bf16 recipe, and every other export) reduces them in fp32; the FSDP strategy therefore gets an
@@ -16,8 +17,8 @@ explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the pl
 """
 from __future__ import annotations
 
-from autopar.export.common import (Export, fold_pipeline, fp32_grads, header, nodes, precision, tp_warning,
-                                   uniform_recompute)
+from autopar.export.common import (Export, fold_pipeline, fp32_grads, header, model_degrees, nodes, precision,
+                                   tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "Lightning"
@@ -31,6 +32,7 @@ def export(plan: Plan, dialect: str = "2.6") -> Export:
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
+    model_degrees(plan, {}, TARGET, warnings, handled=("tp", "pp"))  # tp: the strategy; pp: folded below
     folded = fold_pipeline(plan, TARGET)
     dp, accumulate, global_batch = folded.dp, folded.accumulate, folded.global_batch
     if folded.warning is not None:

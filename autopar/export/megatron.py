@@ -20,6 +20,14 @@ Data parallelism: ZeRO-1 → ``--use-distributed-optimizer``; ZeRO-2 / ZeRO-3 �
 needs ``--ckpt-format fsdp_dtensor``). Tensor parallelism on Hopper and older needs
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (validate_args asserts it) except under Megatron-FSDP, which asserts the
 opposite; the export sets it in the environment.
+
+Mixture of experts (export/experts.py): ``--expert-model-parallel-size`` (ep) and
+``--expert-tensor-parallel-size`` (etp: the plan's, or its tp) fold the experts over each stage's tp × dp GPUs
+as the plan does (Megatron-Core's ep × etp × edp); the model's experts as ``--num-experts``,
+``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-shared-expert-intermediate-size``,
+``--moe-layer-freq`` (a pattern such as ``([0]*1+[1]*60)`` when some layers are dense),
+``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the alltoall dispatcher and
+grouped GEMMs. validate_args checks that ep divides the experts.
 """
 from __future__ import annotations
 
@@ -28,10 +36,12 @@ from dataclasses import dataclass
 
 from autopar.export.common import (Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
                                    num_blocks, precision, rank_counts, tp_warning)
+from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
-_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size"}
+_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+            "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
 VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: parse_args + validate_args)"}
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -89,8 +99,12 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     args += _pipeline_args(plan, warnings)
     args += [("--micro-batch-size", par.micro_batch_size), ("--global-batch-size", par.global_batch_size),
              ("--seq-length", plan.model.seq_len)]
-    if par.sequence_parallel:
+    sequence_parallel, sp_warning = moe_sequence_parallel(plan, TARGET)
+    if sp_warning:
+        warnings.append(sp_warning)
+    if sequence_parallel:
         args.append(("--sequence-parallel", None))
+    args += _moe_args(plan, warnings)
     recompute = megatron_recompute(plan, TARGET)
     if recompute.warning:
         warnings.append(recompute.warning)
@@ -119,6 +133,19 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
     lines.append(")")
     return Export("megatron", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _moe_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
+    """The experts as Megatron-LM flags: each TransformerConfig field's own flag (--num-experts for
+    num_moe_experts), a true boolean as a bare flag, the dense/MoE layer list as a --moe-layer-freq pattern."""
+    args: list[tuple[str, object]] = []
+    for field, value in megatron_core_moe(plan, TARGET, warnings).items():
+        flag = "--num-experts" if field == "num_moe_experts" else "--" + field.replace("_", "-")
+        if value is True:
+            args.append((flag, None))
+        else:
+            args.append((flag, layer_pattern(value) if isinstance(value, list) else value))
+    return args
 
 
 def _data_parallel_args(zero_stage: int) -> list[tuple[str, object]]:

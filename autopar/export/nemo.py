@@ -14,6 +14,11 @@ it without pipeline parallelism); recomputation → ``activations_checkpoint_gra
 num_layers`` (Megatron's semantics, see megatron.py); activation offload → Megatron-Core's
 ``cpu_offloading`` (all layers but the last, which Megatron-Core requires; not with pipeline parallelism or
 recomputation). NeMo splits the transformer layers evenly over the pipeline chunks.
+
+Mixture of experts: ``expert_model_parallel_size`` and the experts as the TransformerConfig fields NeMo passes
+through from the model config (``num_moe_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``,
+``moe_layer_freq``, ... : export/experts.py); the experts' tensor-parallel degree is the model's tp in this
+form, so a plan with etp 1 under tp > 1 is warned.
 """
 from __future__ import annotations
 
@@ -21,12 +26,14 @@ from typing import Any
 
 import yaml
 
-from autopar.export.common import (Export, chunk_block_counts, fp32_grads, header, megatron_recompute, model_degrees,
-                                   nodes, num_blocks, precision, tp_warning)
+from autopar.export.common import (Export, chunk_block_counts, degree_of, fp32_grads, header, megatron_recompute,
+                                   model_degrees, nodes, num_blocks, precision, tp_warning)
+from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
 from autopar.plan import Plan
 
 TARGET = "NeMo"
-_DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size"}
+_DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+            "ep": "expert_model_parallel_size"}
 # Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
 VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
@@ -57,12 +64,14 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
                "accumulate_grad_batches": par.num_microbatches if bionemo else 1,
                "precision": _TRAINER_PRECISION[dtype]}
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
+    sequence_parallel, sp_warning = moe_sequence_parallel(plan, TARGET)
     model: dict[str, Any] = {
         "micro_batch_size": par.micro_batch_size, "global_batch_size": par.global_batch_size,
-        **model_degrees(plan, _DEGREES, TARGET, warnings),
-        "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": par.sequence_parallel,
-        "encoder_seq_length": plan.model.seq_len,
+        **model_degrees(plan, _DEGREES, TARGET, warnings, handled=("etp",)),
+        "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": sequence_parallel,
+        "encoder_seq_length": plan.model.seq_len, **megatron_core_moe(plan, TARGET, warnings),
     }
+    warnings += [w for w in (sp_warning, _expert_tp_warning(plan)) if w]
     _pipeline_warnings(plan, warnings)
     recompute = megatron_recompute(plan, TARGET)
     if recompute.warning:
@@ -94,6 +103,18 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
                   "accumulated in training_step"]
     body = yaml.safe_dump({"trainer": trainer, "model": model}, sort_keys=False, default_flow_style=False)
     return Export("bionemo" if bionemo else "nemo", "\n".join(lines) + "\n" + body, tuple(warnings), version)
+
+
+def _expert_tp_warning(plan: Plan) -> str | None:
+    """NeMo's MegatronGPTModel builds its expert groups at the tensor-parallel degree: its parallel-state setup
+    (initialize_model_parallel_for_nemo) takes no expert tensor-parallel size."""
+    etp, tp = degree_of(plan, "etp"), plan.parallelism.tp
+    if etp is None or etp == tp:
+        return None
+    return (f"NeMo's MegatronGPTModel runs the experts at the tensor-parallel degree (its model-parallel setup takes "
+            f"no expert tensor-parallel size); the plan's etp {etp} is exported as tp {tp} (experts split {tp} ways: "
+            "less expert memory, more tensor-parallel traffic than planned; NeMo 2's "
+            f"MegatronStrategy(expert_tensor_parallel_size={etp}) expresses it)")
 
 
 def _pipeline_warnings(plan: Plan, warnings: list[str]) -> None:

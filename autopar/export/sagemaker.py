@@ -12,7 +12,9 @@ Dialects (``--to sagemaker@v2`` is the default):
   ``hybrid_shard_degree`` (ZeRO-3: the data-parallel size), ``sm_activation_offloading``; each further
   degree the plan may carry is one more entry of ``_V2_DEGREES`` (a degree smp v2 cannot take is a
   warning). smp v2 has no pipeline parallelism: the pipeline ranks fold into data parallelism, with a
-  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup.
+  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup. ``expert_parallel_degree``
+  (smp 2.3+) is exported where the plan has no tensor parallelism, with which smp's expert parallelism is not
+  compatible (then ep is warned).
 - **smp v1** (``mpi`` launch; ``pipeline_parallel_degree``, ``microbatches``, ``ddp``,
   ``shard_optimizer_state``, ``sharded_data_parallel_degree``...): the SDK refuses it on p5 (H100 / H200)
   instances ("SMModelParallel and SMDataParallel currently do not support p5 instances"), so a Hopper plan
@@ -44,7 +46,7 @@ _INSTANCES = {"v100-32gb": "ml.p3dn.24xlarge", "a100-40gb": "ml.p4d.24xlarge", "
               "h100-80gb": "ml.p5.48xlarge", "h200-141gb": "ml.p5e.48xlarge"}
 # smp's parameter for each plan degree beyond data parallelism (common.MODEL_DEGREES); smp v2 has no pipeline
 # parallelism: the export folds it into data parallelism.
-_V2_DEGREES = {"tp": "tensor_parallel_degree"}
+_V2_DEGREES = {"tp": "tensor_parallel_degree", "ep": "expert_parallel_degree"}
 _V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
@@ -98,7 +100,7 @@ def _v2(plan: Plan, warnings: list[str]):
     folded = fold_pipeline(plan, "smp v2")
     if folded.warning is not None:
         warnings.append(folded.warning)
-    params: dict[str, Any] = model_degrees(plan, _V2_DEGREES, "smp v2", warnings, handled=("pp",))
+    params: dict[str, Any] = _v2_degrees(plan, warnings)
     if par.zero_stage == 3:
         params["hybrid_shard_degree"] = folded.dp
     else:
@@ -119,6 +121,21 @@ def _v2(plan: Plan, warnings: list[str]):
         else:
             params["sm_activation_offloading"] = True
     return params, folded
+
+
+def _v2_degrees(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    """smp v2's degrees: its expert parallelism does not combine with its tensor parallelism (AWS, "Expert
+    parallelism", SMP v2 documentation), so with both the plan's tp is kept and its ep warned."""
+    par = plan.parallelism
+    if par.ep > 1 and par.tp > 1:
+        warnings.append(f"smp v2's expert parallelism is not compatible with its tensor parallelism; the plan's ep "
+                        f"{par.ep} is not exported (every GPU holds all the routed experts and no tokens are "
+                        "exchanged: more memory per GPU than planned)")
+        return model_degrees(plan, {"tp": _V2_DEGREES["tp"]}, "smp v2", warnings, handled=("pp", "ep", "etp"))
+    if par.ep > 1:
+        warnings.append("smp v2 runs expert parallelism on the models it converts: call torch.sagemaker.transform("
+                        "model, config=MoEConfig(smp_moe=True, ...)) in the training script (Hugging Face Mixtral)")
+    return model_degrees(plan, _V2_DEGREES, "smp v2", warnings, handled=("pp",))
 
 
 def _v1(plan: Plan, warnings: list[str]) -> dict[str, Any]:

@@ -23,6 +23,12 @@ c mod pp, torchtitan's looped stage order).
 Recomputation (0.2): all blocks full → ``mode = "full"``; full on a fraction 1/n of the blocks → ``mode =
 "selective"`` with ``selective_ac_option = "n"`` (every n-th layer); Megatron's selective (attention-core)
 recomputation has no exact counterpart: torchtitan's per-op policy is the closest, in both dialects.
+
+Mixture of experts: ``expert_parallel_degree``; 0.2 also ``expert_tensor_parallel_degree`` (1 or tp, as the
+plan's etp), while 0.3 runs the experts without tensor parallelism (its expert-parallel ranks come from FSDP
+and TP: a plan with etp = tp > 1 is warned). Both place an expert-parallel group on neighbouring ranks (etp
+innermost), as Megatron-Core does. The experts themselves (count, top-k, widths) belong to the model's
+config (``--module`` / ``--config``), not to the job.
 """
 from __future__ import annotations
 
@@ -31,15 +37,17 @@ from typing import Any
 
 import tomli_w
 
-from autopar.export.common import (Export, block_indices, chunk_layer_names, header, model_degrees, precision,
-                                   tp_warning, uniform_recompute)
+from autopar.export.common import (Export, block_indices, chunk_layer_names, degree_of, header, model_degrees,
+                                   precision, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
 VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
             "0.2": "torchtitan 0.2.2 (ConfigManager.parse_args --job.config_file)"}
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
-_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree"}
+_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "ep": "expert_parallel_degree"}
+# 0.2 also sets the experts' tensor-parallel degree (1 or tp); 0.3 always runs them without (ep borrows tp ranks)
+_DEGREES_0_2 = {**_DEGREES, "etp": "expert_tensor_parallel_degree"}
 
 
 def export(plan: Plan, dialect: str = "0.3") -> Export:
@@ -78,7 +86,8 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
     }
     if dialect != "0.2" and par.pp > 1:
         training["disable_cuda_graphs"] = True  # 0.3 refuses pipeline parallelism under CUDA graphs
-    parallelism = _data_parallel(plan, warnings) | model_degrees(plan, _DEGREES, TARGET, warnings)
+    names = _DEGREES_0_2 if dialect == "0.2" else _DEGREES
+    parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
     sections = {"training": training, "parallelism": parallelism}
     if dialect == "0.2":
         parallelism["enable_async_tensor_parallel"] = False
@@ -102,9 +111,13 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
     return sections
 
 
-def _data_parallel(plan: Plan, warnings: list[str]) -> dict[str, Any]:
+def _data_parallel(plan: Plan, names: dict[str, str], warnings: list[str]) -> dict[str, Any]:
     par = plan.parallelism
     if par.zero_stage == 0:
+        shard = _expert_shard(plan, names, warnings)
+        if shard > 1:
+            return {"data_parallel_replicate_degree": par.dp // shard, "data_parallel_shard_degree": shard,
+                    "fsdp_reshard_after_forward": "never"}
         return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
     if par.zero_stage in (1, 2) and par.dp > 1:
         warnings.append(f"torchtitan shards data parallelism with FSDP2; the plan's ZeRO-{par.zero_stage} is "
@@ -112,6 +125,23 @@ def _data_parallel(plan: Plan, warnings: list[str]) -> dict[str, Any]:
                         "parameters are gathered once per micro-batch instead of once per step)")
     return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp,
             "fsdp_reshard_after_forward": "always" if par.zero_stage == 3 else "never"}
+
+
+def _expert_shard(plan: Plan, names: dict[str, str], warnings: list[str]) -> int:
+    """The FSDP shard degree a ZeRO-0 plan needs for its experts: torchtitan's expert-parallel ranks come from
+    FSDP sharding and tensor parallelism only (its sparse mesh: efsdp = dp_shard × tp / (ep × etp)), so ep × etp
+    must divide dp_shard × tp; 1 when tp alone holds them."""
+    par = plan.parallelism
+    width = par.ep * ((degree_of(plan, "etp") or 1) if "etp" in names else 1)
+    if par.ep == 1 or par.tp % width == 0:
+        return 1
+    shard = next(s for s in range(1, par.dp + 1) if par.dp % s == 0 and (s * par.tp) % width == 0)
+    replicas = f" × {par.dp // shard} replicas (HSDP)" if shard < par.dp else ""
+    warnings.append(f"torchtitan takes expert-parallel ranks from FSDP sharding and tensor parallelism only "
+                    f"(efsdp = dp_shard × tp / (ep × etp)); the plan's ZeRO-0 data parallelism is exported as FSDP "
+                    f"over {shard} ranks{replicas}, without resharding after forward (gradients and optimizer state "
+                    "sharded: less memory and more gradient traffic than planned)")
+    return shard
 
 
 def _overrides(sections: dict[str, dict[str, Any]]) -> list[list[str]]:

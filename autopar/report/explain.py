@@ -87,7 +87,7 @@ def print_stages(plan: Plan, console: Console) -> None:
     for s, t in zip(pred.stages, times):
         mine = [layer for layer in plan.layers if layer.stage % par.pp == s.stage]
         recomputed = sum(layer.recompute != "none" for layer in mine)
-        other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s
+        other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s - s.ep_comm_s
         other = other if other > 1e-9 * s.time_per_microbatch_s else 0.0  # float noise of the subtraction
         table.add_row(str(s.stage), f"{s.first_layer}…{s.last_layer} ({s.num_layers})", f"{recomputed}",
                       f"{s.fwd_s * MS:.4g}", f"{s.bwd_s * MS:.4g}", f"{s.tp_comm_s * MS:.3g}",
@@ -124,9 +124,11 @@ def print_step(plan: Plan, console: Console) -> None:
     rows = [("compute", "compute", b.compute), ("tp", "communication", b.tp_comm), ("dp", "communication", b.dp_comm),
             ("pp", "communication", b.pp_comm), ("offload", "communication", b.offload),
             ("bubble", "idle", b.bubble), ("optimizer", "optimizer step", b.optimizer)]
+    if b.ep_comm > 0:  # mixture of experts: dispatch and combine
+        rows.insert(2, ("ep (all-to-all)", "communication", b.ep_comm))
     for name, kind, seconds in rows:
         table.add_row(name, kind, f"{seconds:.4g}", f"{100 * seconds / step:.1f}%")
-    comm = b.tp_comm + b.dp_comm + b.pp_comm + b.offload
+    comm = b.tp_comm + b.ep_comm + b.dp_comm + b.pp_comm + b.offload
     table.add_row("[bold]all communication[/]", "", f"[bold]{comm:.4g}[/]", f"[bold]{100 * comm / step:.1f}%[/]")
     console.print(table)
     ideal = ideal_bubble_fraction(par.pp, par.num_microbatches, par.virtual_stages)
@@ -278,6 +280,8 @@ def explain(plan: Plan, console: Console | None = None) -> None:
                   f"{par.schedule}" + (f" v={par.virtual_stages}" if par.virtual_stages > 1 else "") +
                   f" · offload {'on' if par.offload_activations else 'off'} · {par.precision}")
     print_mesh(plan, console)
+    from autopar.report.experts import print_experts  # the MoE section (that module imports this one)
+    print_experts(plan, console)
     print_stages(plan, console)
     print_step(plan, console)
     name, share = bottleneck(plan)

@@ -1,0 +1,149 @@
+"""`autopar explain` for a mixture-of-experts plan: the expert-parallel groups, the all-to-all time of each
+MoE layer and the experts' memory per GPU.
+
+Groups are Megatron-Core's (megatron/core/parallel_state.py, core_v0.16.1: the expert ``RankGenerator`` over
+etp × ep × edp × pp in the order tp-ep-dp-pp): within a pipeline stage's tp·dp consecutive ranks the experts'
+tensor-parallel rank is fastest, then the expert-parallel rank, then the expert data-parallel rank, so
+rank = pp_rank·(tp·dp) + edp_rank·(ep·etp) + ep_rank·etp + etp_rank. An expert-parallel group exchanges tokens
+(dispatch and combine, all-to-all); an expert data-parallel group reduces the gradients of the same experts.
+
+The per-layer figures come from the cost model: the plan's model is loaded again (its ``model.source`` and
+overrides, as ``autopar validate`` does) and priced under the plan (autopar.pricing.config_of). Where the model
+cannot be loaded, the section still shows the groups and each stage's all-to-all time from the plan, and says
+why the rest is missing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from autopar.errors import AutoparError
+from autopar.plan import Plan
+from autopar.report.explain import MS, _groups, nodes_spanned
+from cost_models import ConfigError
+from cost_models.memory import model_state_bytes
+
+GIB = 2**30
+
+
+def expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int) -> dict[str, list[list[int]]]:
+    """The ranks of every expert-parallel ("ep"), expert tensor-parallel ("etp") and expert data-parallel
+    ("edp") group, in Megatron-Core's expert rank order (module docstring)."""
+    edp = tp * dp // (ep * etp)
+
+    def rank(p: int, d: int, e: int, t: int) -> int:
+        return p * tp * dp + d * ep * etp + e * etp + t
+
+    stages = range(pp)
+    return {"ep": [[rank(p, d, e, t) for e in range(ep)] for p in stages for d in range(edp) for t in range(etp)],
+            "etp": [[rank(p, d, e, t) for t in range(etp)] for p in stages for d in range(edp) for e in range(ep)],
+            "edp": [[rank(p, d, e, t) for d in range(edp)] for p in stages for e in range(ep) for t in range(etp)]}
+
+
+@dataclass(frozen=True)
+class StageExperts:
+    """One pipeline stage's MoE layers, as the cost model prices them for one GPU and one micro-batch."""
+
+    stage: int
+    layers: int
+    a2a_fwd_s: tuple[float, float]       # (least, most) over the stage's MoE layers, per layer
+    a2a_bwd_s: tuple[float, float]       # recomputation included
+    params: float                        # routed-expert parameters on one GPU
+    state_bytes: tuple[float, float, float]  # their weights, gradients, optimizer state on one GPU
+
+
+def price_experts(plan: Plan) -> list[StageExperts]:
+    """Each stage's MoE layers priced again from the plan's model (raises AutoparError if it cannot be)."""
+    from autopar.pricing import config_of
+    from autopar.profile import load_profile
+    from cost_models import CostModel, load_hardware
+    from cost_models.config import default_precision
+
+    try:
+        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
+                               dtype=plan.model.dtype)
+        cfg = config_of(plan, profile)
+        cfg.validate(profile)
+        model = CostModel(profile, load_hardware(plan.cluster.hardware))
+    except (ConfigError, ValueError, OSError) as err:
+        raise AutoparError(str(err)) from err
+    precision = cfg.precision or default_precision(profile.dtype)
+    costs = model.layer_costs(cfg, *model.links(cfg), precision)
+    out = []
+    for stage in range(plan.parallelism.pp):
+        mine = [c for layer, c, lp in zip(plan.layers, costs, profile.layers)
+                if layer.stage % plan.parallelism.pp == stage and getattr(lp, "moe", None)]
+        if not mine:
+            continue
+        params = sum(c.expert_params_per_gpu for c in mine)
+        out.append(StageExperts(
+            stage=stage, layers=len(mine), a2a_fwd_s=(min(c.a2a_fwd_s for c in mine), max(c.a2a_fwd_s for c in mine)),
+            a2a_bwd_s=(min(c.a2a_bwd_s for c in mine), max(c.a2a_bwd_s for c in mine)), params=params,
+            state_bytes=model_state_bytes(params, precision, dp=cfg.expert_dp, zero_stage=cfg.zero_stage)))
+    return out
+
+
+def print_expert_groups(plan: Plan, console: Console) -> None:
+    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    etp = par.etp if par.etp is not None else par.tp
+    edp = par.tp * par.dp // (par.ep * etp)
+    table = Table(title=f"experts: each stage's {par.tp * par.dp} GPUs = edp {edp} × ep {par.ep} × etp {etp} "
+                        f"(rank = pp_rank·{par.tp * par.dp} + edp_rank·{par.ep * etp} + ep_rank·{etp} + etp_rank)",
+                  title_justify="left")
+    for col in ("group", "degree", "groups", "ranks", "spans nodes"):
+        table.add_column(col, justify="right" if col in ("degree", "groups") else "left")
+    what = {"ep": "ep (all-to-all)", "etp": "etp", "edp": "edp (expert grads)"}
+    for kind, groups in expert_groups(par.tp, par.dp, par.pp, par.ep, etp).items():
+        most = max(nodes_spanned(g, gpn) for g in groups)
+        span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
+        table.add_row(what[kind], str(len(groups[0])), str(len(groups)), _groups(groups), span)
+    console.print(table)
+    crossing = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp)["ep"])
+    if crossing > 1:
+        console.print(f"[yellow]the expert-parallel groups span {crossing} nodes[/]: dispatch and combine cross the "
+                      f"inter-node network; ep × etp ≤ {gpn} (one node) keeps them on the intra-node links")
+
+
+def _per_layer(pair: tuple[float, float]) -> str:
+    low, high = pair
+    return f"{low * MS:.3g}" if high - low <= 1e-9 * max(high, 1e-30) else f"{low * MS:.3g}–{high * MS:.3g}"
+
+
+def print_expert_costs(plan: Plan, console: Console) -> None:
+    par = plan.parallelism
+    try:
+        stages = price_experts(plan)
+    except AutoparError as err:
+        console.print("all-to-all per stage and micro-batch (from the plan): " + ", ".join(
+            f"stage {s.stage} {s.ep_comm_s * MS:.3g} ms" for s in plan.prediction.stages)
+            + f"; per layer and expert memory need the plan's model, which could not be priced again: {err}")
+        return
+    table = Table(title=f"MoE layers on one GPU of each stage: all-to-all (dispatch + combine) per layer and "
+                        f"micro-batch (ms), routed experts' memory (GiB, ZeRO-{par.zero_stage} over edp)",
+                  title_justify="left")
+    for col in ("stage", "MoE layers", "a2a fwd", "a2a bwd", "a2a / micro-batch", "expert params", "weights",
+                "grads", "optimizer", "expert total"):
+        table.add_column(col, justify="right")
+    for s in stages:
+        per_microbatch = next(p.ep_comm_s for p in plan.prediction.stages if p.stage == s.stage)
+        weights, grads, optimizer = (b / GIB for b in s.state_bytes)
+        table.add_row(str(s.stage), str(s.layers), _per_layer(s.a2a_fwd_s), _per_layer(s.a2a_bwd_s),
+                      f"{per_microbatch * MS:.3g}", f"{s.params / 1e6:.4g} M", f"{weights:.3g}", f"{grads:.3g}",
+                      f"{optimizer:.3g}", f"{weights + grads + optimizer:.3g}")
+    console.print(table)
+
+
+def print_experts(plan: Plan, console: Console) -> None:
+    """The MoE section of `autopar explain` (nothing for a model without experts)."""
+    if plan.model.experts is None and plan.parallelism.ep == 1:
+        return
+    e = plan.model.experts
+    if e is not None:
+        shared = f", {e.shared_experts} shared" if e.shared_experts else ""
+        capacity = f", capacity factor {e.capacity_factor:g}" if e.capacity_factor else ", dropless"
+        console.print(f"mixture of experts: {e.num_experts} routed experts, top-{e.top_k}{shared}{capacity}; "
+                      f"{sum(e.moe_blocks)} of {len(e.moe_blocks)} blocks MoE")
+    print_expert_groups(plan, console)
+    print_expert_costs(plan, console)
