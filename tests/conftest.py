@@ -5,6 +5,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+# What a marked test is doing, shown on the terminal as it starts (markers: pyproject.toml).
+WHY = {"dist": "several processes under torchrun", "slow": "over ~5 s"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Name a multi-process or slow test when it starts, so a long run says what it is waiting for (in -v
+    mode pytest names every test already)."""
+    why = next((WHY[name] for name in WHY if item.get_closest_marker(name)), None)
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if why and reporter is not None and item.config.get_verbosity() <= 0:
+        reporter.write_line(f"  {item.nodeid}: {why} ...")
+
 
 @pytest.fixture(scope="session")
 def megatron_profiles() -> dict:

@@ -78,7 +78,7 @@ USER_FILES = {
     ([str(EX / "gpt.py"), "--set", "n_layers=4"], "has no parameter 'n_layers'"),
     ([str(EX / "gpt.py"), "--set", "n_layer=four"], "--set n_layer=four: expected int"),
     ([str(EX / "gpt.py"), "--set", "n_layer"], "expected key=value"),
-    ([str(EX / "gpt.py"), "--dtype", "fp8"], "--dtype fp8: choose one of"),
+    ([str(EX / "gpt.py"), "--dtype", "fp8"], "--dtype fp8: choose bf16, fp16 or fp32"),
     # a --set the model's own code rejects: the line of the model file, the settings, what was wrong
     ([str(EX / "gpt.py"), "--set", "n_head=7", "--seq-len", "64"],
      f"{EX / 'gpt.py'}:29 `q, k, v = self.c_attn(x).view(B, T, -1, 3, self.head_dim).unbind(dim=3)`: the forward "

@@ -12,7 +12,7 @@ from autopar.cli import app
 from autopar.estimate import estimate
 from autopar.plan import Plan
 from autopar.report.explain import mesh_groups, suggestions
-from autopar.report.plan_summary import bottleneck
+from autopar.report.plan_summary import bottleneck, layer_range
 from autopar.report.schedule import StageTimes, Timeline, simulate
 from autopar.search import solve
 from cost_models.memory import microbatches_in_flight
@@ -60,7 +60,7 @@ def test_explain_shows_the_plans_numbers(plans: dict, which: str) -> None:
     assert f"step {pred.step_time_s:.4g} s" in out
     assert f"pp {par.pp} × dp {par.dp} × tp {par.tp}" in out
     for stage in pred.stages:  # one row per stage, with its layers and time per micro-batch
-        assert f"{stage.first_layer}…{stage.last_layer} ({stage.num_layers})" in out
+        assert layer_range(stage.first_layer, stage.last_layer, stage.num_layers) in out
         assert f"{stage.time_per_microbatch_s * 1e3:.4g}" in out
     name, share = bottleneck(plan)
     assert f"bottleneck: {name} ({100 * share:.0f}% of the step)" in out
