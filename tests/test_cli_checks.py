@@ -82,7 +82,8 @@ def test_seq_len_zero_names_seq_len_only(command: list[str]) -> None:
 
 def test_a_gpu_count_no_split_can_use_says_which_rule(profile: str) -> None:
     line = one_line_error("solve", profile, "--gpus", "100000", "--global-batch", "512")
-    assert "no split of 100000 GPUs into tp × pp × dp has a data-parallel degree dividing the global batch 512" in line
+    assert "no split of 100000 GPUs into tp × pp × dp has a data-parallel degree dividing the global batch " \
+           "512" in line
     # tp ≤ 4 (4 heads) and pp ≤ 8 (8 layers) leave dp ≥ 100000 / 32 = 3125, and 3125 is the smallest batch ≥ 512
     # that a possible dp (3125, 5000, ...) divides
     assert "dp is one of 3125, 5000, 6250" in line and "--global-batch 3125 (a multiple of dp 3125)" in line

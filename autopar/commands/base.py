@@ -59,13 +59,12 @@ class AutoparGroup(TyperGroup):
              standalone_mode: bool = True, **extra: Any) -> Any:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except typer.TyperException as err:  # click's usage errors (vendored by typer)
-            if type(err).__name__ == "NoArgsIsHelpError":  # `autopar` or `autopar solve` alone: the help
+        except typer.TyperException as err:  # click's usage errors (typer's own copy of click)
+            if type(err).__name__ == "NoArgsIsHelpError":  # `autopar` alone: the help, as click shows it
                 err.show()
-                code = USAGE_ERROR
             else:
                 typer.echo(f"error: {one_line(err)}", err=True)
-                code = USAGE_ERROR
+            code = USAGE_ERROR
         except typer.Abort:
             typer.echo("aborted", err=True)
             code = 1
@@ -76,7 +75,7 @@ class AutoparGroup(TyperGroup):
 
 def one_line(err: Exception) -> str:
     """A click usage error as one line: what is wrong, with the option's name, and where the help is."""
-    message = " ".join(err.format_message().split()) if hasattr(err, "format_message") else str(err)  # type: ignore[attr-defined]
+    message = " ".join((err.format_message() if hasattr(err, "format_message") else str(err)).split())
     ctx = getattr(err, "ctx", None)
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
     return message[:1].lower() + message[1:].rstrip(".") + where

@@ -13,8 +13,8 @@ from autopar.errors import AutoparError
 
 def calibrate_command(
     output: Annotated[Path, options.output("profile JSON to write (use it with --hardware in solve / estimate)")],
-    nproc: Annotated[int, typer.Option(callback=options.at_least(1), metavar="K", help="processes (GPUs) benchmarked at once, as a plan "
-                                       "of this size runs")] = 2,
+    nproc: Annotated[int, options.whole("K", help="processes (GPUs) benchmarked at once, as a plan of this size "
+                                                  "runs")] = 2,
     backend: Annotated[Optional[str], typer.Option(metavar="gloo|nccl", show_default=False,
                                                    help="gloo (CPU) or nccl (CUDA); default: nccl when a GPU is "
                                                         "visible")] = None,
@@ -22,8 +22,8 @@ def calibrate_command(
     base: Annotated[Optional[str], typer.Option(metavar="NAME|FILE", show_default=False,
                                                 help="profile (built-in name or .json) whose inter-node fields are "
                                                      "kept (default: cpu, or the closest built-in GPU)")] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option(callback=options.at_least(1), metavar="G", show_default=False,
-                                                         help="GPUs per node to record (default: --nproc)")] = None,
+    gpus_per_node: Annotated[Optional[int], options.whole("G", show_default=False,
+                                                          help="GPUs per node to record (default: --nproc)")] = None,
     name: Annotated[Optional[str], typer.Option(metavar="NAME", show_default=False,
                                                 help="profile name (default: the output file's stem)")] = None,
 ) -> None:

@@ -19,7 +19,7 @@ def estimate_command(
     tp: Annotated[int, given("tp")],
     pp: Annotated[int, given("pp")],
     micro_batch: Annotated[int, given("micro_batch")],
-    global_batch: Annotated[int, options.GLOBAL_BATCH],
+    global_batch: Annotated[int, given("global_batch")],
     dp: Annotated[Optional[int], given("dp")] = None,
     gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,

@@ -13,12 +13,11 @@ from autopar.errors import AutoparError
 def launch_command(
     plan: Annotated[Path, options.PLAN],
     model: Annotated[Optional[str], options.PLAN_MODEL] = None,
-    steps: Annotated[int, typer.Option(callback=options.at_least(1), metavar="N", help="optimizer steps to train on the model's example "
-                                       "inputs")] = 3,
+    steps: Annotated[int, options.whole("N", help="optimizer steps to train on the model's example inputs")] = 3,
     lr: Annotated[float, typer.Option(metavar="LR", help="AdamW learning rate")] = 1e-3,
     json_: Annotated[bool, typer.Option("--json", help="print per-step loss and step time as JSON")] = False,
-    nnodes: Annotated[int, typer.Option(callback=options.at_least(1), metavar="NODES", help="nodes of a cluster: with --dry-run, print the "
-                                        "per-node command")] = 1,
+    nnodes: Annotated[int, options.whole("NODES", help="nodes of a cluster: with --dry-run, print the per-node "
+                                                       "command")] = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the torchrun command instead of running it")] = False,
 ) -> None:
     """Start torchrun with the plan's world size and train --steps steps, printing loss and step time."""

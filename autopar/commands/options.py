@@ -40,6 +40,11 @@ def at_least(minimum: int) -> Callable[[typer.CallbackParam, Any], Any]:
     return check
 
 
+def whole(metavar: str, minimum: int = 1, **option: Any) -> Any:
+    """An option taking a whole number of at least ``minimum``."""
+    return typer.Option(callback=at_least(minimum), metavar=metavar, **option)
+
+
 def _positive_seconds(value: float) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise OptionError(f"--time-limit {value:g}: give the seconds the search may take, a positive number")
@@ -60,16 +65,18 @@ PLAN_MODEL = typer.Argument(metavar="MODEL", show_default=False,
                             help="model .py file or config.json (default: the plan's model.source)")
 SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
-SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False, help="sequence length (default: the model's)")
+SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,
+                       help="sequence length (default: the model's)")
 DTYPE = typer.Option(metavar=_choices(DTYPES), callback=_one_of("--dtype", DTYPES), help="training dtype")
 
 # -- the cluster ----------------------------------------------------------------------------------------------
 GPUS = typer.Option(callback=at_least(1), metavar="N", show_default=False, help="total GPUs")
-GPUS_PER_NODE = typer.Option(callback=at_least(1), metavar="G", help="GPUs per node (tensor parallelism stays inside one)")
+GPUS_PER_NODE = typer.Option(callback=at_least(1), metavar="G",
+                             help="GPUs per node (tensor parallelism stays inside one)")
 GPU = typer.Option(metavar="NAME", help=f"built-in hardware profile: {', '.join(builtin_names())}")
+GPU_DEFAULT = DEFAULT_HARDWARE
 HARDWARE = typer.Option(metavar="FILE", show_default=False,
                         help="your own hardware profile JSON (autopar calibrate -o); overrides --gpu")
-GPU_DEFAULT = DEFAULT_HARDWARE
 GLOBAL_BATCH = typer.Option(callback=at_least(1), metavar="B", show_default=False,
                             help="global batch in samples (default: the model file's, else one per GPU)")
 
@@ -85,19 +92,22 @@ def output(what: str) -> Any:
     """-o / --output FILE: ``what`` says what is written there."""
     return typer.Option("-o", "--output", metavar="FILE", show_default=False, help=what)
 
+
 # -- the parallel configuration: one table, two forms -------------------------------------------------------
 _PARALLELISM: dict[str, dict[str, Any]] = {
     "tp": dict(callback=at_least(1), metavar="T", help="tensor-parallel degree"),
     "pp": dict(callback=at_least(1), metavar="P", help="pipeline-parallel degree (stages)"),
     "dp": dict(callback=at_least(1), metavar="D", help="data-parallel degree"),
     "micro_batch": dict(callback=at_least(1), metavar="b", help="micro-batch size in samples"),
+    "global_batch": dict(callback=at_least(1), metavar="B", help="samples per step = micro-batch × dp × micro-batches"),
     "zero": dict(metavar=_choices(ZERO), callback=_one_of("--zero", ZERO),
                  help="ZeRO stage (1: optimizer state sharded, 2: + gradients, 3: + parameters)"),
     "recompute": dict(metavar=_choices(RECOMPUTE), callback=_one_of("--recompute", RECOMPUTE),
                       help="activation recomputation of every block"),
     "schedule": dict(metavar=_choices(SCHEDULES), callback=_one_of("--schedule", SCHEDULES),
                      help="pipeline schedule"),
-    "virtual_stages": dict(callback=at_least(1), metavar="V", help="model chunks per pipeline stage (interleaved schedule)"),
+    "virtual_stages": dict(callback=at_least(1), metavar="V",
+                           help="model chunks per pipeline stage (interleaved schedule)"),
     "sequence_parallel": dict(flags=("--sequence-parallel",), help="Megatron sequence parallelism (needs tp > 1)"),
     "offload": dict(flags=("--offload",), help="keep activations in host memory between forward and backward"),
 }

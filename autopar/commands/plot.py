@@ -15,8 +15,7 @@ def plot_command(
     plan: Annotated[Path, options.PLAN],
     output: Annotated[Optional[Path], options.output("image file: .png, .svg or .pdf (default: the plan's name "
                                                      "with .png)")] = None,
-    max_microbatches: Annotated[int, typer.Option(callback=options.at_least(1), metavar="M", help="draw at most this many "
-                                                  "micro-batches")] = 16,
+    max_microbatches: Annotated[int, options.whole("M", help="draw at most this many micro-batches")] = 16,
 ) -> None:
     """Draw PLAN: the pipeline schedule as a Gantt chart and each stage's memory against the GPU's capacity."""
     from autopar.plan import Plan

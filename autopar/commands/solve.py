@@ -37,7 +37,7 @@ def solve_command(
     offload: Annotated[Optional[bool], pinned("offload")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp",
                                                       help="let tensor parallelism span nodes")] = False,
-    top_k: Annotated[int, typer.Option(callback=options.at_least(1), metavar="K", help="list the K best distinct plans")] = 1,
+    top_k: Annotated[int, options.whole("K", help="list the K best distinct plans")] = 1,
     output: Annotated[Optional[Path], options.output("write the best plan JSON here")] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:

@@ -15,7 +15,7 @@ from autopar.errors import AutoparError
 def trace_command(
     model: Annotated[str, options.MODEL],
     set_: Annotated[Optional[list[str]], options.SET] = None,
-    batch_size: Annotated[int, typer.Option(callback=options.at_least(1), metavar="B", help="micro-batch size the table shows")] = 1,
+    batch_size: Annotated[int, options.whole("B", help="micro-batch size the table shows")] = 1,
     seq_len: Annotated[Optional[int], options.SEQ_LEN] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     output: Annotated[Optional[Path], options.output("write the profile JSON here")] = None,

@@ -18,8 +18,8 @@ def validate_command(
     hardware: Annotated[Optional[Path], typer.Option(metavar="FILE", show_default=False,
                                                      help="hardware profile to predict with, e.g. the one autopar "
                                                           "calibrate wrote (default: the plan's)")] = None,
-    steps: Annotated[int, typer.Option(callback=options.at_least(1), metavar="N", help="measured steps, after the warm-up")] = 5,
-    warmup: Annotated[int, typer.Option(callback=options.at_least(0), metavar="W", help="steps run first and discarded")] = 2,
+    steps: Annotated[int, options.whole("N", help="measured steps, after the warm-up")] = 5,
+    warmup: Annotated[int, options.whole("W", 0, help="steps run first and discarded")] = 2,
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
     """Run PLAN with the runtime (torchrun) and put its measured step time beside the prediction."""

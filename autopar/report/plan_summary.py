@@ -36,8 +36,8 @@ def schedule_text(par: Parallelism) -> str:
 def configuration(plan: Plan) -> str:
     """The plan's decisions in two lines (each fits 80 columns): degrees and batch, then the rest."""
     par = plan.parallelism
-    return (f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × {par.num_microbatches} "
-            f"= global batch {par.global_batch_size}\n"
+    return (f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
+            f"{par.num_microbatches} = global batch {par.global_batch_size}\n"
             f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
             f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}")
 
@@ -102,7 +102,8 @@ def print_solved(plans: list[Plan], console: Console | None = None) -> None:
     best = plans[0]
     print_plan(best, console)
     name, share = bottleneck(best)
-    console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by {_RELIEF.get(name, name)}")
+    console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by "
+                  f"{_RELIEF.get(name, name)}")
     s = best.solver
     if s is not None:
         gap = "proven optimal" if s.status == "OPTIMAL" else f"gap {100 * s.gap:.2f}% to the bound {s.bound_s:.4g} s"

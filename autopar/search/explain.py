@@ -87,6 +87,6 @@ def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node:
     pinned = _pins_text(pins)
     if pinned:
         return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch} "
-                "(degrees multiply to the GPU count, the batch divides by micro-batch × dp, interleaving needs pp ≥ 2 "
-                "and micro-batches a multiple of pp); relax a pin")
+                "(degrees multiply to the GPU count, the batch divides by micro-batch × dp, interleaving needs "
+                "pp ≥ 2 and micro-batches a multiple of pp); relax a pin")
     return f"no valid configuration of {gpus} GPUs for global batch {global_batch}"
