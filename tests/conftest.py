@@ -31,6 +31,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(NameLongTests(config), "autopar-name-long-tests")
 
 
+@pytest.fixture(autouse=True)
+def narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees an 80-column terminal: what autopar prints must read right there (tests/screen.py)."""
+    monkeypatch.setenv("COLUMNS", "80")
+
+
 @pytest.fixture(scope="session")
 def megatron_profiles() -> dict:
     """The GPT shapes of the Megatron scaling table (Narayanan et al. 2021, Table 1), captured once per test session."""
