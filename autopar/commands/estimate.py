@@ -31,8 +31,11 @@ def estimate_command(
     schedule: Annotated[str, given("schedule")] = "1f1b",
     virtual_stages: Annotated[int, given("virtual_stages")] = 1,
     offload: Annotated[bool, given("offload")] = False,
-    attention_kernel: Annotated[str, typer.Option(metavar="fused|unfused", help="attention as the fused (flash) "
-                                                  "kernel or unfused (materialised scores)")] = "fused",
+    attention_kernel: Annotated[str, typer.Option(metavar="fused|unfused",
+                                                  callback=options.one_of("--attention-kernel",
+                                                                          options.ATTENTION_KERNELS),
+                                                  help="attention as the fused (flash) kernel or unfused "
+                                                       "(materialised scores)")] = "fused",
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     json_: Annotated[bool, options.JSON] = False,

@@ -19,9 +19,10 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 ZERO = (0, 1, 2, 3)
 DTYPES = ("bf16", "fp16", "fp32")
+ATTENTION_KERNELS = ("fused", "unfused")
 
 
-def _one_of(flag: str, choices: tuple) -> Callable[[Any], Any]:
+def one_of(flag: str, choices: tuple) -> Callable[[Any], Any]:
     """An option's check: the value is one of ``choices`` (None, an unset pin, passes)."""
     def check(value: Any) -> Any:
         if value is not None and value not in choices:
@@ -67,7 +68,7 @@ SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
 SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,
                        help="sequence length (default: the model's)")
-DTYPE = typer.Option(metavar=_choices(DTYPES), callback=_one_of("--dtype", DTYPES), help="training dtype")
+DTYPE = typer.Option(metavar=_choices(DTYPES), callback=one_of("--dtype", DTYPES), help="training dtype")
 
 # -- the cluster ----------------------------------------------------------------------------------------------
 GPUS = typer.Option(callback=at_least(1), metavar="N", show_default=False, help="total GPUs")
@@ -100,11 +101,11 @@ _PARALLELISM: dict[str, dict[str, Any]] = {
     "dp": dict(callback=at_least(1), metavar="D", help="data-parallel degree"),
     "micro_batch": dict(callback=at_least(1), metavar="b", help="micro-batch size in samples"),
     "global_batch": dict(callback=at_least(1), metavar="B", help="samples per step = micro-batch × dp × micro-batches"),
-    "zero": dict(metavar=_choices(ZERO), callback=_one_of("--zero", ZERO),
+    "zero": dict(metavar=_choices(ZERO), callback=one_of("--zero", ZERO),
                  help="ZeRO stage (1: optimizer state sharded, 2: + gradients, 3: + parameters)"),
-    "recompute": dict(metavar=_choices(RECOMPUTE), callback=_one_of("--recompute", RECOMPUTE),
+    "recompute": dict(metavar=_choices(RECOMPUTE), callback=one_of("--recompute", RECOMPUTE),
                       help="activation recomputation of every block"),
-    "schedule": dict(metavar=_choices(SCHEDULES), callback=_one_of("--schedule", SCHEDULES),
+    "schedule": dict(metavar=_choices(SCHEDULES), callback=one_of("--schedule", SCHEDULES),
                      help="pipeline schedule"),
     "virtual_stages": dict(callback=at_least(1), metavar="V",
                            help="model chunks per pipeline stage (interleaved schedule)"),
