@@ -8,3 +8,12 @@ class AutoparError(Exception):
 class ModelMismatch(AutoparError):
     """The solver's model and the cost model disagree about a solution: a bug in autopar, never a plan.
     The message names the term that differs."""
+
+
+class NoValidConfiguration(AutoparError):
+    """No split of the GPUs (tp × pp × dp, micro-batches) satisfies the divisibility rules and the pins: the
+    numbers do not divide, whatever the memory. The message names the rule and the change that satisfies it."""
+
+
+class DoesNotFit(AutoparError):
+    """Valid configurations exist but none fits in memory; the message names the smallest change that would."""

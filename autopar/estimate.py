@@ -10,10 +10,11 @@ from autopar.pricing import attention_kernel as pricing_kernel
 from autopar.pricing import plan_of
 from autopar.profile import ModelProfile, load_profile
 from cost_models import ConfigError, CostModel, load_hardware, make_config
+from cost_models.hardware import DEFAULT_HARDWARE
 
 
 def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_per_node: int = 8,
-             gpu: str = "a100-80gb", hardware_file: str | Path | None = None, tp: int = 1, pp: int = 1,
+             gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, tp: int = 1, pp: int = 1,
              dp: int | None = None, micro_batch: int = 1, global_batch: int | None = None,
              seq_len: int | None = None, zero: int = 0, recompute: str = "full", sequence_parallel: bool = False,
              schedule: str = "1f1b", virtual_stages: int = 1, offload_activations: bool = False,

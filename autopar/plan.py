@@ -6,6 +6,7 @@ model's own (cost_models/config.py), called from the validators here.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal, Self
 
@@ -14,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autopar.errors import AutoparError
 from autopar.profile import write_atomic
 from cost_models import PRECISIONS, ConfigError
-from cost_models.config import (check_batch, check_expert_degrees, check_layer_degree, check_schedule, check_world,
-                                 default)
+from cost_models.config import (check_batch, check_expert_degrees, check_layer_degree, check_schedule,
+                                 check_sequence_parallel, check_world, default)
 
 PLAN_VERSION = 1
 
@@ -91,6 +92,7 @@ class Parallelism(_Frozen):
         etp = self.etp if self.etp is not None else self.tp
         if self.ep > 1 or self.etp is not None:
             _checked(check_expert_degrees, ep=self.ep, etp=etp, tp=self.tp, dp=self.dp)
+        _checked(check_sequence_parallel, self.sequence_parallel, tp=self.tp)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
         return self
@@ -139,6 +141,9 @@ class StagePrediction(_Frozen):
 
 
 class Prediction(_Frozen):
+    """What the cost model predicts. Checked when read: every number finite and non-negative, no part of the
+    step longer than the step, no stage's memory above the peak (a hand-edited 1e308 or −1 is refused)."""
+
     step_time_s: float
     tokens_per_s: float
     tflops_per_gpu: float = Field(description="hardware-executed FLOPs (recomputation included) per s per GPU")
@@ -149,6 +154,40 @@ class Prediction(_Frozen):
     bubble_fraction: float
     breakdown_s: Breakdown
     stages: list[StagePrediction]
+
+    @model_validator(mode="after")
+    def _plausible(self) -> "Prediction":
+        for where, value in _numbers(self):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{where} is {value}: a prediction's times, rates and sizes are finite and "
+                                 "non-negative (predict the plan again: autopar estimate / solve)")
+        step, slack = self.step_time_s, 1 + 1e-9
+        for part, seconds in self.breakdown_s:
+            if seconds > step * slack:
+                raise ValueError(f"breakdown_s.{part} ({seconds:g} s) exceeds the step time ({step:g} s)")
+        for s in self.stages:
+            if s.time_per_microbatch_s > step * slack:
+                raise ValueError(f"stage {s.stage}'s time per micro-batch ({s.time_per_microbatch_s:g} s) exceeds the "
+                                 f"step time ({step:g} s)")
+            if s.memory.total_gib > self.peak_memory_gib * slack:
+                raise ValueError(f"stage {s.stage}'s memory ({s.memory.total_gib:g} GiB) exceeds the peak "
+                                 f"({self.peak_memory_gib:g} GiB)")
+        return self
+
+
+def _numbers(model: BaseModel, where: str = "") -> list[tuple[str, float]]:
+    """Every number in a model, with its path (stages.0.fwd_s)."""
+    out: list[tuple[str, float]] = []
+    for name, value in model:
+        path = f"{where}{name}"
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            at = path if index is None else f"{path}.{index}"
+            if isinstance(item, BaseModel):
+                out += _numbers(item, f"{at}.")
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                out.append((at, float(item)))
+    return out
 
 
 class ExpertsRef(_Frozen):
@@ -305,13 +344,13 @@ class RunPlan(_Frozen):
             return cls.model_validate(raw)
         except ValidationError as err:
             first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "plan"
+            field = ".".join(str(p) for p in first["loc"])
             message = str(first["msg"]).removeprefix("Value error, ")
             if first["type"] == "missing":
                 message = f"missing: a plan needs {field}"
             elif first["type"] == "extra_forbidden":
                 message = f"unknown field '{field}' (check its spelling against autopar/plan.schema.json)"
-            raise AutoparError(f"{where}: invalid plan: {field}: {message}") from None
+            raise AutoparError(f"{where}: invalid plan: {field + ': ' if field else ''}{message}") from None
 
 
 class Plan(RunPlan):
@@ -329,6 +368,10 @@ class Plan(RunPlan):
     def _cluster(self) -> "Plan":
         if self.cluster.gpus != self.world_size:
             raise ValueError(f"cluster.gpus({self.cluster.gpus}) != world_size({self.world_size})")
+        tokens, pred = self.global_batch * self.model.seq_len, self.prediction
+        if not math.isclose(pred.tokens_per_s * pred.step_time_s, tokens, rel_tol=1e-6):
+            raise ValueError(f"prediction.tokens_per_s ({pred.tokens_per_s:g}) is not the global batch × seq_len "
+                             f"({tokens}) / step_time_s ({pred.step_time_s:g}): predict the plan again")
         return self
 
 

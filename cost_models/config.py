@@ -105,6 +105,15 @@ def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatc
                               f"multiple of pp ({pp}) (Megatron); change --global-batch")
 
 
+def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:
+    """Sequence parallelism splits, over the tensor-parallel group, the activations tensor parallelism leaves
+    replicated (norms, dropout; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models"): without a tensor-parallel group there is nothing to split."""
+    if sequence_parallel and tp < 2:
+        raise ConfigError(f"sequence parallelism needs tp > 1 (it splits activations over the tensor-parallel "
+                          f"group) but tp is {tp}; drop --sequence-parallel or raise --tp")
+
+
 def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch: int, zero_stage: int,
                        sequence_parallel: bool) -> None:
     """A layer at its own tensor-parallel degree t views the stage's tp·dp devices as t × (tp·dp / t): t must
@@ -235,6 +244,7 @@ class ParallelConfig:
             raise ConfigError("overlap fractions must lie in [0, 1]")
         check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                        num_microbatches=self.num_microbatches)
+        check_sequence_parallel(self.sequence_parallel, tp=self.tp)
         n_layers = len(model.layers)
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "

@@ -19,6 +19,7 @@ from cost_models.errors import ConfigError
 from cost_models.hardware_file import HardwareFile, check_hardware_file
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+DEFAULT_HARDWARE = "h100-80gb"  # what `--gpu` means when it is left out, in every command and function
 GIB = 1024**3
 _DTYPES = ("bf16", "fp16", "fp32")
 

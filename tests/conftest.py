@@ -5,6 +5,37 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+class NameLongTests:
+    """Names a multi-process or slow test (markers: pyproject.toml) on the terminal as it starts, so a long run
+    says what it is waiting for; -v names every test already."""
+
+    WHY = {"dist": "several processes under torchrun", "slow": "over ~5 s"}
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.why: dict[str, str] = {}
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            why = next((self.WHY[name] for name in self.WHY if item.get_closest_marker(name)), None)
+            if why:
+                self.why[item.nodeid] = why
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:  # outside the test's output capture
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if nodeid in self.why and reporter is not None and self.config.get_verbosity() <= 0:
+            reporter.write_line(f"  {nodeid}: {self.why[nodeid]} ...")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(NameLongTests(config), "autopar-name-long-tests")
+
+
+@pytest.fixture(autouse=True)
+def narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees an 80-column terminal: what autopar prints must read right there (tests/screen.py)."""
+    monkeypatch.setenv("COLUMNS", "80")
+
 
 @pytest.fixture(scope="session")
 def megatron_profiles() -> dict:

@@ -193,6 +193,7 @@ def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     return out, json.loads(out.read_text())
 
 
+@pytest.mark.dist
 def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, dict]) -> None:
     path, raw = quick_profile
     hw = load_hardware(path)
@@ -217,6 +218,7 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert len(cal["layers"]) == 3 and all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in cal["layers"])
 
 
+@pytest.mark.dist
 def test_quick_calibration_predicts_a_held_out_gemm(quick_profile: tuple[Path, dict]) -> None:
     path, raw = quick_profile
     hw = load_hardware(path)
@@ -233,6 +235,7 @@ def test_quick_calibration_predicts_a_held_out_gemm(quick_profile: tuple[Path, d
         assert 0.5 < predicted / p["seconds"] < 2.0, (p, predicted)   # loose: the machine is shared
 
 
+@pytest.mark.dist
 def test_estimate_accepts_the_calibrated_profile(quick_profile: tuple[Path, dict]) -> None:
     path, _ = quick_profile
     result = runner.invoke(app, ["estimate", str(ROOT / "examples/gpt.py"), "--set", "n_layer=2", "--set", "n_embd=64",

@@ -27,7 +27,9 @@ def configs(**fixed):
                 attention_kernel=("fused", "unfused"))
     grid.update({k: (v,) for k, v in fixed.items()})
     for values in itertools.product(*grid.values()):
-        yield dict(zip(grid, values))
+        kw = dict(zip(grid, values))
+        if not (kw["sequence_parallel"] and kw["tp"] == 1):  # SP needs a tensor-parallel group (check_sequence_parallel)
+            yield kw
 
 
 def run(cm: CostModel, **kw):

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from autopar.cli import app
 from autopar.plan import Plan
+from screen import assert_nothing_cut
 
 EX = Path(__file__).resolve().parents[1] / "examples"
 SMALL = ["--set", "n_layer=4", "--set", "n_embd=128", "--set", "n_head=4", "--seq-len", "128"]
@@ -15,7 +16,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, ["estimate", str(EX / "gpt.py"), *SMALL, *args], env={"COLUMNS": "200"})
+    return runner.invoke(app, ["estimate", str(EX / "gpt.py"), *SMALL, *args])
 
 
 def test_estimate_json_is_a_plan() -> None:
@@ -41,6 +42,7 @@ def test_estimate_summary_and_hardware_file(tmp_path: Path) -> None:
     result = invoke("--gpus", "8", "--tp", "1", "--pp", "2", "--micro-batch", "1", "--global-batch", "32",
                     "--schedule", "interleaved", "--virtual-stages", "2", "--hardware", str(own))
     assert result.exit_code == 0, result.output
+    assert_nothing_cut(result.stdout)
     assert "step time" in result.stdout and "per stage" in result.stdout and "bubble" in result.stdout
 
 

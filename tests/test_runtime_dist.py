@@ -24,7 +24,8 @@ TOLERANCE = 1e-5
 # bf16 compute on both sides; its rounding (relative 3.9e-3) differs with how the work is split (up to 1.1e-3 seen)
 BF16_TOLERANCE = 5e-3
 JOB_TIMEOUT_S = 300
-pytestmark = pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")
+pytestmark = [pytest.mark.dist,
+              pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")]
 
 _results: dict[int, dict] = {}
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from autopar.cli import app
 from autopar.plan import Plan
+from screen import assert_nothing_cut
 
 GPT = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
 SMALL = ["--set", "n_layer=4", "--set", "n_embd=256", "--set", "n_head=8", "--seq-len", "256"]
@@ -26,9 +27,9 @@ def test_solve_json_and_plan_file(tmp_path: Path) -> None:
 
 
 def test_solve_summary_names_bottleneck_and_status() -> None:
-    result = runner.invoke(app, ["solve", GPT, "--gpus", "4", "--global-batch", "16", *SMALL, "--top-k", "3"],
-                           env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["solve", GPT, "--gpus", "4", "--global-batch", "16", *SMALL, "--top-k", "3"])
     assert result.exit_code == 0, result.output
+    assert_nothing_cut(result.stdout)
     assert "bottleneck:" in result.stdout and "solver: OPTIMAL" in result.stdout and "top 3 plans" in result.stdout
 
 

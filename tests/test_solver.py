@@ -91,6 +91,7 @@ def random_instance(seed: int) -> tuple:
     return profile, hw, gpus, gpus_per_node, batch, pins
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(8))
 def test_solver_equals_brute_force_on_random_instances(chunk: int) -> None:
     """25 instances per chunk, 200 in all: the same optimum (or both infeasible)."""

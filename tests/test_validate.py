@@ -49,6 +49,7 @@ def test_another_hardware_changes_the_prediction_and_a_foreign_plan_is_refused(p
         predict(plan, other, load_hardware("a100-80gb"), hardware_name="a100-80gb")
 
 
+@pytest.mark.dist
 def test_validate_runs_the_plan_and_compares(profile, tmp_path: Path) -> None:
     """One real torchrun job (2 ranks, ZeRO-1: launch's AdamW under ZeroRedundancyOptimizer) through the CLI;
     the JSON's numbers agree with each other."""

@@ -195,33 +195,3 @@ def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -
     write_atomic(req.output, json.dumps(profile, indent=1) + "\n")
     return profile
 
-
-class ProgressBar:
-    """Rich progress bar with one row per benchmark group, fed by the workers' events."""
-
-    def __init__(self, console: Any) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("[dim]{task.fields[label]}"), TimeElapsedColumn(),
-                                 console=console, transient=False)
-        self.tasks: dict[str, Any] = {}
-        self.starting = self.progress.add_task("starting torchrun workers", total=None, label="")
-
-    def __enter__(self) -> "ProgressBar":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
-
-    def __call__(self, event: dict) -> None:
-        if event.get("event") == "plan":
-            self.progress.remove_task(self.starting)
-            for group, total in event["groups"].items():
-                if total:
-                    self.tasks[group] = self.progress.add_task(GROUP_TITLES.get(group, group), total=total, label="")
-        elif event.get("event") == "warning":
-            self.progress.console.print(f"[yellow]warning:[/] {event['text']}")
-        elif event.get("event") == "step" and event.get("group") in self.tasks:
-            self.progress.update(self.tasks[event["group"]], advance=1, label=event.get("label", ""))

@@ -7,40 +7,41 @@ from typing import Annotated, Optional
 
 import typer
 
+from autopar.commands import options
+from autopar.commands.base import fail
+from autopar.commands.options import given
 from autopar.errors import AutoparError
 
 
 def estimate_command(
-    model: Annotated[str, typer.Argument(help="model .py file, HF config.json, or a saved profile JSON")],
-    gpus: Annotated[int, typer.Option(help="total GPUs N = tp × pp × dp")],
-    tp: Annotated[int, typer.Option(help="tensor-parallel degree (inside a node)")],
-    pp: Annotated[int, typer.Option(help="pipeline-parallel degree (stages)")],
-    micro_batch: Annotated[int, typer.Option(help="samples per micro-batch")],
-    global_batch: Annotated[int, typer.Option(help="samples per step = micro-batch × dp × micro-batches")],
-    dp: Annotated[Optional[int], typer.Option(help="data-parallel degree (default: gpus / (tp × pp))")] = None,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
-    gpu: Annotated[str, typer.Option(help="built-in hardware profile (a100-80gb, a100-40gb, v100-32gb, "
-                                          "h100-80gb, h200-141gb, cpu)")] = "a100-80gb",
-    hardware: Annotated[Optional[Path], typer.Option(help="your own hardware profile JSON (overrides --gpu)")] = None,
-    seq_len: Annotated[Optional[int], typer.Option(help="sequence length (default: the model file's)")] = None,
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1: optimizer state, 2: + grads, 3: + params)")] = 0,
-    recompute: Annotated[str, typer.Option(help="activation recomputation: none, selective or full")] = "full",
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence "
-                                                    "parallelism (needs tp > 1)")] = False,
-    schedule: Annotated[str, typer.Option(help="pipeline schedule: 1f1b, gpipe or interleaved")] = "1f1b",
-    virtual_stages: Annotated[int, typer.Option(help="model chunks per stage (interleaved schedule)")] = 1,
-    offload_activations: Annotated[bool, typer.Option("--offload-activations", help="keep activations in "
-                                                      "host memory between forward and backward")] = False,
-    attention_kernel: Annotated[str, typer.Option(help="fused (flash) or unfused (materialised scores)")] = "fused",
-    ep: Annotated[int, typer.Option(help="expert-parallel degree: routed experts sharded over ep GPUs of a stage "
-                                         "(mixture of experts)")] = 1,
-    etp: Annotated[Optional[int], typer.Option(help="the experts' tensor-parallel degree: tp (default) or 1")] = None,
-    moe_imbalance: Annotated[Optional[float], typer.Option(help="the busiest GPU's expert load over the average "
-                                                                "(default 1.25, or the model's capacity)")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a build_model keyword: key=value "
-                                                      "(repeatable)")] = None,
-    dtype: Annotated[str, typer.Option(help="training dtype: bf16, fp16 or fp32")] = "bf16",
-    json_: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    model: Annotated[str, options.MODEL],
+    gpus: Annotated[int, options.GPUS],
+    tp: Annotated[int, given("tp")],
+    pp: Annotated[int, given("pp")],
+    micro_batch: Annotated[int, given("micro_batch")],
+    global_batch: Annotated[int, given("global_batch")],
+    dp: Annotated[Optional[int], given("dp")] = None,
+    gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
+    gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
+    hardware: Annotated[Optional[Path], options.HARDWARE] = None,
+    seq_len: Annotated[Optional[int], options.SEQ_LEN] = None,
+    zero: Annotated[int, given("zero")] = 0,
+    recompute: Annotated[str, given("recompute")] = "full",
+    sequence_parallel: Annotated[bool, given("sequence_parallel")] = False,
+    schedule: Annotated[str, given("schedule")] = "1f1b",
+    virtual_stages: Annotated[int, given("virtual_stages")] = 1,
+    offload: Annotated[bool, given("offload")] = False,
+    ep: Annotated[int, given("ep")] = 1,
+    etp: Annotated[Optional[int], given("etp")] = None,
+    moe_imbalance: Annotated[Optional[float], given("moe_imbalance")] = None,
+    attention_kernel: Annotated[str, typer.Option(metavar="fused|unfused",
+                                                  callback=options.one_of("--attention-kernel",
+                                                                          options.ATTENTION_KERNELS),
+                                                  help="attention as the fused (flash) kernel or unfused "
+                                                       "(materialised scores)")] = "fused",
+    set_: Annotated[Optional[list[str]], options.SET] = None,
+    dtype: Annotated[str, options.DTYPE] = "bf16",
+    json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Predict step time, throughput and per-stage memory of MODEL under one parallel configuration."""
     from autopar.estimate import estimate
@@ -54,12 +55,11 @@ def estimate_command(
         plan = estimate(model, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware, tp=tp,
                         pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
                         zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
-                        virtual_stages=virtual_stages, offload_activations=offload_activations,
+                        virtual_stages=virtual_stages, offload_activations=offload,
                         attention_kernel=attention_kernel, overrides=overrides, dtype=dtype, ep=ep, etp=etp,
                         moe_imbalance=moe_imbalance)
     except AutoparError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise fail(str(err))
     if json_:
         sys.stdout.write(plan.model_dump_json(indent=1) + "\n")
     else:
@@ -67,5 +67,4 @@ def estimate_command(
 
         print_plan(plan)
     if not plan.prediction.fits:
-        typer.echo(f"error: {plan.notes[0]}", err=True)
-        raise typer.Exit(2)
+        raise fail(plan.notes[0])

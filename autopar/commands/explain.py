@@ -4,14 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import typer
-
+from autopar.commands import options
+from autopar.commands.base import fail
 from autopar.errors import AutoparError
 
 
-def explain_command(
-    plan: Annotated[Path, typer.Argument(help="plan JSON from `autopar solve -o` or `autopar estimate --json`")],
-) -> None:
+def explain_command(plan: Annotated[Path, options.PLAN]) -> None:
     """Explain PLAN: device mesh, each stage's time and memory, communication, bubble, bottleneck, solver."""
     from autopar.plan import Plan
     from autopar.report.explain import explain
@@ -19,6 +17,5 @@ def explain_command(
     try:
         loaded = Plan.load(plan)
     except (AutoparError, OSError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise fail(str(err))
     explain(loaded)

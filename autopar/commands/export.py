@@ -7,16 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
+from autopar.commands import options
+from autopar.commands.base import fail
 from autopar.errors import AutoparError
 
 
 def export_command(
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON (autopar solve -o, estimate --json)")],
-    to: Annotated[str, typer.Option("--to", help="target: megatron, nemo, bionemo, deepspeed, lightning, torchtitan "
-                                                 "or sagemaker; TARGET@VERSION picks an older dialect "
-                                                 "(torchtitan@0.2, sagemaker@v1)")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write here (atomically) instead of "
-                                                                          "printing")] = None,
+    plan_file: Annotated[Path, options.PLAN],
+    to: Annotated[str, typer.Option("--to", metavar="TARGET", help="megatron, nemo, bionemo, deepspeed, lightning, "
+                                    "torchtitan or sagemaker; TARGET@VERSION picks an older dialect (torchtitan@0.2, "
+                                    "sagemaker@v1)")],
+    output: Annotated[Optional[Path], options.output("write here (atomically) instead of printing")] = None,
 ) -> None:
     """Export PLAN as Megatron arguments, NeMo / BioNeMo YAML, a DeepSpeed config, a Lightning snippet, torchtitan
     overrides (or 0.2's TOML) or SageMaker smp arguments; the output's header names the framework version the
@@ -29,8 +30,7 @@ def export_command(
         check_target(to)  # before reading the plan: a bad --to fails first
         result = export(Plan.load(plan_file), to)
     except AutoparError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2)
+        raise fail(str(err))
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if output is None:

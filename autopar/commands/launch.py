@@ -6,19 +6,21 @@ from typing import Annotated, Optional
 
 import typer
 
+from autopar.commands import options
 from autopar.errors import AutoparError
 
 
 def launch_command(
-    plan: Annotated[Path, typer.Argument(help="plan JSON (from `autopar plan`, or hand-written)")],
-    model: Annotated[Optional[str], typer.Argument(help="model .py file (default: the plan's model.source)")] = None,
-    steps: Annotated[int, typer.Option(help="optimizer steps to train on the model's example inputs")] = 3,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
+    plan: Annotated[Path, options.PLAN],
+    model: Annotated[Optional[str], options.PLAN_MODEL] = None,
+    steps: Annotated[int, options.whole("N", help="optimizer steps to train on the model's example inputs")] = 3,
+    lr: Annotated[float, typer.Option(metavar="LR", help="AdamW learning rate")] = 1e-3,
     json_: Annotated[bool, typer.Option("--json", help="print per-step loss and step time as JSON")] = False,
-    nnodes: Annotated[int, typer.Option(help="nodes of a cluster: with --dry-run, print the per-node command")] = 1,
+    nnodes: Annotated[int, options.whole("NODES", help="nodes of a cluster: with --dry-run, print the per-node "
+                                                       "command")] = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the torchrun command instead of running it")] = False,
 ) -> None:
-    """Start torchrun with the plan's world size and train STEPS steps, printing loss and step time."""
+    """Start torchrun with the plan's world size and train --steps steps, printing loss and step time."""
     from autopar.runtime.launch import launch, torchrun_command
     from autopar.plan import load_run_plan
 

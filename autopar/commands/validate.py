@@ -8,23 +8,28 @@ from typing import Annotated, Optional
 
 import typer
 
+from autopar.commands import options
 from autopar.errors import AutoparError
 
 
 def validate_command(
-    plan: Annotated[Path, typer.Argument(help="plan JSON (autopar solve -o / autopar estimate --json)")],
-    model: Annotated[Optional[str], typer.Argument(help="model file (default: the plan's model source)")] = None,
-    hardware: Annotated[Optional[Path], typer.Option(help="hardware profile to predict with, e.g. the one "
-                                                     "autopar calibrate wrote (default: the plan's)")] = None,
-    steps: Annotated[int, typer.Option(help="measured steps, after the warm-up")] = 5,
-    warmup: Annotated[int, typer.Option(help="steps run first and discarded")] = 2,
+    plan: Annotated[Path, options.PLAN],
+    model: Annotated[Optional[str], options.PLAN_MODEL] = None,
+    hardware: Annotated[Optional[Path], typer.Option(metavar="FILE", show_default=False,
+                                                     help="hardware profile to predict with, e.g. the one autopar "
+                                                          "calibrate wrote (default: the plan's)")] = None,
+    steps: Annotated[int, options.whole("N", help="measured steps, after the warm-up")] = 5,
+    warmup: Annotated[int, options.whole("W", 0, help="steps run first and discarded")] = 2,
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
     """Run PLAN with the runtime (torchrun) and put its measured step time beside the prediction."""
     try:
         from autopar.calibrate.validate import validate
+        from autopar.report.progress import activity
 
-        result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup)
+        with activity(f"running {plan.name} under torchrun: {warmup} warm-up + {steps} timed steps, each the "
+                      "slowest rank's time"):
+            result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)

@@ -1,33 +1,73 @@
-"""What `autopar solve` prints: the best plan in full, the bottleneck, the solver's status, the runners-up."""
+"""What `autopar solve` and `autopar estimate` print: the plan in full, the bottleneck, the solver's status,
+the runners-up. Every table fits 80 columns without cutting a number (autopar/report/tables.py)."""
 from __future__ import annotations
+
+from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
 
-from autopar.plan import Plan
+from autopar.plan import Parallelism, Plan, RunPlan
+from autopar.report.tables import console as wide_console, numbers, table, text
 
 _RELIEF = {
     "compute": "more GPUs, or less recomputation if memory allows",
     "tp_comm": "a lower tensor-parallel degree, or keeping tp inside a node",
+    "ep_comm": "an expert-parallel degree whose groups stay inside a node, or a lower one",
     "dp_comm": "a larger micro-batch or more gradient accumulation (fewer, larger syncs), or a lower ZeRO stage",
     "pp_comm": "fewer pipeline stages or virtual stages",
     "bubble": "more micro-batches (a larger global batch) or interleaved virtual stages",
     "optimizer": "ZeRO-1 to shard the optimizer step over data-parallel ranks",
     "offload": "more GPU memory per device (avoid offloading activations)",
 }
+MODES = ("full", "selective", "none")
 
 
-def print_plan(plan: Plan) -> None:
-    """Rich summary: configuration, prediction, time breakdown, one row per stage."""
-    console = Console()
-    par, pred = plan.parallelism, plan.prediction
+def recompute_summary(plan: RunPlan) -> str:
+    """How many layers recompute how: 'recompute 70 full, 14 none' (what the layers do, which a solved plan
+    decides per layer; parallelism.recompute is only the mode it was made with)."""
+    counts = Counter(layer.recompute for layer in plan.layers)
+    return "recompute " + ", ".join(f"{counts[mode]} {mode}" for mode in MODES if counts[mode])
+
+
+def schedule_text(par: Parallelism) -> str:
+    return par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else "")
+
+
+def configuration(plan: Plan) -> str:
+    """The plan's decisions in two lines (each fits 80 columns): degrees and batch, then the rest."""
+    par = plan.parallelism
+    experts = (f"experts: ep {par.ep} · etp {par.etp if par.etp is not None else par.tp}\n"
+               if par.ep > 1 or plan.model.experts is not None else "")
+    return (f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
+            f"{par.num_microbatches} = global batch {par.global_batch_size}\n{experts}"
+            f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
+            f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}")
+
+
+def layer_range(first: str, last: str, count: int) -> str:
+    """A stage's layers: 'wte … lm_head (16)' (wraps between the names, never inside one)."""
+    return f"{first} … {last} ({count})" if count > 1 else f"{first} (1)"
+
+
+def plan_cell(par: Parallelism) -> str:
+    """A plan's decisions in a table cell (header PLAN_HEADER); wraps between its parts."""
+    return (f"{par.tp}·{par.pp}·{par.dp}, {par.micro_batch_size}×{par.num_microbatches}, ZeRO-{par.zero_stage}"
+            + (", SP" if par.sequence_parallel else "") + (f", ep {par.ep}" if par.ep > 1 else "")
+            + f", {schedule_text(par)}")
+
+
+PLAN_HEADER = "tp·pp·dp, micro×m, ZeRO, schedule"
+
+
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    """Configuration, prediction, time breakdown, one row per stage."""
+    console = console or wide_console()
+    pred = plan.prediction
     console.print(f"[bold]{plan.model.name}[/] seq {plan.model.seq_len} {plan.model.dtype} on {plan.cluster.gpus}× "
                   f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
-    console.print(f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
-                  f"{par.num_microbatches} = global {par.global_batch_size} · ZeRO-{par.zero_stage} · "
-                  f"recompute {par.recompute} · SP {'on' if par.sequence_parallel else 'off'} · "
-                  f"{par.schedule}{f' v={par.virtual_stages}' if par.virtual_stages > 1 else ''}")
-    summary = Table(show_header=False, box=None)
+    console.print(configuration(plan))
+    summary = Table.grid(padding=(0, 2))
     summary.add_row("step time", f"{pred.step_time_s:.4g} s")
     summary.add_row("throughput", f"{pred.tokens_per_s:,.0f} tokens/s")
     summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f} (hardware, recomputation included)")
@@ -35,19 +75,20 @@ def print_plan(plan: Plan) -> None:
     summary.add_row("peak memory", f"{pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
                                    f"({'fits' if pred.fits else '[red]does not fit[/]'})")
     console.print(summary)
-    parts = Table(title="time per step", show_lines=False)
-    for name in ("part", "seconds", "share"):
-        parts.add_column(name, justify="right" if name != "part" else "left")
+    parts = table("time per step")
+    text(parts, "part")
+    numbers(parts, "seconds", "share")
     for name, seconds in pred.breakdown_s.model_dump().items():
         parts.add_row(name, f"{seconds:.4g}", f"{100 * seconds / pred.step_time_s:.1f}%")
     console.print(parts)
-    stages = Table(title="per stage (one GPU)")
-    for name in ("stage", "layers", "t/micro-batch s", "params", "grads", "optim", "activ", "total GiB"):
-        stages.add_column(name, justify="right")
+    stages = table("per stage (one GPU; memory in GiB)")
+    numbers(stages, "stage")
+    text(stages, "layers")
+    numbers(stages, "ms per\nmicro-batch", "params", "grads", "optim.", "activ.", "total")
     for s in pred.stages:
         m = s.memory
-        stages.add_row(str(s.stage), f"{s.first_layer}…{s.last_layer} ({s.num_layers})",
-                       f"{s.time_per_microbatch_s:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
+        stages.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
+                       f"{s.time_per_microbatch_s * 1e3:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
                        f"{m.optimizer_gib:.2f}", f"{m.activations_gib:.2f}", f"{m.total_gib:.2f}")
     console.print(stages)
     for note in plan.notes:
@@ -61,29 +102,24 @@ def bottleneck(plan: Plan) -> tuple[str, float]:
 
 
 def print_solved(plans: list[Plan], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or wide_console()
     best = plans[0]
-    print_plan(best)
-    recomputed = [layer.name for layer in best.layers if layer.recompute != "none"]
-    if recomputed:
-        console.print(f"recomputation on {len(recomputed)} of {len(best.layers)} layers "
-                      f"({', '.join(sorted({layer.recompute for layer in best.layers if layer.recompute != 'none'}))})")
+    print_plan(best, console)
     name, share = bottleneck(best)
-    console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by {_RELIEF.get(name, name)}")
+    console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by "
+                  f"{_RELIEF.get(name, name)}")
     s = best.solver
     if s is not None:
         gap = "proven optimal" if s.status == "OPTIMAL" else f"gap {100 * s.gap:.2f}% to the bound {s.bound_s:.4g} s"
         console.print(f"solver: [bold]{s.status}[/] ({gap}) in {s.wall_s:.2f} s — {s.choices:,} outer choices, "
                       f"{s.solves} CP-SAT solves")
     if len(plans) > 1:
-        table = Table(title=f"top {len(plans)} plans")
-        for col in ("rank", "tp", "pp", "dp", "micro", "ZeRO", "SP", "schedule", "step s", "TFLOP/s/GPU", "memory GiB"):
-            table.add_column(col, justify="right")
+        ranked = table(f"top {len(plans)} plans")
+        numbers(ranked, "rank")
+        text(ranked, PLAN_HEADER, min_width=12)
+        numbers(ranked, "step s", "TFLOP/s\nper GPU", "memory\nGiB")
         for p in plans:
-            par, pred = p.parallelism, p.prediction
-            table.add_row(str(p.solver.rank if p.solver else "-"), str(par.tp), str(par.pp), str(par.dp),
-                          f"{par.micro_batch_size}×{par.num_microbatches}", str(par.zero_stage),
-                          "on" if par.sequence_parallel else "off",
-                          par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else ""),
-                          f"{pred.step_time_s:.4g}", f"{pred.tflops_per_gpu:.1f}", f"{pred.peak_memory_gib:.1f}")
-        console.print(table)
+            ranked.add_row(str(p.solver.rank if p.solver else "-"), plan_cell(p.parallelism),
+                           f"{p.prediction.step_time_s:.4g}", f"{p.prediction.tflops_per_gpu:.1f}",
+                           f"{p.prediction.peak_memory_gib:.1f}")
+        console.print(ranked)

@@ -5,8 +5,10 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.profile import LayerProfile, ModelProfile
+from autopar.report.tables import console as wide_console, count, numbers, table, text
 
 MIB = 2**20
+WIDE = 120  # columns from which the tensor-parallel pattern is a column of the table
 
 
 def _runs(layers: list[LayerProfile]) -> list[list[LayerProfile]]:
@@ -47,30 +49,46 @@ def _moe_text(layer: LayerProfile) -> str:
     return f"; {moe.experts_module}: top-{moe.top_k} of {moe.num_experts} experts{shared}{capacity}"
 
 
-def profile_table(profile: ModelProfile, batch_size: int = 1) -> Table:
+def _run_name(run: list[LayerProfile]) -> str:
+    return run[0].name if len(run) == 1 else f"{run[0].name} … {run[-1].name} (×{len(run)})"
+
+
+def profile_table(profile: ModelProfile, batch_size: int = 1, with_tp: bool = True) -> Table:
+    """The layer table; ``with_tp=False`` leaves the tensor-parallel pattern out (narrow terminals get it as
+    a list below, print_profile)."""
     b = batch_size
-    table = Table(title=f"{profile.name}: {profile.params / 1e9:.3f} B params, seq {profile.seq_len}, "
-                        f"{profile.dtype}, micro-batch {b}", title_justify="left")
-    for col, justify in [("layer", "left"), ("kind", "left"), ("params", "right"), ("fwd GFLOPs", "right"),
-                         ("activations MiB", "right"), ("cut MiB", "right"), ("TP pattern (col→row)", "left")]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    out = table(title=f"{profile.name}: {profile.params / 1e9:.3f} B params, seq {profile.seq_len}, {profile.dtype}, "
+                      f"micro-batch {b}")
+    text(out, "layer", "kind")
+    numbers(out, "params", "fwd FLOPs", "saved MiB", "cut MiB")
+    if with_tp:
+        text(out, "TP pattern (col→row)")
     for run in _runs(profile.layers):
         layer = run[0]
-        name = layer.name if len(run) == 1 else f"{layer.name} … {run[-1].name} (×{len(run)})"
         flops = layer.fwd_flops_per_sample * b + layer.fwd_flops_fixed
         saved = layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
         cut = layer.cut_bytes_per_sample * b + layer.cut_bytes_fixed
-        params = f"{layer.params:,}" + (f" (+{layer.tied_params:,} tied)" if layer.tied_params else "")
-        table.add_row(name, layer.kind, params, f"{flops / 1e9:,.2f}", f"{saved / MIB:,.1f}",
-                      f"{cut / MIB:,.2f}" if layer is not profile.layers[-1] else "-", _tp_text(layer))
+        params = count(layer.params) + (f"\n+{count(layer.tied_params)}\n(tied)" if layer.tied_params else "")
+        out.add_row(_run_name(run), layer.kind, params, count(flops), f"{saved / MIB:,.1f}",
+                    f"{cut / MIB:,.2f}" if layer is not profile.layers[-1] else "-", *[_tp_text(layer)] * with_tp)
     total_flops = sum(lp.fwd_flops_per_sample * b + lp.fwd_flops_fixed for lp in profile.layers)
     eager = ("; eager attention (priced as the unfused kernel: the S×S scores are not in these columns)"
              if profile.attention_impl == "eager" else "")
-    table.caption = (f"total: {profile.params:,} params, {total_flops / 1e12:,.3f} TFLOPs forward, "
-                     f"{profile.saved_bytes(b) / MIB:,.1f} MiB saved activations per micro-batch of {b}; "
-                     f"captured with {profile.capture.method} in {profile.capture.wall_s:.2f} s{eager}")
-    return table
+    out.caption = (f"total: {profile.params:,} params, {total_flops / 1e12:,.3f} TFLOPs forward, "
+                   f"{profile.saved_bytes(b) / MIB:,.1f} MiB saved activations per micro-batch of {b}; "
+                   f"captured with {profile.capture.method} in {profile.capture.wall_s:.2f} s{eager}")
+    return out
 
 
 def print_profile(profile: ModelProfile, batch_size: int = 1, console: Console | None = None) -> None:
-    (console or Console()).print(profile_table(profile, batch_size))
+    """The layer table; below WIDE columns the tensor-parallel patterns follow it as a list (they are long)."""
+    console = console or wide_console()
+    wide = console.width >= WIDE
+    console.print(profile_table(profile, batch_size, with_tp=wide))
+    if not wide:
+        patterns = Table.grid(padding=(0, 1), pad_edge=True)
+        patterns.add_column(overflow="fold", max_width=console.width // 3)
+        patterns.add_column(overflow="fold")
+        for run in _runs(profile.layers):
+            patterns.add_row(_run_name(run), _tp_text(run[0]))
+        console.print("tensor-parallel pattern (column→row linear pairs):", patterns)

@@ -6,29 +6,29 @@ to the smallest count that has a plan (1.0 there; linear scaling keeps it at 1.0
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration
 from autopar.plan import Plan
+from autopar.report.plan_summary import PLAN_HEADER, plan_cell
+from autopar.report.tables import console as wide_console, count, numbers, table, text
+from cost_models.hardware import DEFAULT_HARDWARE
 
 
 @dataclass(frozen=True)
 class SweepRow:
     gpus: int
-    plan: Plan | None                 # None: nothing fits (reason says why)
+    plan: Plan | None                 # None: no plan (status and reason say why)
     reason: str = ""
     efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan
+    status: str = "fits"              # or NO_SPLIT (no valid configuration) or DOES_NOT_FIT (memory)
 
     def as_dict(self) -> dict:
-        row: dict = {"gpus": self.gpus, "fits": self.plan is not None, "reason": self.reason,
+        row: dict = {"gpus": self.gpus, "fits": self.plan is not None, "status": self.status, "reason": self.reason,
                      "scaling_efficiency": self.efficiency}
         if self.plan is not None:
             par, pred = self.plan.parallelism, self.plan.prediction
@@ -42,6 +42,10 @@ class SweepRow:
         return row
 
 
+NO_SPLIT = "no valid split"
+DOES_NOT_FIT = "does not fit"
+
+
 def parse_gpus(text: str) -> list[int]:
     """'8,16,32' → [8, 16, 32] (sorted, without repeats); raises AutoparError on anything else."""
     counts = []
@@ -53,7 +57,7 @@ def parse_gpus(text: str) -> list[int]:
     return sorted(set(counts))
 
 
-def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = "h100-80gb",
+def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = DEFAULT_HARDWARE,
           hardware_file: str | Path | None = None, global_batch: int | None = None, seq_len: int | None = None,
           time_limit_s: float = 60.0, threads: int = 2, overrides: Mapping[str, str] | None = None,
           dtype: str = "bf16", progress: Callable[[int], None] | None = None) -> list[SweepRow]:
@@ -77,8 +81,10 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
             plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
                          global_batch=global_batch, time_limit_s=time_limit_s, threads=threads)
             rows.append(SweepRow(n, plan))
-        except AutoparError as err:
-            rows.append(SweepRow(n, None, reason=str(err)))
+        except NoValidConfiguration as err:
+            rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT))
+        except DoesNotFit as err:
+            rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT))
     return with_efficiency(rows)
 
 
@@ -87,16 +93,8 @@ def with_efficiency(rows: Sequence[SweepRow]) -> list[SweepRow]:
     if not fitted:
         return list(rows)
     base = fitted[0].plan.prediction.tokens_per_s / fitted[0].gpus  # type: ignore[union-attr]
-    return [SweepRow(r.gpus, r.plan, r.reason, r.plan.prediction.tokens_per_s / r.gpus / base)
+    return [SweepRow(r.gpus, r.plan, r.reason, r.plan.prediction.tokens_per_s / r.gpus / base, r.status)
             if r.plan is not None else r for r in rows]
-
-
-def wide_console() -> Console:
-    """A console for tables: the terminal's width, or 160 columns when writing to a file or pipe (rich's
-    default there, 80, would cut numbers short); COLUMNS still wins."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    return Console(width=160)
 
 
 def print_sweep(rows: Sequence[SweepRow], console: Console | None = None) -> None:
@@ -105,26 +103,26 @@ def print_sweep(rows: Sequence[SweepRow], console: Console | None = None) -> Non
     title = "best plan per GPU count"
     if first is not None:
         title += f": {first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("GPUs", "tp·pp·dp", "micro×m", "ZeRO", "schedule", "step s", "tokens/s", "TFLOP/s/GPU", "MFU",
-                "scaling", "GiB", "solver"):
-        table.add_column(col, justify="right")
+    out = table(title)
+    numbers(out, "GPUs")
+    text(out, PLAN_HEADER, min_width=12)
+    numbers(out, "step s", "tokens/s", "MFU", "scaling", "GiB")
+    text(out, "solver", min_width=8)
     for r in rows:
         if r.plan is None:
-            table.add_row(str(r.gpus), *[""] * 10, "[red]does not fit[/]")
+            out.add_row(str(r.gpus), f"[red]{r.status}[/]", *[""] * 5, "")
             continue
-        par, pred = r.plan.parallelism, r.plan.prediction
-        solver = r.plan.solver
+        pred, solver = r.plan.prediction, r.plan.solver
         status = "-" if solver is None else solver.status if solver.status == "OPTIMAL" else \
             f"gap {100 * solver.gap:.1f}%"
-        table.add_row(str(r.gpus), f"{par.tp}·{par.pp}·{par.dp}", f"{par.micro_batch_size}×{par.num_microbatches}",
-                      str(par.zero_stage), par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else ""),
-                      f"{pred.step_time_s:.4g}", f"{pred.tokens_per_s:,.0f}", f"{pred.tflops_per_gpu:.1f}",
-                      f"{100 * pred.mfu:.1f}%", f"{r.efficiency:.3f}", f"{pred.peak_memory_gib:.1f}", status)
-    console.print(table)
-    batches = {r.plan.parallelism.global_batch_size for r in rows if r.plan is not None}
-    console.print(f"global batch {', '.join(map(str, sorted(batches)))} samples; scaling: tokens/s per GPU relative to "
-                  "the smallest count with a plan; solver: OPTIMAL or the gap to its proven bound")
+        out.add_row(str(r.gpus), plan_cell(r.plan.parallelism), f"{pred.step_time_s:.4g}", count(pred.tokens_per_s),
+                    f"{100 * pred.mfu:.1f}%", f"{r.efficiency:.3f}",
+                    f"{pred.peak_memory_gib:.1f}", status)
+    console.print(out)
+    batches = sorted({r.plan.parallelism.global_batch_size for r in rows if r.plan is not None})
+    if batches:
+        console.print(f"global batch {', '.join(map(str, batches))} samples; scaling: tokens/s per GPU relative to "
+                      "the smallest count with a plan; solver: OPTIMAL or the gap to its proven bound")
     for r in rows:
         if r.plan is None:
-            console.print(f"[red]{r.gpus} GPU{'s' if r.gpus > 1 else ''}: does not fit[/] — {r.reason}")
+            console.print(f"[red]{r.gpus} GPU{'s' if r.gpus > 1 else ''}: {r.status}[/] — {r.reason}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, NoValidConfiguration
 from autopar.pricing import plan_of
 from autopar.plan import Plan, SolverInfo
 from autopar.profile import ModelProfile, load_profile
@@ -19,6 +19,7 @@ from autopar.search.explain import explain_infeasible
 from autopar.search.engine import SearchResult, search
 from autopar.search.space import Pins
 from cost_models import ConfigError, load_hardware
+from cost_models.hardware import DEFAULT_HARDWARE
 
 __all__ = ["Pins", "solve", "solve_top_k"]
 
@@ -29,7 +30,7 @@ def solve(model: str | Path | ModelProfile, *, gpus: int, **options: object) -> 
 
 
 def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus_per_node: int = 8,
-                gpu: str = "h100-80gb", hardware_file: str | Path | None = None, global_batch: int | None = None,
+                gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch: int | None = None,
                 seq_len: int | None = None, time_limit_s: float = 60.0, threads: int = 2, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
                 dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None) -> list[Plan]:
@@ -39,7 +40,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     if gpus < 1 or k < 1 or gpus_per_node < 1:
         raise AutoparError("--gpus, --gpus-per-node and --top-k must be positive")
     if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise AutoparError(f"--gpus {gpus} is not a whole number of {gpus_per_node}-GPU nodes")
+        raise NoValidConfiguration(f"--gpus {gpus} is not a whole number of {gpus_per_node}-GPU nodes")
     try:
         hw = load_hardware(hardware_file if hardware_file is not None else gpu)
     except ConfigError as err:
@@ -49,9 +50,8 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     result: SearchResult = search(profile, hw, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch=batch,
                                   pins=pins, allow_cross_node_tp=allow_cross_node_tp, top_k=k,
                                   time_limit_s=time_limit_s, threads=threads, progress=progress)
-    if not result.best:
-        raise AutoparError(explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node,
-                                              global_batch=batch, pins=pins))
+    if not result.best:  # raises DoesNotFit (or NoValidConfiguration), saying what would change it
+        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=batch, pins=pins)
     plans = []
     for rank, cand in enumerate(result.best, start=1):
         objective = cand.estimate.step_time_s

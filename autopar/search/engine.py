@@ -19,10 +19,11 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from autopar.errors import AutoparError
+from autopar.errors import NoValidConfiguration
 from autopar.profile import ModelProfile
 from autopar.search.bound import LowerBound
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
+from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
 from autopar.search.space import Pins, choice_key, outer_choices
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
@@ -202,6 +203,10 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     queue = _Queue(state.lower_bound, outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node,
                                                     global_batch=global_batch, pins=pins,
                                                     allow_cross_node_tp=allow_cross_node_tp))
+    if not queue.total:
+        raise NoValidConfiguration(explain_no_configuration(
+            profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+            allow_cross_node_tp=allow_cross_node_tp))
     greedy = _greedy_incumbent(cost, queue, modes, state.lower_bound) if top_k == 1 else None
     first = None
     if greedy is not None:  # refine the incumbent's own choice first: its non-uniform optimum prunes the rest
@@ -233,9 +238,6 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
 
 def _result(state: _Search, choices: int, wall: float) -> SearchResult:
     if not state.best:
-        if not choices:
-            raise AutoparError("no parallel configuration satisfies the divisibility rules and pins: check that "
-                               "--global-batch is divisible by the data-parallel degree and the pins agree with --gpus")
         return SearchResult([], "INFEASIBLE", math.inf, wall, choices, state.solved)
     bound = min(state.bound, state.best[0].estimate.step_time_s)
     return SearchResult(state.best, "OPTIMAL" if state.all_optimal else "FEASIBLE", bound, wall, choices, state.solved)

@@ -1,4 +1,5 @@
-"""Why nothing fits, and the smallest change that would: more GPUs, more memory per GPU, a smaller batch.
+"""Why nothing fits, and the smallest change that would: more GPUs, more memory per GPU, a smaller batch;
+or, when no configuration is valid at all, which divisibility rule or pin rules every split out.
 
 Each answer is checked with the cost model on Megatron-style plans (even split, full recomputation,
 ZeRO-3 where there is data parallelism, activation offload): the least memory any of them needs.
@@ -6,9 +7,11 @@ ZeRO-3 where there is data parallelism, activation offload): the least memory an
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NoReturn
 
+from autopar.errors import DoesNotFit, NoValidConfiguration
 from autopar.profile import ModelProfile
-from autopar.search.space import Pins, outer_choices
+from autopar.search.space import Pins, divisors, outer_choices, tp_degrees
 from cost_models import ConfigError, CostModel, HardwareProfile
 
 GIB = 2**30
@@ -36,11 +39,12 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
 
 
 def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
-                       global_batch: int, pins: Pins) -> str:
+                       global_batch: int, pins: Pins) -> NoReturn:
+    """Raise DoesNotFit naming the smallest change that would fit (or NoValidConfiguration: nothing is valid)."""
     here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins)
     if here is None:
-        return (f"no valid configuration of {gpus} GPUs for global batch {global_batch}: make the batch a multiple "
-                "of the data-parallel degree, or relax the pins")
+        raise NoValidConfiguration(explain_no_configuration(profile, gpus=gpus, gpus_per_node=gpus_per_node,
+                                                            global_batch=global_batch, pins=pins))
     need, where = here
     fixes = [f"at least {need / GIB:.1f} GiB per GPU ({where})"]
     for more in (gpus * 2 ** i for i in range(1, 8)):
@@ -56,5 +60,33 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"global batch {smaller}")
             break
-    return (f"no plan fits: the most memory-frugal plan needs {need / GIB:.1f} GiB per GPU but {hw.name} has "
-            f"{hw.memory_bytes / GIB:.1f} GiB; it would fit with " + " or ".join(fixes))
+    raise DoesNotFit(f"no plan fits: the most memory-frugal plan needs {need / GIB:.1f} GiB per GPU but {hw.name} "
+                     f"has {hw.memory_bytes / GIB:.1f} GiB; it would fit with " + " or ".join(fixes))
+
+
+def _pins_text(pins: Pins) -> str:
+    given = {k: v for k, v in pins.__dict__.items() if v is not None}
+    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in given.items())
+
+
+def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
+                             allow_cross_node_tp: bool = False) -> str:
+    """Why no outer choice exists: the data-parallel degrees the GPU count allows (tp inside a node and dividing
+    the model's heads, pp at most its layers) all fail to divide the global batch, or the pins rule out the rest.
+    Pins are named only when some were given."""
+    n_layers = len(profile.layers)
+    tps = tp_degrees(profile, gpus, min(gpus_per_node, gpus), allow_cross_node_tp)
+    dps = sorted({gpus // (t * p) for t in tps for p in divisors(gpus // t) if p <= n_layers})
+    if not any(global_batch % dp == 0 for dp in dps):
+        batch, dp = min((-(-global_batch // dp) * dp, dp) for dp in dps)
+        shown = ", ".join(map(str, dps[:6])) + (", ..." if len(dps) > 6 else "")
+        return (f"no split of {gpus} GPUs into tp × pp × dp has a data-parallel degree dividing the global batch "
+                f"{global_batch}: with tp at most {max(tps)} (inside a node, dividing the heads) and pp at most "
+                f"{n_layers} (the model's layers), dp is one of {shown}; use --global-batch {batch} (a multiple of "
+                f"dp {dp}) or fewer GPUs")
+    pinned = _pins_text(pins)
+    if pinned:
+        return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch} "
+                "(degrees multiply to the GPU count, the batch divides by micro-batch × dp, interleaving needs "
+                "pp ≥ 2 and micro-batches a multiple of pp); relax a pin")
+    return f"no valid configuration of {gpus} GPUs for global batch {global_batch}"
