@@ -68,11 +68,12 @@ class Validation:
 
 
 def measure(plan_path: str | Path, model: str | None, *, steps: int, warmup: int,
-            timeout_s: float = RUN_TIMEOUT_S) -> dict:
+            timeout_s: float = RUN_TIMEOUT_S, trust_plan_model: bool = False) -> dict:
     """Run the plan for warmup + steps steps under torchrun; the runtime's JSON report (rank 0)."""
-    from autopar.runtime.launch import prepare
+    from autopar.runtime.launch import RunOptions, prepare
 
-    cmd, env = prepare(plan_path, model, steps=warmup + steps, as_json=True)
+    cmd, env = prepare(plan_path, model, RunOptions(steps=warmup + steps, as_json=True),
+                       trust_plan_model=trust_plan_model)
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -97,9 +98,13 @@ def _first_error(stderr: str) -> str:
 
 
 def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: str | Path | None = None,
-             steps: int = 5, warmup: int = 2, report: dict | None = None) -> Validation:
+             steps: int = 5, warmup: int = 2, report: dict | None = None,
+             trust_plan_model: bool = False) -> Validation:
     """Predict the plan on ``hardware_file`` (default: the hardware it was planned for), run it, compare.
-    ``report``: an already measured runtime report (tests, benchmarks that run once and compare twice)."""
+    ``report``: an already measured runtime report (tests, benchmarks that run once and compare twice).
+    The plan's own model file runs only with ``trust_plan_model`` (see autopar.runtime.launch)."""
+    from autopar.runtime.launch import model_source
+
     if steps < 1 or warmup < 0:
         raise AutoparError("--steps must be at least 1 and --warmup at least 0")
     plan = Plan.load(plan_path)
@@ -108,13 +113,13 @@ def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: 
         hw = load_hardware(hardware)
     except ConfigError as err:
         raise AutoparError(f"{err}") from None
-    source = model or plan.model.source
-    if not source or not Path(source).exists():
-        raise AutoparError(f"model file not found: {source or '(the plan names none)'}; pass MODEL")
+    source = model_source(plan, model, trust_plan_model)
+    if not Path(source).exists():
+        raise AutoparError(f"model file not found: {source}; pass MODEL")
     profile = load_profile(source, overrides=plan.model.overrides, seq_len=plan.model.seq_len, dtype=plan.model.dtype)
     predicted = predict(plan, profile, hw, hardware_name=hardware)
     if report is None:
-        report = measure(plan_path, model, steps=steps, warmup=warmup)
+        report = measure(plan_path, source, steps=steps, warmup=warmup)
     ranks = report["ranks"]
     per_step = [max(r["step_time_s"][i] for r in ranks) for i in range(warmup, warmup + steps)]
     par = plan.parallelism

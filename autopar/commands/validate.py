@@ -13,18 +13,22 @@ from autopar.errors import AutoparError
 
 def validate_command(
     plan: Annotated[Path, typer.Argument(help="plan JSON (autopar solve -o / autopar estimate --json)")],
-    model: Annotated[Optional[str], typer.Argument(help="model file (default: the plan's model source)")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="model file to run (a plan's own model.source runs only "
+                                                  "with --trust-plan-model)")] = None,
     hardware: Annotated[Optional[Path], typer.Option(help="hardware profile to predict with, e.g. the one "
                                                      "autopar calibrate wrote (default: the plan's)")] = None,
     steps: Annotated[int, typer.Option(help="measured steps, after the warm-up")] = 5,
     warmup: Annotated[int, typer.Option(help="steps run first and discarded")] = 2,
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+    trust_plan_model: Annotated[bool, typer.Option("--trust-plan-model", help="run the model file the plan "
+                                                   "names (it is code: only for plans you trust)")] = False,
 ) -> None:
     """Run PLAN with the runtime (torchrun) and put its measured step time beside the prediction."""
     try:
         from autopar.calibrate.validate import validate
 
-        result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup)
+        result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup,
+                          trust_plan_model=trust_plan_model)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)
