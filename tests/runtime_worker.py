@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -65,7 +66,7 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
     layers = [{"name": n, "stage": s, "tp": (layer_tp or {}).get(n, tp), "recompute": (recompute or {}).get(n, "none")}
               for n, s in zip(names, stages)]
     return {"world_size": tp * pp * dp,
-            "model": {"source": source, "overrides": overrides, "seq_len": SEQ, "dtype": dtype},
+            "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": dtype},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
                             "schedule": schedule, "virtual_stages": v, "offload_activations": offload},
@@ -235,17 +236,23 @@ def checkpoint_roundtrip(pm, path: Path) -> float:
     return max(diffs) if diffs else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
-    args = parser.parse_args()
-    device = init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    todo = shapes(world)
-    if args.only:
-        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
-    results: dict[str, dict] = {}
+def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[float], grads: dict, ref_cache: dict,
+            **extra) -> dict:
+    """Rank 0: a shape's run against single-process training."""
+    ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
+    ref_init = initial_weights(loaded, spec)
+    # every parameter of the single-process model (tied: under its first name) has a gradient and an initial
+    # value; a tied copy on another stage (lm_head.weight) must equal the tied gradient too
+    missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial))
+    return {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)), "dtype": spec.model.dtype,
+            "grad_diff": max((g - ref_grads[n]).abs().max().item() for n, g in grads.items()),
+            "init_diff": max((pm.initial[n] - w).abs().max().item() for n, w in ref_init.items() if n in pm.initial),
+            "losses": losses, "dtypes": pm.dtypes, "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
+            "missing_grads": missing, **extra}
+
+
+def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: dict[str, dict]) -> None:
+    rank = dist.get_rank()
     loaded_cache: dict[str, LoadedModel] = {}
     ref_cache: dict[tuple, tuple] = {}
     for name, raw in todo.items():
@@ -257,35 +264,65 @@ def main() -> None:
                 loaded_cache[key] = load_model(spec, spec.model.source)
             loaded = loaded_cache[key]
             losses, grads, pm = run_shape(loaded, spec, device)
-            ckpt_diff = None
             counts = collective_counts(pm, loaded, spec) if name in COUNT_SHAPES else None
-            if name in CHECKPOINT_SHAPES:
-                ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
+            ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
+                         if name in CHECKPOINT_SHAPES else None)
             if rank == 0:
-                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
-                ref_init = initial_weights(loaded, spec)
-                # every parameter of the single-process model (tied: under its first name) has a gradient and
-                # initial value; a tied copy on another stage (lm_head.weight) must equal the tied gradient too
-                missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial))
-                loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-                grad_diff = max((g - ref_grads[n]).abs().max().item() for n, g in grads.items())
-                init_diff = max((pm.initial[n] - w).abs().max().item() for n, w in ref_init.items() if n in pm.initial)
-                results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff,
-                                 "init_diff": init_diff,
-                                 "losses": losses, "ckpt_diff": ckpt_diff,
-                                 "collectives": counts, "dtypes": pm.dtypes,
-                                 "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
-                                 "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
-                print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} init_diff={init_diff:.1e} "
-                      f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",
-                      flush=True)
+                r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
+                                            collectives=counts, wall_s=round(time.perf_counter() - start, 2))
+                print(f"[{name}] loss_diff={r['loss_diff']:.2e} grad_diff={r['grad_diff']:.2e} "
+                      f"init_diff={r['init_diff']:.1e} {'MISSING ' + str(r['missing_grads']) if r['missing_grads'] else ''}"
+                      f" ({r['wall_s']:.1f}s)", flush=True)
         except Exception as e:  # record and go on: a shape's failure should not hide the others' results
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"[{name}] rank {rank}: {type(e).__name__}: {e}", flush=True)
             if rank == 0:
                 traceback.print_exc()
         dist.barrier()
-    if rank == 0:
+
+
+SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data")
+
+
+def run_scale_checks(todo: list[str], device: torch.device, out: str, results: dict[str, dict]) -> None:
+    """Checkpoint, weights and data checks of the world-4 job (tests/runtime_scale_checks.py)."""
+    import runtime_scale_checks as checks
+
+    tmp = Path(out + ".scale")
+    runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, device, tmp / "ckpt"),
+            "scale/weights": lambda: checks.weights_in(plan, device, tmp / "weights", gathered_weights),
+            "scale/data": lambda: checks.data_in(plan, device, tmp / "data")}
+    for name in todo:
+        start = time.perf_counter()
+        try:
+            result = runs[name]()
+            if dist.get_rank() == 0:
+                results[name] = {**result, "wall_s": round(time.perf_counter() - start, 2)}
+                print(f"[{name}] {json.dumps(results[name])}", flush=True)
+        except Exception as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"[{name}] rank {dist.get_rank()}: {type(e).__name__}: {e}", flush=True)
+            if dist.get_rank() == 0:
+                traceback.print_exc()
+        dist.barrier()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
+    args = parser.parse_args()
+    device = init_distributed()
+    world = dist.get_world_size()
+    todo = shapes(world)
+    scale = list(SCALE_CHECKS) if world == 4 else []
+    if args.only:
+        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
+        scale = [k for k in scale if k in args.only.split(",")]
+    results: dict[str, dict] = {}
+    run_shapes(todo, device, args.out, results)
+    run_scale_checks(scale, device, args.out, results)
+    if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 

@@ -10,9 +10,9 @@ the peak of its ranks.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,29 +72,22 @@ def measure(plan_path: str | Path, model: str | None, *, steps: int, warmup: int
     """Run the plan for warmup + steps steps under torchrun; the runtime's JSON report (rank 0)."""
     from autopar.runtime.launch import RunOptions, prepare
 
-    cmd, env = prepare(plan_path, model, RunOptions(steps=warmup + steps, as_json=True),
-                       trust_plan_model=trust_plan_model)
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise AutoparError(f"the plan did not finish {warmup + steps} steps in {timeout_s:.0f} s; "
-                           "run fewer --steps or check it with autopar launch") from None
+    from autopar.runtime.failure import failure_reason
+
+    with tempfile.TemporaryDirectory(prefix="autopar-validate-") as workdir:
+        cmd, env = prepare(plan_path, model, RunOptions(steps=warmup + steps, as_json=True),
+                           trust_plan_model=trust_plan_model, workdir=workdir)
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AutoparError(f"the plan did not finish {warmup + steps} steps in {timeout_s:.0f} s; "
+                               "run fewer --steps or check it with autopar launch") from None
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):  # every step ran and was reported (a crash while tearing down after it,
             return json.loads(line)  # seen rarely with gloo, does not change the measurement)
     if done.returncode != 0:
-        raise AutoparError(f"the plan failed to run (exit {done.returncode}): {_first_error(done.stderr)}")
+        raise AutoparError(f"the plan failed to run (exit {done.returncode}): {failure_reason(done.stderr)}")
     raise AutoparError("the runtime printed no JSON report; run it with autopar launch --json to see why")
-
-
-def _first_error(stderr: str) -> str:
-    """The runtime's own one-line error, else the first rank's exception line, else the last line."""
-    lines = stderr.splitlines()
-    for pattern in (r"^error: (.*)", r"^\[rank\d+\]: (\w+(?:Error|Exception).*)"):
-        found = [m.group(1) for m in map(re.compile(pattern).match, lines) if m]
-        if found:
-            return found[0]
-    return next((ln for ln in reversed(lines) if ln.strip("= ")), "no output")
 
 
 def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: str | Path | None = None,

@@ -8,14 +8,11 @@ their standard error is held back and shown whole when the run succeeds (warning
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 
 _RANK_ERROR = re.compile(r"error: \[rank (\d+)\] ([^\n]*?)(?=error: \[rank|\n|$)")
-_EXCEPTION = re.compile(r"^\[rank(\d+)\]: (\w+(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE)
-_EXITCODE = re.compile(r"rank\s*:\s*(\d+).*?\n.*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
 def run_quietly(cmd: list[str], env: dict[str, str], *, verbose: bool = False) -> int:
@@ -29,29 +26,19 @@ def run_quietly(cmd: list[str], env: dict[str, str], *, verbose: bool = False) -
     if code == 0:
         sys.stderr.write(text)
         return 0
-    sys.stderr.write(failure_line(text, code) + "\n")
+    sys.stderr.write(f"error: {failure_reason(text)} (torchrun exit code {code}; --verbose shows every rank's "
+                     "output)\n")
     return code
 
 
-def failure_line(stderr: str, code: int) -> str:
-    """The first rank's own error, else the first exception a rank raised, else the rank torchrun saw die."""
+def failure_reason(stderr: str) -> str:
+    """A rank killed by a signal (the root cause torchrun reports: the others' errors only follow from it),
+    else the first rank's own error line (``error: [rank r] ...``), else the last exception a rank raised
+    (autopar.calibrate.run.worker_error reads torchrun's report)."""
+    from autopar.calibrate.run import worker_error
+
+    cause = worker_error(stderr.splitlines())
     found = _RANK_ERROR.search(stderr)
-    if found:
-        what = f"[rank {found.group(1)}] {found.group(2).strip()}"
-    elif (exc := _EXCEPTION.search(stderr)) is not None:
-        what = f"[rank {exc.group(1)}] {exc.group(2).strip()}"
-    elif (died := _EXITCODE.search(stderr)) is not None:
-        what = f"rank {died.group(1)} exited with code {died.group(2)}{_signal_name(int(died.group(2)))}"
-    else:
-        lines = [ln for ln in stderr.splitlines() if ln.strip("= ")]
-        what = lines[-1].strip() if lines else "no output"
-    return f"error: {what} (torchrun exit code {code}; --verbose shows every rank's output)"
-
-
-def _signal_name(code: int) -> str:
-    if code >= 0:
-        return ""
-    try:
-        return f" ({signal.Signals(-code).name})"
-    except ValueError:
-        return ""
+    if found is None or cause.startswith("a worker died by a signal"):
+        return cause
+    return f"[rank {found.group(1)}] {found.group(2).strip()}"

@@ -19,6 +19,7 @@ PyTorch's, Hugging Face's and the bundled models' initialisations are.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import inspect
 from typing import Any, Callable, Iterator
@@ -175,6 +176,15 @@ def _set_parameter(model: nn.Module, names: list[str], value: nn.Parameter) -> N
         model.get_submodule(path)._parameters[attr] = value
 
 
+def release_freed_memory() -> None:
+    """Give the heap's freed pages back to the system (glibc's ``malloc_trim``): glibc keeps freed blocks below
+    its (growing) mmap threshold, so one layer's full tensors would otherwise stay resident after each layer."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def _held(parts: list[nn.Module], canonical: dict[str, str], clean: Callable[[str], str]) -> dict[str, tuple]:
     """Canonical parameter name -> (the name this rank's parts use for it, the tensors holding a shard of it)."""
     out: dict[str, tuple[str, list[torch.Tensor]]] = {}
@@ -222,6 +232,8 @@ def initialize(parts: list[nn.Module], template: nn.Module, layers: list[LayerAs
         finally:
             for name in names:
                 _set_parameter(template, names_of[name], metas[name])
+            del full
+            release_freed_memory()
     copy_buffers(parts, template, clean)
 
 

@@ -22,6 +22,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -47,11 +48,12 @@ class RunOptions:
     resume: bool = False
     weights: str | None = None
     verbose: bool = False
+    model_layers: str | None = None  # the launcher's capture of the model (JSON), so rank 0 need not redo it
 
     def argv(self) -> list[str]:
         out = ["--steps", str(self.steps), "--lr", str(self.lr)]
         for flag, value in (("--data", self.data), ("--checkpoint-dir", self.checkpoint_dir),
-                            ("--weights", self.weights)):
+                            ("--weights", self.weights), ("--model-layers", self.model_layers)):
             if value is not None:
                 out += [flag, str(value)]
         if self.data is not None and self.data_dtype != "uint16":
@@ -87,37 +89,46 @@ def check_options(options: RunOptions) -> None:
         raise AutoparError("--weights and --resume: a resumed run takes its weights from the checkpoint; pass one")
 
 
-def preflight(spec: RunPlan, source: str, options: RunOptions) -> None:
-    """Check before torchrun starts what would otherwise fail on every rank."""
+def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Check before torchrun starts what would otherwise fail on every rank; returns the model's layer names
+    and tensor-parallel plans (captured on meta), which the ranks then reuse."""
     check_options(options)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():
         raise AutoparError(f"weights not found: {options.weights}")
-    if options.resume:
-        from autopar.runtime.checkpoint import latest
+    if options.data is not None:
+        from autopar.runtime.data import check_token_file
 
-        found = latest(options.checkpoint_dir)  # type: ignore[arg-type]
-        if found is None:
-            raise AutoparError(f"--resume: no checkpoint in {options.checkpoint_dir} (step-* folders with "
-                               ".metadata); run without --resume to start")
-        step = int(found.name.split("-")[1])
-        if step >= options.steps:
-            raise AutoparError(f"--resume: {found} is already at step {step}; ask for more --steps")
+        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len)
+    if options.resume:
+        _check_resume(options)
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() < spec.world_size:
         raise AutoparError(f"the plan needs {spec.world_size} GPUs but this node has {torch.cuda.device_count()}: "
                            "run it on a cluster with the multi-node command (autopar launch --nnodes N --dry-run)")
-    from autopar.capture import load_spec
     from autopar.runtime.train import model_layers
 
-    model_layers(spec, source)
+    layers = model_layers(spec, source)  # imports the model file: the user chose it (see model_source)
     if options.data is not None:
-        from autopar.runtime.data import check_data_model, check_token_file
+        from autopar.capture import load_spec
+        from autopar.runtime.data import check_data_model
 
-        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len)
         check_data_model(load_spec(source, spec.model.overrides).example_inputs, spec.model.seq_len)
+    return layers
+
+
+def _check_resume(options: RunOptions) -> None:
+    from autopar.runtime.checkpoint import latest
+
+    found = latest(options.checkpoint_dir)  # type: ignore[arg-type]
+    if found is None:
+        raise AutoparError(f"--resume: no checkpoint in {options.checkpoint_dir} (step-* folders with .metadata); "
+                           "run without --resume to start")
+    step = int(found.name.split("-")[1])
+    if step >= options.steps:
+        raise AutoparError(f"--resume: {found} is already at step {step}; ask for more --steps")
 
 
 def torchrun_command(plan_path: str | Path, spec: RunPlan, source: str, options: RunOptions, *,
@@ -138,14 +149,19 @@ def torchrun_command(plan_path: str | Path, spec: RunPlan, source: str, options:
 
 
 def prepare(plan_path: str | Path, model: str | None = None, options: RunOptions = RunOptions(), *,
-            trust_plan_model: bool = False, env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+            trust_plan_model: bool = False, env: dict[str, str] | None = None,
+            workdir: str | Path | None = None) -> tuple[list[str], dict[str, str]]:
     """Check the plan, the model and the options against this node, then the torchrun command that runs it on
     this node and its environment (OMP_NUM_THREADS 1 unless set: one thread per rank; Python's fault
-    handler on)."""
+    handler on). ``workdir``: where the model's captured layers are left for the ranks (default: a new
+    temporary folder)."""
     spec = load_run_plan(plan_path)
     check_options(options)
     source = model_source(spec, model, trust_plan_model)
-    preflight(spec, source, options)
+    layers = preflight(spec, source, options)
+    captured = Path(workdir or tempfile.mkdtemp(prefix="autopar-launch-")) / "model_layers.json"
+    captured.write_text(json.dumps(layers))
+    options = dataclasses.replace(options, model_layers=str(captured))
     cmd = torchrun_command(plan_path, spec, source, options)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
@@ -157,8 +173,10 @@ def launch(plan_path: str | Path, model: str | None = None, options: RunOptions 
            trust_plan_model: bool = False, env: dict[str, str] | None = None) -> int:
     """Check here, then run torchrun on this node; returns its exit code. A failure prints one line (the
     first rank's error and torchrun's exit code) unless ``options.verbose``."""
-    cmd, run_env = prepare(plan_path, model, options, trust_plan_model=trust_plan_model, env=env)
-    return run_quietly(cmd, run_env, verbose=options.verbose)
+    with tempfile.TemporaryDirectory(prefix="autopar-launch-") as workdir:
+        cmd, run_env = prepare(plan_path, model, options, trust_plan_model=trust_plan_model, env=env,
+                               workdir=workdir)
+        return run_quietly(cmd, run_env, verbose=options.verbose)
 
 
 # -- the per-rank entry point ------------------------------------------------------------------------------
@@ -200,6 +218,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--weights", default=None)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--model-layers", default=None, help="the launcher's capture of the model (JSON)")
     return parser.parse_args(argv)
 
 
@@ -230,10 +249,12 @@ def _run(args: argparse.Namespace, rank: int) -> int:
     options = RunOptions(steps=args.steps, lr=args.lr, save_every=args.save_every, resume=args.resume,
                          checkpoint_dir=args.checkpoint_dir, weights=args.weights)
     check_options(options)
-    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model))
+    layers = json.loads(Path(args.model_layers).read_text()) if args.model_layers else None
+    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model), layers)
     baseline = current_rss_bytes()  # before any weight exists: what the memory test subtracts
     batches = TokenFile(args.data, spec, args.data_dtype) if args.data else None
     pm = build(spec, loaded, meshes, weights=args.weights)
+    built = peak_rss_bytes()  # the peak while each rank allocated and filled its shards
     # fused AdamW: one kernel per step instead of a dozen per parameter group (on DTensor parameters the
     # foreach path dispatches every op through DTensor: 4x slower on a CPU mesh)
     optimizer = pm.build_optimizer(lambda params: fused_adamw(params, args.lr))
@@ -255,7 +276,8 @@ def _run(args: argparse.Namespace, rank: int) -> int:
     ranks: list = [None] * spec.world_size  # every rank's step times and memory, for `autopar validate`
     dist.all_gather_object(ranks, {"rank": rank, "step_time_s": [r["step_time_s"] for r in records],
                                    "peak_memory_bytes": [r.get("peak_memory_bytes") for r in records],
-                                   "peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline})
+                                   "peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline,
+                                   "build_peak_rss_bytes": built})
     if rank == 0 and args.json:
         print(json.dumps({"plan": str(args.plan), "world_size": spec.world_size, "device": str(meshes.device),
                           "global_batch": spec.global_batch, "resumed_from_step": start, "steps": records,

@@ -32,14 +32,15 @@ class LoadedModel:
     tp_plans: dict[str, dict[str, str]]
 
 
-def load_model(spec: RunPlan, source: str) -> LoadedModel:
+def load_model(spec: RunPlan, source: str, layers: tuple[list[str], dict[str, dict[str, str]]] | None = None) -> LoadedModel:
     """Load the model file on every rank; capture its profile once (rank 0) for the layer names and
-    tensor-parallel plans, and share it. A failure anywhere becomes the same one-line error on every rank.
-    ``source`` is explicit: a plan's own ``model.source`` is code, run only where the caller chose to trust it."""
+    tensor-parallel plans (``layers``: already captured, by ``autopar launch`` before torchrun), and share it.
+    A failure anywhere becomes the same one-line error on every rank. ``source`` is explicit: a plan's own
+    ``model.source`` is code, run only where the caller chose to trust it."""
     from autopar.capture import load_spec
 
-    payload: list[Any] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    payload: list[Any] = [layers]
+    if layers is None and (not dist.is_initialized() or dist.get_rank() == 0):
         try:
             payload[0] = model_layers(spec, source)
         except AutoparError as e:
@@ -107,11 +108,12 @@ def initializer(loaded: LoadedModel, spec: RunPlan, *, seed: int = init_mod.SEED
     return fill
 
 
-def prepare_rank(spec: RunPlan, source: str) -> tuple[LoadedModel, Meshes]:
+def prepare_rank(spec: RunPlan, source: str,
+                 layers: tuple[list[str], dict[str, dict[str, str]]] | None = None) -> tuple[LoadedModel, Meshes]:
     """Process group, model file and meshes; raises AutoparError (the same on every rank) on a mismatch."""
     device = init_distributed()
     check_environment(spec)
-    loaded = load_model(spec, source)
+    loaded = load_model(spec, source, layers)
     return loaded, build_meshes(spec, device)
 
 
