@@ -39,11 +39,15 @@ def latest(directory: str | Path) -> Path | None:
 
 def model_state(pm: ParallelModel) -> dict[str, torch.Tensor]:
     """This rank's parameters and persistent buffers, by their first name (tensors sharing its storage)."""
+    return _state_of(list(pm.parts.values()), pm.canonical)
+
+
+def _state_of(parts: list[torch.nn.Module], canonical: dict[str, str]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
-    for part in pm.parts.values():
+    for part in parts:
         for name, value in part.state_dict().items():
             name = clean_name(name)
-            state.setdefault(pm.canonical.get(name, name), value)
+            state.setdefault(canonical.get(name, name), value)
     return state
 
 
@@ -102,16 +106,11 @@ def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer |
     return int(state["train"]["step"].item())
 
 
-def load_model_only(pm_parts: list[torch.nn.Module], path: str | Path, canonical: dict[str, str]) -> None:
+def load_model_only(parts: list[torch.nn.Module], path: str | Path, canonical: dict[str, str]) -> None:
     """Weights from a checkpoint of this format (no optimizer state, no step): fine-tuning's starting point."""
     _check_checkpoint(path)
-    state: dict[str, torch.Tensor] = {}
-    for part in pm_parts:
-        for name, value in part.state_dict().items():
-            name = clean_name(name)
-            state.setdefault(canonical.get(name, name), value)
     try:
-        dcp.load({"model": state}, checkpoint_id=str(path))
+        dcp.load({"model": _state_of(parts, canonical)}, checkpoint_id=str(path))
     except Exception as e:
         raise AutoparError(f"{path}: cannot load its weights into this model: {_first_line(e)}") from None
 

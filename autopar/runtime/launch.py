@@ -264,13 +264,17 @@ def _run(args: argparse.Namespace, rank: int) -> int:
         if found is None:
             raise AutoparError(f"--resume: no checkpoint in {args.checkpoint_dir}")
         start = checkpoint.load(pm, found, optimizer)
+        if rank == 0 and not args.json:
+            print(f"resumed from {found} (step {start})", flush=True)
+    saving = Checkpointing(Path(args.checkpoint_dir), args.save_every) if args.checkpoint_dir else None
 
     def report(record: dict) -> None:
         if rank == 0 and not args.json:
-            print(f"step {record['step']:4d}  loss {record['loss']:.6f}  step_time {record['step_time_s'] * 1e3:.1f} ms",
-                  flush=True)
+            saved = f"  saved {checkpoint.step_dir(saving.directory, record['step'])}" if saving is not None and \
+                saving.due(record["step"], args.steps) else ""
+            print(f"step {record['step']:4d}  loss {record['loss']:.6f}  step_time {record['step_time_s'] * 1e3:.1f} ms"
+                  f"{saved}", flush=True)
 
-    saving = Checkpointing(Path(args.checkpoint_dir), args.save_every) if args.checkpoint_dir else None
     records = train(pm, loaded, optimizer, args.steps, on_step=report, batches=batches, start=start,
                     checkpointing=saving)
     ranks: list = [None] * spec.world_size  # every rank's step times and memory, for `autopar validate`

@@ -144,6 +144,10 @@ class Checkpointing:
     directory: Path
     every: int = 0  # 0: only after the last step
 
+    def due(self, done: int, steps: int) -> bool:
+        """Save after optimizer step ``done`` of ``steps``?"""
+        return done == steps or (self.every > 0 and done % self.every == 0)
+
 
 def train(pm: ParallelModel, loaded: LoadedModel, optimizer: torch.optim.Optimizer, steps: int,
           on_step: Callable[[dict[str, Any]], None] | None = None, *, batches: Batches | None = None,
@@ -170,9 +174,8 @@ def train(pm: ParallelModel, loaded: LoadedModel, optimizer: torch.optim.Optimiz
         if device.type == "cuda":
             record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
         records.append(record)
+        if checkpointing is not None and checkpointing.due(step + 1, steps):
+            checkpoint.save(pm, checkpointing.directory, step + 1, optimizer)
         if on_step is not None:
             on_step(record)
-        done = step + 1
-        if checkpointing is not None and (done == steps or (checkpointing.every and done % checkpointing.every == 0)):
-            checkpoint.save(pm, checkpointing.directory, done, optimizer)
     return records
