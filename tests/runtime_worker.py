@@ -46,9 +46,17 @@ MODELS = {
                                 "block_size": "16"}),
     "llama": ("examples/llama.py", {"n_layer": "4", "dim": "32", "n_head": "4", "n_kv_head": "2",
                                     "vocab_size": "64", "max_seq_len": "16", "multiple_of": "16"}),
+    # a Hugging Face config (transformers' own LlamaForCausalLM and its init): its rotary-table layer has no
+    # weights and no tensor-parallel pattern, and runs whole on each tp rank
+    "hf-llama": ("examples/hf/llama-3-8b.json", {"hidden_size": "32", "num_hidden_layers": "2",
+                                                 "num_attention_heads": "4", "num_key_value_heads": "2",
+                                                 "intermediate_size": "64", "vocab_size": "64",
+                                                 "max_position_embeddings": "16"}),
 }
 NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
-         "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"]}
+         "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"],
+         "hf-llama": ["hf.model.embed_tokens", "hf.model.rotary_emb", "hf.model.layers.0", "hf.model.layers.1",
+                      "hf.model.norm", "hf.lm_head"]}
 
 
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
@@ -76,6 +84,8 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
 def shapes(world: int) -> dict[str, dict]:
     """The plan shapes of one torchrun job, for both example models."""
     out: dict[str, dict] = {}
+    if world == 2:  # a Hugging Face model under tensor parallelism (its forward does not split into fx stages)
+        out["hf-llama/tp2"] = plan("hf-llama", tp=2)
     for model in ("gpt", "llama"):
         blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
         mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}

@@ -64,8 +64,15 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
     check_model_matches(spec, names)
     plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}
     divisors = {layer.name: list(layer.tp.divisors) for layer in profile.layers}
+    # a layer without weights and pattern (dropout, a rotary table) runs whole on each tp rank, on whole
+    # sequences: not under sequence parallelism, which would hand it a shard of the sequence
+    weightless = {layer.name for layer in profile.layers if layer.params == 0 and not layer.tp.plan}
     for layer in spec.layers:
-        if layer.tp > 1 and (not plans[layer.name] or any(d % layer.tp for d in divisors[layer.name])):
+        if layer.tp > 1 and layer.name in weightless and spec.parallelism.sequence_parallel:
+            raise AutoparError(f"layer {layer.name} has no tensor-parallel pattern: it cannot run on sequence "
+                               "shards; re-plan with --no-sequence-parallel")
+        if layer.tp > 1 and layer.name not in weightless and (not plans[layer.name] or
+                                                                any(d % layer.tp for d in divisors[layer.name])):
             raise AutoparError(f"layer {layer.name}: tp {layer.tp} does not fit the model (no tensor-parallel "
                                f"pattern, or it must divide {divisors[layer.name]}: heads, features, vocab)")
     return names, plans
