@@ -172,3 +172,15 @@ def test_a_failed_run_is_one_line_naming_the_rank() -> None:
     assert "died by a signal" in reason and "SIGSEGV" in reason and "rank : 1" in reason
     assert failure_reason("[rank1]: ValueError: shapes do not match\nChildFailedError:\n") == \
         "[rank1]: ValueError: shapes do not match"
+
+
+def test_every_option_reaches_the_ranks() -> None:
+    """What `autopar launch` takes is what each rank's entry point parses from the torchrun command."""
+    from autopar.runtime.launch import RunOptions, _parse
+
+    options = RunOptions(steps=7, lr=0.5, as_json=True, data="t.bin", data_dtype="uint32", checkpoint_dir="ck",
+                         save_every=3, resume=True, weights=None, verbose=True, model_layers="layers.json")
+    args = _parse(["plan.json", "--model", "m.py", *options.argv()])
+    assert (args.steps, args.lr, args.json, args.data, args.data_dtype, args.checkpoint_dir, args.save_every,
+            args.resume, args.weights, args.verbose, args.model_layers, args.model) == \
+        (7, 0.5, True, "t.bin", "uint32", "ck", 3, True, None, True, "layers.json", "m.py")

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import traceback
