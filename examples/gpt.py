@@ -67,10 +67,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_weights:
             self.lm_head.weight = self.wte.weight  # weight tying, as GPT-2 and nanoGPT do
-        self.init_weights(n_layer)
+        self.init_weights()
 
-    def init_weights(self, n_layer: int) -> None:
+    def init_weights(self) -> None:
         """GPT-2 init (nanoGPT): N(0, 0.02), zero biases, residual projections / sqrt(2 n_layer)."""
+        n_layer = len(self.h)
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)

@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 tests/runtime_worker.py --out result.json [--only a,b]
 
-For every shape: the same seeded full model on every rank, sharded by ``parallelize``; STEPS SGD steps on
+For every shape: the model built on meta, each rank allocating and initialising only its shards (compared
+with the single-process model's initial weights); STEPS SGD steps on
 the same global batches; losses of every step and the last step's full gradients compared on rank 0
 with single-process training of the same model on the whole global batch. Rank 0 writes
 ``{shape: {"loss_diff", "grad_diff", "wall_s", "error"}}``. One torchrun start-up (4-9 s) for all.
@@ -21,14 +22,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from autopar.runtime.mesh import build_meshes, finish, init_distributed  # noqa: E402
-from autopar.runtime.parallelize import COMPUTE_DTYPES, parallelize  # noqa: E402
+from autopar.runtime.parallelize import COMPUTE_DTYPES  # noqa: E402
 from autopar.plan import RunPlan, parse_run_plan  # noqa: E402
-from autopar.runtime.train import LoadedModel, build_model, load_model, synthetic_batch  # noqa: E402
+from autopar.runtime.checkpoint import full_state_dict  # noqa: E402
+from autopar.runtime.train import LoadedModel, build, build_model, load_model, synthetic_batch  # noqa: E402
 
 STEPS = 3
 COUNT_SHAPES = {"gpt/tp2", "gpt/tp2_sp", "llama/tp2", "llama/tp2_sp"}  # collectives counted for the cost model
@@ -37,17 +40,23 @@ LR = 0.1
 SEQ = 16
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
-    # GPT's wte / lm_head weights are tied: kept tied without pipelining (TP must re-tie them),
-    # untied under pipelining (a tie across stages is refused with a clear error).
+    # GPT's wte / lm_head weights are tied: one parameter within a rank (TP must re-tie them), a copy per
+    # pipeline rank under pipelining, kept equal by the embedding group's gradient all-reduce.
     "gpt": ("examples/gpt.py", {"n_layer": "4", "n_embd": "32", "n_head": "4", "vocab_size": "64",
                                 "block_size": "16"}),
-    "gpt_untied": ("examples/gpt.py", {"n_layer": "4", "n_embd": "32", "n_head": "4", "vocab_size": "64",
-                                       "block_size": "16", "tie_weights": "false"}),
     "llama": ("examples/llama.py", {"n_layer": "4", "dim": "32", "n_head": "4", "n_kv_head": "2",
                                     "vocab_size": "64", "max_seq_len": "16", "multiple_of": "16"}),
+    # a Hugging Face config (transformers' own LlamaForCausalLM and its init): its rotary-table layer has no
+    # weights and no tensor-parallel pattern, and runs whole on each tp rank
+    "hf-llama": ("examples/hf/llama-3-8b.json", {"hidden_size": "32", "num_hidden_layers": "2",
+                                                 "num_attention_heads": "4", "num_key_value_heads": "2",
+                                                 "intermediate_size": "64", "vocab_size": "64",
+                                                 "max_position_embeddings": "16"}),
 }
 NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
-         "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"]}
+         "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"],
+         "hf-llama": ["hf.model.embed_tokens", "hf.model.rotary_emb", "hf.model.layers.0", "hf.model.layers.1",
+                      "hf.model.norm", "hf.lm_head"]}
 
 
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
@@ -65,7 +74,7 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
     layers = [{"name": n, "stage": s, "tp": (layer_tp or {}).get(n, tp), "recompute": (recompute or {}).get(n, "none")}
               for n, s in zip(names, stages)]
     return {"world_size": tp * pp * dp,
-            "model": {"source": source, "overrides": overrides, "seq_len": SEQ, "dtype": dtype},
+            "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": dtype},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
                             "schedule": schedule, "virtual_stages": v, "offload_activations": offload},
@@ -75,8 +84,9 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
 def shapes(world: int) -> dict[str, dict]:
     """The plan shapes of one torchrun job, for both example models."""
     out: dict[str, dict] = {}
+    if world == 2:  # a Hugging Face model under tensor parallelism (its forward does not split into fx stages)
+        out["hf-llama/tp2"] = plan("hf-llama", tp=2)
     for model in ("gpt", "llama"):
-        untied = "gpt_untied" if model == "gpt" else model
         blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
         mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}
         if world == 1:  # one device: bf16 under FSDP2's mixed-precision policy on a 1-device mesh
@@ -86,9 +96,9 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/dp2"] = plan(model, dp=2)
             out[f"{model}/tp2"] = plan(model, tp=2)
             out[f"{model}/tp2_sp"] = plan(model, tp=2, sp=True)
-            out[f"{model}/pp2_1f1b"] = plan(untied, pp=2, m=4, mb=1)
-            out[f"{model}/pp2_gpipe_uneven"] = plan(untied, pp=2, m=2, schedule="gpipe", cuts=[2, len(NAMES[model]) - 2])
-            out[f"{model}/pp2_interleaved"] = plan(untied, pp=2, v=2, m=4, mb=1, schedule="interleaved")
+            out[f"{model}/pp2_1f1b"] = plan(model, pp=2, m=4, mb=1)
+            out[f"{model}/pp2_gpipe_uneven"] = plan(model, pp=2, m=2, schedule="gpipe", cuts=[2, len(NAMES[model]) - 2])
+            out[f"{model}/pp2_interleaved"] = plan(model, pp=2, v=2, m=4, mb=1, schedule="interleaved")
             out[f"{model}/zero1_dp2"] = plan(model, dp=2, zero=1)
             out[f"{model}/zero2_dp2"] = plan(model, dp=2, zero=2)
             out[f"{model}/zero3_dp2_ac"] = plan(model, dp=2, zero=3, recompute=mixed_ac)
@@ -100,26 +110,28 @@ def shapes(world: int) -> dict[str, dict]:
                 out[f"{model}/tp2_sp_bf16"] = plan(model, tp=2, sp=True, dtype="bf16")
             else:
                 out[f"{model}/zero3_dp2_bf16"] = plan(model, dp=2, zero=3, dtype="bf16")
-            out[f"{model}/pp2_1f1b_bf16"] = plan(untied, pp=2, m=4, mb=1, dtype="bf16")
+            out[f"{model}/pp2_1f1b_bf16"] = plan(model, pp=2, m=4, mb=1, dtype="bf16")
         elif world == 4:
             out[f"{model}/tp2_dp2"] = plan(model, tp=2, dp=2)
             out[f"{model}/tp2_dp2_sp_zero3"] = plan(model, tp=2, dp=2, sp=True, zero=3)
-            out[f"{model}/pp2_tp2"] = plan(untied, pp=2, tp=2, m=2)
-            out[f"{model}/pp2_dp2"] = plan(untied, pp=2, dp=2, m=2, mb=1)
-            out[f"{model}/pp2_dp2_zero1"] = plan(untied, pp=2, dp=2, m=2, mb=1, zero=1)
+            out[f"{model}/pp2_tp2"] = plan(model, pp=2, tp=2, m=2)
+            out[f"{model}/pp2_dp2"] = plan(model, pp=2, dp=2, m=2, mb=1)
+            out[f"{model}/pp2_dp2_zero1"] = plan(model, pp=2, dp=2, m=2, mb=1, zero=1)
             # mixed precision with FSDP2 over TP (2-D) and with ZeroRedundancyOptimizer under pipelining
             out[f"{model}/tp2_dp2_sp_zero3_bf16"] = plan(model, tp=2, dp=2, sp=True, zero=3, dtype="bf16")
-            out[f"{model}/pp2_dp2_zero1_bf16"] = plan(untied, pp=2, dp=2, m=2, mb=1, zero=1, dtype="bf16")
-            out[f"{model}/pp4_uneven"] = plan(untied, pp=4, m=4, mb=1, cuts=[1, 3, 1, len(NAMES[model]) - 5])
+            out[f"{model}/pp2_dp2_zero1_bf16"] = plan(model, pp=2, dp=2, m=2, mb=1, zero=1, dtype="bf16")
+            out[f"{model}/pp4_uneven"] = plan(model, pp=4, m=4, mb=1, cuts=[1, 3, 1, len(NAMES[model]) - 5])
+            if model == "gpt":  # tied copies sharded differently (wte tp 2, lm_head tp 1): summed in full
+                out[f"{model}/pp2_tp2_tied_layouts"] = plan(model, pp=2, tp=2, m=2, layer_tp={"lm_head": 1})
             out[f"{model}/tp4_layer_tp"] = plan(model, tp=4 if model == "gpt" else 2, dp=1 if model == "gpt" else 2,
                                                 mb=4 if model == "gpt" else 2, layer_tp={blocks[0]: 2, blocks[1]: 1})
         elif world == 8:
-            out[f"{model}/pp2_tp2_dp2"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=1)
-            out[f"{model}/pp2_tp2_dp2_zero3_ac"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=1, zero=3,
+            out[f"{model}/pp2_tp2_dp2"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=1)
+            out[f"{model}/pp2_tp2_dp2_zero3_ac"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=1, zero=3,
                                                         recompute=mixed_ac)
-            out[f"{model}/pp2_tp2_dp2_interleaved_sp"] = plan(untied, pp=2, tp=2, dp=2, v=2, m=2, mb=1,
+            out[f"{model}/pp2_tp2_dp2_interleaved_sp"] = plan(model, pp=2, tp=2, dp=2, v=2, m=2, mb=1,
                                                               schedule="interleaved", sp=True)
-            out[f"{model}/pp2_tp2_dp2_layer_tp"] = plan(untied, pp=2, tp=2, dp=2, m=2, mb=2,
+            out[f"{model}/pp2_tp2_dp2_layer_tp"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=2,
                                                         layer_tp={blocks[1]: 1, blocks[2]: 4} if model == "gpt"
                                                         else {blocks[1]: 1, "tok_embeddings": 4})
     return out
@@ -149,7 +161,11 @@ def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[floa
         losses.append(loss.item())
         if step < STEPS - 1:
             opt.step()
-    return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def initial_weights(loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in build_model(loaded, spec, seed=0).named_parameters()}
 
 
 def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict]:
@@ -164,10 +180,21 @@ def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def gathered_weights(pm) -> dict[str, torch.Tensor]:
+    """Every parameter unsharded, by its first name, on rank 0 (collective)."""
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {k: v.cpu() for k, v in full_state_dict(pm).items()})
+    out: dict[str, torch.Tensor] = {}
+    for part in every:
+        out.update(part)
+    return out
+
+
 def run_shape(loaded: LoadedModel, spec: RunPlan, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Built on meta, each rank allocating and initialising only its shards (as autopar launch does)."""
     meshes = build_meshes(spec, device)
-    model = build_model(loaded, spec, seed=0, device=device)
-    pm = parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn)
+    pm = build(spec, loaded, meshes)
+    pm.initial = gathered_weights(pm)
     opt = pm.build_optimizer(lambda params: torch.optim.SGD(params, lr=LR))
     losses = []
     seen: set[str] = set()  # dtypes the linear layers compute in (first step)
@@ -206,30 +233,36 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
 
 def checkpoint_roundtrip(pm, path: Path) -> float:
     """Save with DCP, zero every weight, load: max |difference| of the full state dict (should be 0)."""
-    from autopar.runtime.checkpoint import full_state_dict, load, save
+    from autopar.runtime.checkpoint import load, save
 
     before = full_state_dict(pm)
-    save(pm, path)
+    saved = save(pm, path, STEPS)
     with torch.no_grad():
         for p in pm.parameters():
             p.zero_()
-    load(pm, path)
+    assert load(pm, saved) == STEPS
     after = full_state_dict(pm)
     diffs = [(before[k] - after[k]).abs().max().item() for k in before]
     return max(diffs) if diffs else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
-    args = parser.parse_args()
-    device = init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    todo = shapes(world)
-    if args.only:
-        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
-    results: dict[str, dict] = {}
+def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[float], grads: dict, ref_cache: dict,
+            **extra) -> dict:
+    """Rank 0: a shape's run against single-process training."""
+    ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
+    ref_init = initial_weights(loaded, spec)
+    # every parameter of the single-process model (tied: under its first name) has a gradient and an initial
+    # value; a tied copy on another stage (lm_head.weight) must equal the tied gradient too
+    missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial))
+    return {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)), "dtype": spec.model.dtype,
+            "grad_diff": max((g - ref_grads[n]).abs().max().item() for n, g in grads.items()),
+            "init_diff": max((pm.initial[n] - w).abs().max().item() for n, w in ref_init.items() if n in pm.initial),
+            "losses": losses, "dtypes": pm.dtypes, "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
+            "missing_grads": missing, **extra}
+
+
+def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: dict[str, dict]) -> None:
+    rank = dist.get_rank()
     loaded_cache: dict[str, LoadedModel] = {}
     ref_cache: dict[tuple, tuple] = {}
     for name, raw in todo.items():
@@ -238,33 +271,68 @@ def main() -> None:
         try:
             spec = parse_run_plan(raw)
             if key not in loaded_cache:
-                loaded_cache[key] = load_model(spec)
+                loaded_cache[key] = load_model(spec, spec.model.source)
             loaded = loaded_cache[key]
             losses, grads, pm = run_shape(loaded, spec, device)
-            ckpt_diff = None
             counts = collective_counts(pm, loaded, spec) if name in COUNT_SHAPES else None
-            if name in CHECKPOINT_SHAPES:
-                ckpt_diff = checkpoint_roundtrip(pm, Path(args.out + ".ckpt") / name.replace("/", "_"))
+            ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
+                         if name in CHECKPOINT_SHAPES else None)
             if rank == 0:
-                ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
-                missing = sorted(set(ref_grads) - set(grads))
-                loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-                grad_diff = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items() if n in grads)
-                results[name] = {"loss_diff": loss_diff, "dtype": spec.model.dtype, "grad_diff": grad_diff,
-                                 "losses": losses, "ckpt_diff": ckpt_diff,
-                                 "collectives": counts, "dtypes": pm.dtypes,
-                                 "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
-                                 "missing_grads": missing, "wall_s": round(time.perf_counter() - start, 2)}
-                print(f"[{name}] loss_diff={loss_diff:.2e} grad_diff={grad_diff:.2e} "
-                      f"{'MISSING ' + str(missing) if missing else ''} ({time.perf_counter() - start:.1f}s)",
-                      flush=True)
+                r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
+                                            collectives=counts, wall_s=round(time.perf_counter() - start, 2))
+                print(f"[{name}] loss_diff={r['loss_diff']:.2e} grad_diff={r['grad_diff']:.2e} "
+                      f"init_diff={r['init_diff']:.1e} {'MISSING ' + str(r['missing_grads']) if r['missing_grads'] else ''}"
+                      f" ({r['wall_s']:.1f}s)", flush=True)
         except Exception as e:  # record and go on: a shape's failure should not hide the others' results
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"[{name}] rank {rank}: {type(e).__name__}: {e}", flush=True)
             if rank == 0:
                 traceback.print_exc()
         dist.barrier()
-    if rank == 0:
+
+
+SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data")
+
+
+def run_scale_checks(todo: list[str], device: torch.device, out: str, results: dict[str, dict]) -> None:
+    """Checkpoint, weights and data checks of the world-4 job (tests/runtime_scale_checks.py)."""
+    import runtime_scale_checks as checks
+
+    tmp = Path(out + ".scale")
+    runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, device, tmp / "ckpt"),
+            "scale/weights": lambda: checks.weights_in(plan, device, tmp / "weights", gathered_weights),
+            "scale/data": lambda: checks.data_in(plan, device, tmp / "data")}
+    for name in todo:
+        start = time.perf_counter()
+        try:
+            result = runs[name]()
+            if dist.get_rank() == 0:
+                results[name] = {**result, "wall_s": round(time.perf_counter() - start, 2)}
+                print(f"[{name}] {json.dumps(results[name])}", flush=True)
+        except Exception as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"[{name}] rank {dist.get_rank()}: {type(e).__name__}: {e}", flush=True)
+            if dist.get_rank() == 0:
+                traceback.print_exc()
+        dist.barrier()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
+    args = parser.parse_args()
+    device = init_distributed()
+    world = dist.get_world_size()
+    todo = shapes(world)
+    scale = list(SCALE_CHECKS) if world == 4 else []
+    if args.only:
+        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
+        scale = [k for k in scale if k in args.only.split(",")]
+    results: dict[str, dict] = {}
+    run_shapes(todo, device, args.out, results)
+    run_scale_checks(scale, device, args.out, results)
+    if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 

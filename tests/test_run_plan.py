@@ -122,12 +122,15 @@ def test_every_chunk_needs_a_layer() -> None:
 def test_launch_dry_run_prints_torchrun_command(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(PLAN))
-    result = CliRunner().invoke(app, ["launch", str(path), "--dry-run", "--steps", "5", "--json"])
+    result = CliRunner().invoke(app, ["launch", str(path), "examples/gpt.py", "--dry-run", "--steps", "5", "--json",
+                                      "--checkpoint-dir", "ck", "--save-every", "2", "--resume"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("torchrun --nproc-per-node=8 --nnodes=1 --standalone -m autopar.runtime.launch")
-    assert "--steps 5" in result.output and "--json" in result.output
-    result = CliRunner().invoke(app, ["launch", str(path), "--nnodes", "2"])
+    assert "--model examples/gpt.py" in result.output and "--steps 5" in result.output and "--json" in result.output
+    assert "--checkpoint-dir ck --save-every 2 --resume" in result.output
+    result = CliRunner().invoke(app, ["launch", str(path), "--nnodes", "2", "--trust-plan-model"])
     assert result.exit_code == 0 and "--nproc-per-node=4 --nnodes=2 --rdzv-backend=c10d" in result.output
+    assert "--model examples/gpt.py" in result.output  # the plan's model, named in the command it prints
 
 
 def test_launch_errors_are_one_line(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_validate_runs_the_plan_and_compares(profile, tmp_path: Path) -> None:
                             recompute="none", zero=1, gpu="cpu")
     path = tmp_path / "plan.json"
     plan.save(path)
-    result = runner.invoke(app, ["validate", str(path), "--steps", "3", "--warmup", "1", "--json"])
+    result = runner.invoke(app, ["validate", str(path), GPT, "--steps", "3", "--warmup", "1", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["steps"] == 3 and out["world_size"] == 2 and out["device"] == "cpu"

@@ -10,9 +10,9 @@ the peak of its ranks.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,38 +68,36 @@ class Validation:
 
 
 def measure(plan_path: str | Path, model: str | None, *, steps: int, warmup: int,
-            timeout_s: float = RUN_TIMEOUT_S) -> dict:
+            timeout_s: float = RUN_TIMEOUT_S, trust_plan_model: bool = False) -> dict:
     """Run the plan for warmup + steps steps under torchrun; the runtime's JSON report (rank 0)."""
-    from autopar.runtime.launch import prepare
+    from autopar.runtime.launch import RunOptions, prepare
 
-    cmd, env = prepare(plan_path, model, steps=warmup + steps, as_json=True)
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise AutoparError(f"the plan did not finish {warmup + steps} steps in {timeout_s:.0f} s; "
-                           "run fewer --steps or check it with autopar launch") from None
+    from autopar.runtime.failure import failure_reason
+
+    with tempfile.TemporaryDirectory(prefix="autopar-validate-") as workdir:
+        cmd, env = prepare(plan_path, model, RunOptions(steps=warmup + steps, as_json=True),
+                           trust_plan_model=trust_plan_model, workdir=workdir)
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AutoparError(f"the plan did not finish {warmup + steps} steps in {timeout_s:.0f} s; "
+                               "run fewer --steps or check it with autopar launch") from None
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):  # every step ran and was reported (a crash while tearing down after it,
             return json.loads(line)  # seen rarely with gloo, does not change the measurement)
     if done.returncode != 0:
-        raise AutoparError(f"the plan failed to run (exit {done.returncode}): {_first_error(done.stderr)}")
+        raise AutoparError(f"the plan failed to run (exit {done.returncode}): {failure_reason(done.stderr)}")
     raise AutoparError("the runtime printed no JSON report; run it with autopar launch --json to see why")
 
 
-def _first_error(stderr: str) -> str:
-    """The runtime's own one-line error, else the first rank's exception line, else the last line."""
-    lines = stderr.splitlines()
-    for pattern in (r"^error: (.*)", r"^\[rank\d+\]: (\w+(?:Error|Exception).*)"):
-        found = [m.group(1) for m in map(re.compile(pattern).match, lines) if m]
-        if found:
-            return found[0]
-    return next((ln for ln in reversed(lines) if ln.strip("= ")), "no output")
-
-
 def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: str | Path | None = None,
-             steps: int = 5, warmup: int = 2, report: dict | None = None) -> Validation:
+             steps: int = 5, warmup: int = 2, report: dict | None = None,
+             trust_plan_model: bool = False) -> Validation:
     """Predict the plan on ``hardware_file`` (default: the hardware it was planned for), run it, compare.
-    ``report``: an already measured runtime report (tests, benchmarks that run once and compare twice)."""
+    ``report``: an already measured runtime report (tests, benchmarks that run once and compare twice).
+    The plan's own model file runs only with ``trust_plan_model`` (see autopar.runtime.launch)."""
+    from autopar.runtime.launch import model_source
+
     if steps < 1 or warmup < 0:
         raise AutoparError("--steps must be at least 1 and --warmup at least 0")
     plan = Plan.load(plan_path)
@@ -108,13 +106,13 @@ def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: 
         hw = load_hardware(hardware)
     except ConfigError as err:
         raise AutoparError(f"{err}") from None
-    source = model or plan.model.source
-    if not source or not Path(source).exists():
-        raise AutoparError(f"model file not found: {source or '(the plan names none)'}; pass MODEL")
+    source = model_source(plan, model, trust_plan_model)
+    if not Path(source).exists():
+        raise AutoparError(f"model file not found: {source}; pass MODEL")
     profile = load_profile(source, overrides=plan.model.overrides, seq_len=plan.model.seq_len, dtype=plan.model.dtype)
     predicted = predict(plan, profile, hw, hardware_name=hardware)
     if report is None:
-        report = measure(plan_path, model, steps=steps, warmup=warmup)
+        report = measure(plan_path, source, steps=steps, warmup=warmup)
     ranks = report["ranks"]
     per_step = [max(r["step_time_s"][i] for r in ranks) for i in range(warmup, warmup + steps)]
     par = plan.parallelism

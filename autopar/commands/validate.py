@@ -21,6 +21,7 @@ def validate_command(
     steps: Annotated[int, options.whole("N", help="measured steps, after the warm-up")] = 5,
     warmup: Annotated[int, options.whole("W", 0, help="steps run first and discarded")] = 2,
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+    trust_plan_model: Annotated[bool, options.TRUST_PLAN_MODEL] = False,
 ) -> None:
     """Run PLAN with the runtime (torchrun) and put its measured step time beside the prediction."""
     try:
@@ -29,7 +30,8 @@ def validate_command(
 
         with activity(f"running {plan.name} under torchrun: {warmup} warm-up + {steps} timed steps, each the "
                       "slowest rank's time"):
-            result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup)
+            result = validate(plan, model, hardware_file=hardware, steps=steps, warmup=warmup,
+                              trust_plan_model=trust_plan_model)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)

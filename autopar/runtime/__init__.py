@@ -1,7 +1,7 @@
 """Run a plan with PyTorch's own distributed engine: DeviceMesh, DTensor TP/SP, FSDP2, DDP, pipelining, AC.
 
-    meshes = build_meshes(spec, init_distributed())
-    pm = parallelize(model, spec, meshes, tp_plans=plans, loss_fn=model_spec.loss_fn)
+    loaded, meshes = prepare_rank(spec, "model.py")   # autopar.runtime.train
+    pm = build(spec, loaded, meshes)                   # on meta; each rank allocates and initialises its shards
     loss = pm.forward_backward(batch); optimizer.step()
 
 The only package besides capture and calibrate that imports torch; the plan it runs is plain data (autopar/plan.py).

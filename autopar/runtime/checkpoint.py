@@ -1,54 +1,134 @@
-"""Distributed checkpoints of a parallelized model (and optimizer) with ``torch.distributed.checkpoint``.
+"""Checkpoints of a parallelized model and its optimizer with ``torch.distributed.checkpoint`` (DCP).
 
-Every rank writes only its shards; keys are the user's parameter names (pipeline chunks keep them, wrapper
-prefixes are removed by ``get_model_state_dict``), so a checkpoint saved under one plan loads under
-another (DCP re-shards on load) and ``full_state_dict`` gives the single-process state dict back.
+Every rank writes only its shards (DCP writes a replicated tensor once). Keys are the model's own parameter
+names — a weight tied across pipeline stages under its first name, wrapper prefixes removed — and the
+optimizer's per-parameter state sits under the same names (``optim.<name>.exp_avg``), whatever engine holds it
+(FSDP2's sharded state, ZeroRedundancyOptimizer's partition, a plain optimizer); so a checkpoint saved under
+one plan loads under any other, on any number of ranks (DCP re-shards on load). Hyper-parameters (the
+learning rate) come from the command line, not the checkpoint.
+
+Layout: ``DIR/step-00000042/`` is the DCP checkpoint after optimizer step 42; ``latest(DIR)`` is the newest
+complete one (DCP writes its ``.metadata`` last).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from autopar.runtime.parallelize import ParallelModel
+from autopar.errors import AutoparError
+from autopar.runtime.parallelize import ParallelModel, clean_name
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def _model_state(pm: ParallelModel) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for part in pm.parts.values():
-        state.update(get_model_state_dict(part))
+def step_dir(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:08d}"
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest complete checkpoint in ``directory``, or None."""
+    found = [(int(m.group(1)), p) for p in Path(directory).glob("step-*")
+             if (m := _STEP_DIR.match(p.name)) and (p / ".metadata").is_file()]
+    return max(found)[1] if found else None
+
+
+def model_state(pm: ParallelModel) -> dict[str, torch.Tensor]:
+    """This rank's parameters and persistent buffers, by their first name (tensors sharing its storage)."""
+    return _state_of(list(pm.parts.values()), pm.canonical)
+
+
+def _state_of(parts: list[torch.nn.Module], canonical: dict[str, str]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for name, value in part.state_dict().items():
+            name = clean_name(name)
+            state.setdefault(canonical.get(name, name), value)
     return state
 
 
-def save(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Collective: every rank calls it. The optimizer state is saved when the optimizer supports DCP
-    (ZeroRedundancyOptimizer's partitioned state does not: save the model only)."""
-    state: dict[str, Any] = {"model": _model_state(pm)}
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer holding this rank's state (ZeroRedundancyOptimizer: its local partition's)."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def optimizer_state(pm: ParallelModel, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """Per-parameter optimizer state by parameter name; only what this rank holds."""
+    state = _inner(optimizer).state
+    out: dict[str, dict[str, Any]] = {}
+    for name, p in pm.named_parameters():
+        if p in state and state[p]:
+            out.setdefault(pm.canonical.get(name, name), dict(state[p]))
+    return out
+
+
+def init_optimizer_state(pm: ParallelModel, optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state (lazy in torch) with one zero-learning-rate step on zero gradients, so
+    a load has tensors to fill (torch.distributed.checkpoint.state_dict does the same)."""
+    groups = list(optimizer.param_groups) + (list(optimizer.optim.param_groups)
+                                             if isinstance(optimizer, ZeroRedundancyOptimizer) else [])
+    rates = [g["lr"] for g in groups]
+    for p in pm.parameters():
+        p.grad = torch.zeros_like(p)
+    for g in groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(groups, rates):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
+def save(pm: ParallelModel, directory: str | Path, step: int, optimizer: torch.optim.Optimizer | None = None) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint's folder."""
+    state: dict[str, Any] = {"model": model_state(pm), "train": {"step": torch.tensor([step])}}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(list(pm.parts.values()), optimizer)  # type: ignore[arg-type]
+        state["optim"] = optimizer_state(pm, optimizer)
+    path = step_dir(directory, step)
     dcp.save(state, checkpoint_id=str(path))
+    return path
 
 
-def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Load in place into this rank's shards (collective)."""
-    state: dict[str, Any] = {"model": _model_state(pm)}
+def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Load in place into this rank's shards (collective); returns the checkpoint's step."""
+    _check_checkpoint(path)
+    state: dict[str, Any] = {"model": model_state(pm), "train": {"step": torch.tensor([0])}}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(list(pm.parts.values()), optimizer)  # type: ignore[arg-type]
-    dcp.load(state, checkpoint_id=str(path))
-    for part in pm.parts.values():
-        own = get_model_state_dict(part)
-        set_model_state_dict(part, {k: state["model"][k] for k in own})
-    if optimizer is not None:
-        set_optimizer_state_dict(list(pm.parts.values()), optimizer, state["optim"])  # type: ignore[arg-type]
+        init_optimizer_state(pm, optimizer)
+        state["optim"] = optimizer_state(pm, optimizer)
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as e:  # DCP's CheckpointException wraps every rank's error: say which key
+        raise AutoparError(f"{path}: cannot load into this plan: {_first_line(e)}") from None
+    return int(state["train"]["step"].item())
+
+
+def load_model_only(parts: list[torch.nn.Module], path: str | Path, canonical: dict[str, str]) -> None:
+    """Weights from a checkpoint of this format (no optimizer state, no step): fine-tuning's starting point."""
+    _check_checkpoint(path)
+    try:
+        dcp.load({"model": _state_of(parts, canonical)}, checkpoint_id=str(path))
+    except Exception as e:
+        raise AutoparError(f"{path}: cannot load its weights into this model: {_first_line(e)}") from None
+
+
+def _check_checkpoint(path: str | Path) -> None:
+    if not (Path(path) / ".metadata").is_file():
+        raise AutoparError(f"{path} is not a complete checkpoint (no .metadata): pick another step-* folder")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    found = re.search(r"(\w+Error|\w+Exception): ([^\n]+)", text)
+    return found.group(0) if found else (text.splitlines() or [type(e).__name__])[-1]
 
 
 def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor]:
-    """The unsharded state dict of this rank's parts (collective within each part's meshes)."""
-    out: dict[str, torch.Tensor] = {}
-    for part in pm.parts.values():
-        out.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
-    return out
+    """This rank's parameters unsharded, by their first name (collective within each part's meshes)."""
+    from torch.distributed.tensor import DTensor
+
+    return {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+            for name, t in model_state(pm).items()}

@@ -1,14 +1,22 @@
 """``parallelize``: apply a RunPlan to a model, in torchtitan's order, and run training steps with it.
 
 Order, and why it matters:
-1. pipeline split — every later step works on this rank's chunk modules, which keep the user's names;
-2. tensor parallel — swaps parameters for DTensors on each layer's tp mesh (FSDP must see them to
-   shard on top: 2-D parameters);
-3. per-layer re-layout hooks — after TP, so they wrap its input/output hooks;
-4. activation checkpointing — around the (now TP) layer forward, so recomputation replays the
+1. pipeline split (``apply_pp``) — every later step works on this rank's chunk modules, which keep the user's
+   names;
+2. tensor parallel (``apply_tp``) — swaps parameters for DTensors on each layer's tp mesh (FSDP must see them
+   to shard on top: 2-D parameters);
+3. per-layer re-layout hooks (``apply_relayout``) — after TP, so they wrap its input/output hooks;
+4. activation checkpointing (``apply_ac``) — around the (now TP) layer forward, so recomputation replays the
    TP collectives too;
-5. activation offload;
-6. data parallel (FSDP2 / DDP / gradient all-reduce) last — it shards or hooks the final parameters.
+5. activation offload (``apply_offload``);
+6. FSDP2 (``apply_fsdp``, ZeRO-2/3) — it shards the final parameters; on a model built on meta, before any
+   storage exists;
+7. ``materialize`` — storage for this rank's shards only, filled by the seeded initialisation or a weights file
+   (autopar.runtime.init, autopar.runtime.weights);
+8. tied weights across pipeline ranks (``apply_tied_sync``) — embedding groups over the real copies;
+9. DDP (``apply_ddp``) or per-parameter gradient groups — they hook real parameters (DDP broadcasts them);
+10. the pipeline schedule over the final chunk modules.
+A new parallelism is one more ``apply_*`` step in this list.
 
 Precision: a bf16 / fp16 plan keeps fp32 parameters (the master weights), fp32 gradients and fp32 Adam
 state, and computes in its dtype: FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters)
@@ -37,10 +45,11 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
-from autopar.runtime.data_parallel import (apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients,
-                                           unwrap)
+from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
 from autopar.runtime.mesh import Meshes
-from autopar.runtime.pp import build_schedule, split_model, tied_across_chunks
+from autopar.runtime.init import aliases, to_empty
+from autopar.runtime.pp import build_schedule, split_model
+from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.tp import apply_relayout, apply_tp
 
@@ -63,6 +72,8 @@ class ParallelModel:
     has_first: bool = True
     has_last: bool = True
     grad_pairs: list[tuple[torch.Tensor, Any]] | None = None  # manual gradient all-reduce (ZeRO-0 with TP)
+    tied: list[TiedCopy] = dataclasses.field(default_factory=list)  # weights tied across pipeline ranks
+    canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -94,10 +105,18 @@ class ParallelModel:
         return tuple(t[start:start + per_rank] for t in batch)
 
     def forward_backward(self, batch: tuple[torch.Tensor, ...]) -> float:
-        """Forward and backward of one global batch (gradients synchronised, no optimizer step).
-        Returns the global mean loss, the same on every rank."""
-        local = self.local_batch(batch)
-        m = self.spec.parallelism.num_microbatches
+        """Forward and backward of one global batch (the same on every rank; each takes its data-parallel
+        slice). Gradients synchronised, no optimizer step. Returns the global mean loss, the same on every rank."""
+        return self.forward_backward_local(self.local_batch(batch))
+
+    def forward_backward_local(self, local: tuple[torch.Tensor, ...]) -> float:
+        """Forward and backward of this rank's data-parallel slice of the global batch (micro_batch_size *
+        num_microbatches samples, split into the plan's micro-batches)."""
+        p = self.spec.parallelism
+        if local[0].shape[0] != p.micro_batch_size * p.num_microbatches:
+            raise AutoparError(f"a data-parallel rank trains on micro_batch_size({p.micro_batch_size}) * "
+                               f"num_microbatches({p.num_microbatches}) samples, got {local[0].shape[0]}")
+        m = p.num_microbatches
         losses: list[torch.Tensor] = []
         ctx = loss_parallel_context() if self.loss_parallel else contextlib.nullcontext()
         with ctx, self.autocast():
@@ -105,7 +124,7 @@ class ParallelModel:
                 self._pipeline_step(local, losses)
             else:
                 part = self.parts[0]
-                size = self.spec.parallelism.micro_batch_size
+                size = p.micro_batch_size
                 for k in range(m):
                     micro = tuple(t[k * size:(k + 1) * size] for t in local)
                     # DDP syncs gradients once per step, on the last micro-batch (as Megatron and the cost model)
@@ -116,7 +135,8 @@ class ParallelModel:
                         (loss / m).backward()
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
-            sync_gradients(self.grad_pairs, self.spec.parallelism.dp)
+            sync_gradients(self.grad_pairs, p.dp)
+        sync_tied_gradients(self.tied)
         return self._global_loss(losses)
 
     @property
@@ -180,38 +200,52 @@ def clean_name(name: str) -> str:
     return name
 
 
+@dataclasses.dataclass(frozen=True)
+class _Engines:
+    """Which data-parallel engine runs the plan (see autopar.runtime.data_parallel)."""
+
+    fsdp: bool  # FSDP2: ZeRO-2/3 (ZeRO-1 with TP), or mixed precision on one device
+    reshard: bool  # ZeRO-3: parameters re-gathered for backward
+    ddp: bool  # DDP (ZeRO-0, and ZeRO-1 under ZeroRedundancyOptimizer)
+    manual_sync: bool  # a gradient all-reduce per parameter after backward
+    zero1: bool  # ZeroRedundancyOptimizer
+
+    @staticmethod
+    def of(spec: RunPlan) -> "_Engines":
+        p = spec.parallelism
+        zero, pipelined = p.zero_stage, spec.num_chunks > 1
+        ddp_ok = not any(layer.tp > 1 for layer in spec.layers)  # DDP and ZeroRedundancyOptimizer: plain tensors
+        # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
+        # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
+        manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
+        manual = manual or (zero == 0 and pipelined)
+        sharded = not manual and p.dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
+        one_device = not manual and p.dp == 1 and spec.model.dtype in COMPUTE_DTYPES and spec.world_size == 1
+        return _Engines(fsdp=sharded or one_device, reshard=sharded and zero == 3,
+                        ddp=not manual and p.dp > 1 and not sharded, manual_sync=manual,
+                        zero1=zero == 1 and ddp_ok and p.dp > 1)
+
+
 def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
-                loss_fn: LossFn, loss_parallel: bool = True) -> ParallelModel:
-    """Apply the plan to ``model`` (full weights on every rank, or meta: see ``materialize``).
+                loss_fn: LossFn, loss_parallel: bool = True,
+                init: Callable[[list[nn.Module]], None] | None = None) -> ParallelModel:
+    """Apply the plan to ``model``: full weights on every rank, or a model built on meta, whose shards are
+    allocated after sharding and filled by ``init(parts)`` (autopar.runtime.init).
 
     ``tp_plans`` maps a layer name to its capture TP plan (relative module path -> style);
     ``loss_fn(output, *inputs)`` is the model file's loss."""
     p = spec.parallelism
-    chunks = spec.chunks_of_rank(meshes.pp_rank)
+    engines = _Engines.of(spec)
     pipelined = spec.num_chunks > 1
-    if pipelined:
-        tied = tied_across_chunks(model, spec.layers)
-        if tied:
-            raise AutoparError(f"weights tied across pipeline stages ({'; '.join(tied)}) are not supported: build "
-                               "the model untied (e.g. --set tie_weights=false) or keep both layers on one stage")
-        parts: dict[int, nn.Module] = dict(split_model(model, spec.layers, chunks))
-    else:
-        parts = {0: model}
-    uses_tp = any(layer.tp > 1 for layer in spec.layers)
-    head_tp = spec.layers[-1].tp
+    ties = tied_across_chunks(model, spec.layers) if pipelined else {}
+    canonical = aliases(model)
+    parts = apply_pp(model, spec, meshes)
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
-    loss_parallel = loss_parallel and spec.uniform_tp and head_tp > 1 and not pipelined
-    zero = p.zero_stage
+    loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
-    ddp_ok = not uses_tp  # DDP and ZeroRedundancyOptimizer take plain tensors only
-    # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
-    # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
-    manual_sync = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
-    manual_sync = manual_sync or (zero == 0 and pipelined)
-    pairs: list[tuple[torch.Tensor, Any]] = []
     for c, part in parts.items():
-        layers = spec.layers_of_chunk(c) if pipelined else list(spec.layers)
-        if uses_tp:
+        layers = _layers_of(spec, c)
+        if any(layer.tp > 1 for layer in spec.layers):
             apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
                      loss_parallel=loss_parallel)
         if not spec.uniform_tp:
@@ -219,39 +253,40 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
-        if manual_sync:
-            pairs += gradient_groups(part, layers, meshes)
-        elif p.dp > 1:
-            parts[c] = _data_parallel(part, layers, meshes, zero=zero, ddp_ok=ddp_ok, compute_dtype=compute_dtype)
-        elif compute_dtype is not None and spec.world_size == 1:  # one device: FSDP2's policy on a 1-device
-            # mesh computes in bf16 throughout (the activations the cost model counts), fp32 master weights
-            parts[c] = apply_fsdp(part, layers, meshes, reshard_after_forward=False, compute_dtype=compute_dtype)
+        if engines.fsdp:  # on meta too: each rank then allocates only its shards
+            parts[c] = apply_fsdp(part, layers, meshes, reshard_after_forward=engines.reshard,
+                                  compute_dtype=compute_dtype)
+    if any(param.is_meta for part in parts.values() for param in part.parameters()):
+        if init is None:
+            raise AutoparError("the model is on the meta device: pass init= to fill its shards")
+        materialize(list(parts.values()), meshes.device, init)
+    tied = apply_tied_sync(ties, parts, spec, fsdp=engines.fsdp)
+    pairs: list[tuple[torch.Tensor, Any]] = []
+    for c, part in parts.items():
+        if engines.manual_sync:
+            pairs += gradient_groups(part, _layers_of(spec, c), meshes)
+        elif engines.ddp:
+            parts[c] = apply_ddp(part, meshes)
     schedule, has_first, has_last = None, True, True
     if pipelined:
         schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn)
-    return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=zero == 1 and ddp_ok and p.dp > 1,
-                         schedule=schedule, has_first=has_first, has_last=has_last,
-                         grad_pairs=pairs if manual_sync else None)
+    return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=engines.zero1, schedule=schedule,
+                         has_first=has_first, has_last=has_last,
+                         grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical)
 
 
-def _data_parallel(part: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, zero: int, ddp_ok: bool,
-                   compute_dtype: torch.dtype | None) -> nn.Module:
-    if zero == 3:
-        return apply_fsdp(part, layers, meshes, reshard_after_forward=True, compute_dtype=compute_dtype)
-    if zero == 2 or (zero == 1 and not ddp_ok):  # ZeRO-1 with TP runs as ZeRO-2: same numbers, less memory
-        return apply_fsdp(part, layers, meshes, reshard_after_forward=False, compute_dtype=compute_dtype)
-    return apply_ddp(part, meshes)  # ZeRO-0, or ZeRO-1's gradient all-reduce under ZeroRedundancyOptimizer
+def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
+    return spec.layers_of_chunk(chunk) if spec.num_chunks > 1 else list(spec.layers)
 
 
-def materialize(pm: ParallelModel, device: torch.device, init: Callable[[nn.Module], None] | None = None) -> None:
-    """Allocate a model built on ``meta`` after sharding (each rank only its shards) and initialise it:
-    ``init(part)`` if given, else every submodule's ``reset_parameters``."""
-    for part in pm.parts.values():
-        part.to_empty(device=device)
-        with torch.no_grad():
-            if init is not None:
-                init(unwrap(part))
-            else:
-                for module in unwrap(part).modules():
-                    if hasattr(module, "reset_parameters"):
-                        module.reset_parameters()
+def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes) -> dict[int, nn.Module]:
+    """This rank's pipeline chunks (the whole model when the plan has one chunk)."""
+    if spec.num_chunks == 1:
+        return {0: model}
+    return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank)))
+
+
+def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:
+    """Allocate the shards of parts built on meta (each rank only its own) and fill them with ``init``."""
+    to_empty(parts, device)
+    init(parts)

@@ -18,8 +18,9 @@ those crossing the cut after it; the last chunk returns the model output. Each c
 tensor-parallel plans, FSDP and checkpoints address them as in the user's model.
 
 Contract for models to pipeline: the top-level forward is fx-traceable with the layers as leaves (no
-data-dependent Python control flow at top level), and weights tied across chunks are not supported
-(build with ``tie_weights=False`` or keep both layers on one chunk).
+data-dependent Python control flow at top level). A weight tied across chunks (GPT's embedding and LM head)
+stays one parameter within a rank; across ranks each holds a copy kept equal by autopar.runtime.tied.
+The model may be on the meta device: chunks are split before any storage exists.
 """
 from __future__ import annotations
 
@@ -129,17 +130,6 @@ def _reaches_inputs(n: torch.fx.Node, chunk_of: dict[torch.fx.Node, int]) -> boo
     if n in chunk_of:
         return False
     return any(_reaches_inputs(a, chunk_of) for a in n.all_input_nodes)
-
-
-def tied_across_chunks(model: nn.Module, layers: tuple[LayerAssignment, ...]) -> list[str]:
-    """Parameter names shared by layers of different chunks (e.g. GPT's wte / lm_head)."""
-    chunk_of_unit = {unit: layer.stage for layer in layers for unit in layer.units}
-    users: dict[int, dict[int, str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        unit = next((u for u in chunk_of_unit if name == u or name.startswith(u + ".")), None)
-        if unit is not None:
-            users.setdefault(id(p), {})[chunk_of_unit[unit]] = name
-    return [" / ".join(names.values()) for names in users.values() if len(names) > 1]
 
 
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,

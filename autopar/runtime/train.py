@@ -1,4 +1,5 @@
-"""Training with a plan: load the model the plan names, check it matches, parallelize, run steps.
+"""Training with a plan: load the model the plan names, check it matches, build it on meta, parallelize, run
+steps (on synthetic batches or a token file), save and resume checkpoints.
 
 Used by ``autopar launch`` (through ``python -m autopar.runtime.launch`` under torchrun), by
 ``examples/train_with_plan.py`` and by the distributed tests.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -14,9 +16,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from autopar.errors import AutoparError
-from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
-from autopar.runtime.parallelize import ParallelModel, parallelize
 from autopar.plan import RunPlan
+from autopar.runtime import init as init_mod
+from autopar.runtime.data import Batches, SyntheticBatches
+from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
+from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
+
 
 @dataclasses.dataclass
 class LoadedModel:
@@ -27,33 +32,50 @@ class LoadedModel:
     tp_plans: dict[str, dict[str, str]]
 
 
-def load_model(spec: RunPlan, source: str | None = None) -> LoadedModel:
+def load_model(spec: RunPlan, source: str, layers: tuple[list[str], dict[str, dict[str, str]]] | None = None) -> LoadedModel:
     """Load the model file on every rank; capture its profile once (rank 0) for the layer names and
-    tensor-parallel plans, and share it. A failure anywhere becomes the same one-line error on every rank."""
-    from autopar.capture import capture_model, load_spec
+    tensor-parallel plans (``layers``: already captured, by ``autopar launch`` before torchrun), and share it.
+    A failure anywhere becomes the same one-line error on every rank. ``source`` is explicit: a plan's own
+    ``model.source`` is code, run only where the caller chose to trust it."""
+    from autopar.capture import load_spec
 
-    source = source or spec.model.source
-    payload: list[Any] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    payload: list[Any] = [layers]
+    if layers is None and (not dist.is_initialized() or dist.get_rank() == 0):
         try:
-            profile = capture_model(source, spec.model.overrides, batch_size=1, seq_len=spec.model.seq_len,
-                                    dtype=spec.model.dtype)
-            payload[0] = ([layer.name for layer in profile.layers],
-                          {layer.name: dict(layer.tp.plan) for layer in profile.layers},
-                          {layer.name: list(layer.tp.divisors) for layer in profile.layers})
+            payload[0] = model_layers(spec, source)
         except AutoparError as e:
             payload[0] = str(e)
     if dist.is_initialized():
         dist.broadcast_object_list(payload, src=0)
     if isinstance(payload[0], str):
         raise AutoparError(payload[0])
-    names, plans, divisors = payload[0]
+    names, plans = payload[0]
+    return LoadedModel(load_spec(source, spec.model.overrides), names, plans)
+
+
+def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Capture the model (on meta) and check it is the plan's: its layer names and tensor-parallel plans.
+    What ``autopar launch`` checks before torchrun starts, and rank 0 again."""
+    from autopar.capture import capture_model
+
+    profile = capture_model(source, spec.model.overrides, batch_size=1, seq_len=spec.model.seq_len,
+                            dtype=spec.model.dtype)
+    names = [layer.name for layer in profile.layers]
     check_model_matches(spec, names)
+    plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}
+    divisors = {layer.name: list(layer.tp.divisors) for layer in profile.layers}
+    # a layer without weights and pattern (dropout, a rotary table) runs whole on each tp rank, on whole
+    # sequences: not under sequence parallelism, which would hand it a shard of the sequence
+    weightless = {layer.name for layer in profile.layers if layer.params == 0 and not layer.tp.plan}
     for layer in spec.layers:
-        if layer.tp > 1 and (not plans[layer.name] or any(d % layer.tp for d in divisors[layer.name])):
+        if layer.tp > 1 and layer.name in weightless and spec.parallelism.sequence_parallel:
+            raise AutoparError(f"layer {layer.name} has no tensor-parallel pattern: it cannot run on sequence "
+                               "shards; re-plan with --no-sequence-parallel")
+        if layer.tp > 1 and layer.name not in weightless and (not plans[layer.name] or
+                                                                any(d % layer.tp for d in divisors[layer.name])):
             raise AutoparError(f"layer {layer.name}: tp {layer.tp} does not fit the model (no tensor-parallel "
                                f"pattern, or it must divide {divisors[layer.name]}: heads, features, vocab)")
-    return LoadedModel(load_spec(source, spec.model.overrides), names, plans)
+    return names, plans
 
 
 def check_model_matches(spec: RunPlan, layer_names: list[str]) -> None:
@@ -68,63 +90,99 @@ def check_model_matches(spec: RunPlan, layer_names: list[str]) -> None:
                            "this model or pass the plan's model overrides")
 
 
-def build_model(loaded: LoadedModel, spec: RunPlan, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
-    """The full model with seeded fp32 weights, identical on every rank (then ``parallelize`` shards it).
-    fp32 whatever the plan's dtype: a bf16 / fp16 plan trains with fp32 master weights and computes in its
-    dtype (see ``autopar.runtime.parallelize``), as Megatron's recipes the cost model prices do."""
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        with torch.device(device):
-            model = loaded.spec.build()
-    finally:
-        torch.set_default_dtype(previous)
-    return model
+def build_model(loaded: LoadedModel, spec: RunPlan, *, seed: int = init_mod.SEED,
+                device: torch.device | str = "cpu") -> nn.Module:
+    """The whole model on one process, fp32, initialised exactly as every plan's ranks initialise their
+    shards (autopar.runtime.init): the single-process model each plan reproduces. fp32 whatever the plan's
+    dtype: a bf16 / fp16 plan trains with fp32 master weights and computes in its dtype (see
+    ``autopar.runtime.parallelize``), as Megatron's recipes the cost model prices do."""
+    return init_mod.build_model(loaded.spec.build, list(spec.layers), seed=seed, device=device)
+
+
+def initializer(loaded: LoadedModel, spec: RunPlan, *, seed: int = init_mod.SEED,
+                weights: str | Path | None = None) -> Callable[[list[nn.Module]], None]:
+    """What fills a rank's freshly allocated shards: the seeded initialisation, or a weights file (Hugging
+    Face safetensors, or a DCP checkpoint), each rank reading only its slices."""
+    def fill(parts: list[nn.Module]) -> None:
+        template = init_mod.build_template(loaded.spec.build)
+        if weights is None:
+            init_mod.initialize(parts, template, list(spec.layers), seed=seed, clean=clean_name)
+        else:
+            from autopar.runtime.weights import load_weights
+
+            init_mod.copy_buffers(parts, template, clean_name)
+            load_weights(parts, weights, init_mod.aliases(template), clean=clean_name)
+    return fill
+
+
+def prepare_rank(spec: RunPlan, source: str,
+                 layers: tuple[list[str], dict[str, dict[str, str]]] | None = None) -> tuple[LoadedModel, Meshes]:
+    """Process group, model file and meshes; raises AutoparError (the same on every rank) on a mismatch."""
+    device = init_distributed()
+    check_environment(spec)
+    loaded = load_model(spec, source, layers)
+    return loaded, build_meshes(spec, device)
+
+
+def build(spec: RunPlan, loaded: LoadedModel, meshes: Meshes, *, loss_parallel: bool = True,
+          seed: int = init_mod.SEED, weights: str | Path | None = None) -> ParallelModel:
+    """The plan's model built on meta and parallelized; each rank allocates and fills only its shards."""
+    model = init_mod.build_meta(loaded.spec.build)
+    return parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn,
+                       loss_parallel=loss_parallel, init=initializer(loaded, spec, seed=seed, weights=weights))
+
+
+def setup(spec: RunPlan, source: str, *, loss_parallel: bool = True, seed: int = init_mod.SEED,
+          weights: str | Path | None = None) -> tuple[LoadedModel, Meshes, ParallelModel]:
+    """Everything before the first step; raises AutoparError (the same on every rank) on a mismatch."""
+    loaded, meshes = prepare_rank(spec, source)
+    return loaded, meshes, build(spec, loaded, meshes, loss_parallel=loss_parallel, seed=seed, weights=weights)
 
 
 def synthetic_batch(loaded: LoadedModel, spec: RunPlan, step: int) -> tuple[torch.Tensor, ...]:
     """The model file's example inputs for the global batch, the same on every rank (seeded by step)."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(10_000 + step)
-    batch = loaded.spec.example_inputs(spec.global_batch, spec.model.seq_len)
-    torch.random.set_rng_state(state)
-    return batch
+    return SyntheticBatches(loaded.spec.example_inputs, spec).global_batch(step)
 
 
-def setup(spec: RunPlan, source: str | None = None, *, loss_parallel: bool = True,
-          seed: int = 0) -> tuple[LoadedModel, Meshes, ParallelModel]:
-    """Everything before the first step; raises AutoparError (the same on every rank) on a mismatch."""
-    device = init_distributed()
-    check_environment(spec)
-    loaded = load_model(spec, source)
-    meshes = build_meshes(spec, device)
-    model = build_model(loaded, spec, seed=seed, device=device)
-    pm = parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn,
-                     loss_parallel=loss_parallel)
-    return loaded, meshes, pm
+@dataclasses.dataclass
+class Checkpointing:
+    """Where and how often ``train`` saves (autopar.runtime.checkpoint)."""
+
+    directory: Path
+    every: int = 0  # 0: only after the last step
+
+    def due(self, done: int, steps: int) -> bool:
+        """Save after optimizer step ``done`` of ``steps``?"""
+        return done == steps or (self.every > 0 and done % self.every == 0)
 
 
 def train(pm: ParallelModel, loaded: LoadedModel, optimizer: torch.optim.Optimizer, steps: int,
-          on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """``steps`` optimizer steps on synthetic batches; per-step loss and wall time."""
+          on_step: Callable[[dict[str, Any]], None] | None = None, *, batches: Batches | None = None,
+          start: int = 0, checkpointing: Checkpointing | None = None) -> list[dict[str, Any]]:
+    """Optimizer steps ``start + 1 .. steps`` (synthetic batches unless ``batches``); per-step loss and wall
+    time. Checkpoints every ``checkpointing.every`` steps and after the last."""
+    from autopar.runtime import checkpoint
+
+    batches = batches or SyntheticBatches(loaded.spec.example_inputs, pm.spec)
     records: list[dict[str, Any]] = []
     device = pm.meshes.device
-    for step in range(steps):
-        batch = tuple(t.to(device) for t in synthetic_batch(loaded, pm.spec, step))
+    for step in range(start, steps):
+        local = tuple(t.to(device) for t in batches.local(step, pm.meshes.dp_rank))
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
+        began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = pm.forward_backward(batch)
+        loss = pm.forward_backward_local(local)
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        record = {"step": step + 1, "loss": loss, "step_time_s": time.perf_counter() - start}
+        record = {"step": step + 1, "loss": loss, "step_time_s": time.perf_counter() - began}
         if device.type == "cuda":
             record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
         records.append(record)
+        if checkpointing is not None and checkpointing.due(step + 1, steps):
+            checkpoint.save(pm, checkpointing.directory, step + 1, optimizer)
         if on_step is not None:
             on_step(record)
     return records
