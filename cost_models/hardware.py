@@ -142,6 +142,31 @@ class HardwareProfile:
     # reduce_scatter, send_recv): what one shared ring fit cannot say about each op's implementation (gloo's
     # all-gather is slower per byte than its all-reduce, its send/recv faster). Absent: 1 (NCCL's ring).
     collective_scale: Mapping[str, LogTable] = field(default_factory=dict)
+    # Fractional slowdown of compute while a collective runs beside it: NCCL's kernels take SMs and HBM
+    # bandwidth from the GEMMs they overlap (0: a calibration measured the overlap, slowdown included).
+    overlap_slowdown: float = 0.0
+    # Fixed cost of one collective call beyond its ring / tree steps (NCCL's tuner base latency).
+    collective_base_latency_s: float = 0.0
+    # An all-reduce spanning nodes may run as NCCL's tree (latency in log2(nodes) steps) where it is faster.
+    tree_all_reduce: bool = False
+    # Relative uncertainty of each profile field (by its name in the file); cost_models.uncertainty reads it.
+    uncertainty: Mapping[str, float] = field(default_factory=dict)
+    # Host time an engine adds per layer and micro-batch, forward and backward together (its per-layer Python,
+    # hooks and kernel launches beyond what the GEMM tables hold); set by cost_models.engines, 0 in a profile.
+    layer_overhead_s: float = 0.0
+    # Bytes the caching allocator loses to fragmentation per byte allocated during the step (activations,
+    # gather buffers); to 3 decimals, as the solver's integer model sees it.
+    allocator_fragmentation: float = 0.0
+    # The engine's ZeRO-3 copies each all-gather's output into the parameters on the compute stream (FSDP2's
+    # copy-out); set by cost_models.engines.
+    zero3_copy_out: bool = False
+
+    @property
+    def overlap_penalty(self) -> float:
+        """Compute time lost per second of communication hidden behind it. A collective hidden for x seconds
+        beside compute that runs 1 + σ times slower meanwhile delays that compute by x·σ/(1 + σ); to 3
+        decimals, so the solver's integer model sees the same number."""
+        return round(self.overlap_slowdown / (1.0 + self.overlap_slowdown), 3)
 
     def collective_time_scale(self, op: str, nbytes: float) -> float:
         table = self.collective_scale.get(op)
@@ -152,9 +177,15 @@ class HardwareProfile:
         return self.comm_overlap if self.zero3_comm_overlap is None else self.zero3_comm_overlap
 
     def peak(self, dtype: str) -> float:
-        if dtype not in self.peak_flops:
-            raise ConfigError(f"hardware '{self.name}' has no peak FLOP/s for {dtype}; add it to the profile")
+        self.check_dtype(dtype)
         return self.peak_flops[dtype]
+
+    def check_dtype(self, dtype: str) -> None:
+        """ConfigError (one line, the dtypes it has) when the device cannot compute in ``dtype``."""
+        if dtype not in self.peak_flops:
+            have = [d for d in _DTYPES if d in self.peak_flops]
+            raise ConfigError(f"{self.name} has no {dtype} arithmetic (its profile lists {', '.join(have)}); "
+                              f"train in {have[0]} (--dtype {have[0]}) or pick hardware that has {dtype}")
 
 
 def builtin_names() -> list[str]:
@@ -212,6 +243,11 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             kernels=_kernels(f),
             collective_scale={op: LogTable(tuple((x * 1e6, v) for x, v in pts))
                               for op, pts in f.collective_time_scale_by_op_mbytes.items()},
+            overlap_slowdown=f.overlap_compute_slowdown,
+            collective_base_latency_s=f.collective_base_latency_us * 1e-6,
+            tree_all_reduce=f.tree_all_reduce,
+            uncertainty={k: u.relative for k, u in f.uncertainty.items()},
+            allocator_fragmentation=_fraction(f.allocator_fragmentation),
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):
