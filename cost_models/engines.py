@@ -40,7 +40,17 @@ class Engine:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
-        """``hw`` as this engine sees it: efficiencies scaled (capped at 1), overlaps limited."""
+        """``hw`` as this engine sees it: efficiencies scaled (capped at 1), overlaps limited. A calibrated profile
+        timed its kernels itself, so only the engine's schedule (overlaps, overheads, copies) applies to it."""
+        return self._schedule(hw if hw.calibrated else self._kernels(hw))
+
+    def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
+        return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
+                       zero3_copy_out=hw.zero3_copy_out or self.zero3_copy_out,
+                       comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
+                       zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
+
+    def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
         def scaled(table: EfficiencyTable, k: float) -> EfficiencyTable:
             return EfficiencyTable(tuple((x, min(1.0, e * k)) for x, e in table.points))
 
@@ -54,11 +64,7 @@ class Engine:
         return replace(hw, gemm_efficiency=scaled(hw.gemm_efficiency, self.compute),
                        memory_efficiency=min(1.0, hw.memory_efficiency * self.memory),
                        heavy_memory_efficiency=eff(hw.heavy_memory_efficiency, self.memory),
-                       optimizer_efficiency=eff(hw.optimizer_efficiency, self.memory), kernels=kernels,
-                       layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
-                       zero3_copy_out=hw.zero3_copy_out or self.zero3_copy_out,
-                       comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
-                       zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
+                       optimizer_efficiency=eff(hw.optimizer_efficiency, self.memory), kernels=kernels)
 
 
 ENGINES: dict[str, Engine] = {

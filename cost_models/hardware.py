@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from cost_models import machine
 from cost_models.errors import ConfigError
 from cost_models.hardware_file import HardwareFile, check_hardware_file
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+CPU = "cpu"  # this machine, priced from its own calibration (cost_models/machine.py)
 GIB = 1024**3
 _DTYPES = ("bf16", "fp16", "fp32")
 
@@ -160,6 +162,8 @@ class HardwareProfile:
     # The engine's ZeRO-3 copies each all-gather's output into the parameters on the compute stream (FSDP2's
     # copy-out); set by cost_models.engines.
     zero3_copy_out: bool = False
+    # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
+    calibrated: bool = False
 
     @property
     def overlap_penalty(self) -> float:
@@ -189,13 +193,21 @@ class HardwareProfile:
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+    """The built-in profiles, and ``cpu``: this machine's own calibration (cost_models/machine.py)."""
+    return sorted([p.stem for p in PROFILE_DIR.glob("*.json")] + [CPU])
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """A built-in profile by name (``a100-80gb``) or a JSON file path; units converted here, once."""
+    """A built-in profile by name (``a100-80gb``), ``cpu`` (this machine's calibration) or a JSON file path;
+    units converted here, once."""
     path = Path(name_or_path)
-    if not path.suffix == ".json":
+    if str(name_or_path).lower() == CPU:
+        path = machine.calibration_path()
+        if not path.exists():
+            raise ConfigError(f"--gpu cpu prices this machine ({machine.describe()}) from its own calibration and it "
+                              "has none yet: run `autopar calibrate --nproc 2` once (about a minute; it records the "
+                              f"profile in {machine.calibration_dir()}), or pass a profile with --hardware FILE")
+    elif not path.suffix == ".json":
         path = PROFILE_DIR / f"{str(name_or_path).lower()}.json"
         if not path.exists():
             raise ConfigError(f"unknown hardware '{name_or_path}'; use one of {', '.join(builtin_names())} "
@@ -204,6 +216,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"cannot read hardware profile {path}: {err}") from err
+    if str(name_or_path).lower() == CPU:
+        raw = {**raw, "name": CPU}
     return hardware_from_dict(raw, default_name=path.stem)
 
 
@@ -248,6 +262,7 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             tree_all_reduce=f.tree_all_reduce,
             uncertainty={k: u.relative for k, u in f.uncertainty.items()},
             allocator_fragmentation=_fraction(f.allocator_fragmentation),
+            calibrated=f.calibration is not None,
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):

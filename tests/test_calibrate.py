@@ -19,7 +19,7 @@ from cost_models import comm, compute
 from cost_models.hardware import hardware_from_dict, load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = json.loads((ROOT / "cost_models/profiles/cpu.json").read_text())
+BASE = json.loads((ROOT / "cost_models/profiles/base/cpu.json").read_text())
 runner = CliRunner()
 
 
@@ -193,6 +193,10 @@ def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     return out, json.loads(out.read_text())
 
 
+def cal_residual(raw: dict, key: str) -> float:
+    return raw["calibration"]["residuals"][key]["median_abs_rel_error"]
+
+
 def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, dict]) -> None:
     path, raw = quick_profile
     hw = load_hardware(path)
@@ -200,8 +204,15 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert all(hw.peak(d) > 0 for d in ("bf16", "fp16", "fp32"))
     assert hw.hbm_bytes_per_s > 0 and 0 < hw.memory_efficiency <= 1 and hw.intra_node_bytes_per_s > 0
     assert 0 < hw.memory_reserve_bytes < hw.memory_bytes
-    fields = set(raw) - {"name", "description", "sources", "calibration"}
+    fields = set(raw) - {"name", "description", "sources", "calibration", "uncertainty"}
     assert fields <= set(raw["sources"]), f"fields without a source: {fields - set(raw['sources'])}"
+    # the fitted fields carry the uncertainty of their fit, with where it comes from
+    unc = raw["uncertainty"]
+    assert {"peak_dense_tflops", "gemm_efficiency_by_mflop_per_token", "memory_bandwidth_efficiency",
+            "collective_time_scale_by_op_mbytes"} <= set(unc) and set(hw.uncertainty) == set(unc)
+    assert all(0 <= u["relative"] <= 0.9 and u["source"] for u in unc.values())
+    assert unc["gemm_efficiency_by_mflop_per_token"]["relative"] == pytest.approx(min(0.9, max(
+        cal_residual(raw, "gemm"), cal_residual(raw, "gemm_holdout"))), abs=1e-3)
     cal = raw["calibration"]
     assert cal["collective_impl"]["reduce_scatter"] and cal["residuals"]["collectives"]["points"] > 0
     # each op's scale over the shared ring fit: the measured collectives come back (in sample, one group size)
@@ -209,7 +220,7 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert cal["residuals"]["collectives"]["median_abs_rel_error"] <= 0.01
     assert cal["residuals"]["collectives_ring_fit"]["points"] == cal["residuals"]["collectives"]["points"]
     for field in ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us"):
-        assert raw[field] == BASE[field] and "kept from cpu" in raw["sources"][field]
+        assert raw[field] == BASE[field] and "kept from cpu-base" in raw["sources"][field]
     from autopar.calibrate.kernels import HEAVY_KERNELS
 
     assert {k for k, _ in hw.kernels.heavy} == set(HEAVY_KERNELS) == {k for k, _ in hw.kernels.backward}

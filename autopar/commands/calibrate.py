@@ -10,8 +10,9 @@ from autopar.errors import AutoparError
 
 
 def calibrate_command(
-    output: Annotated[Path, typer.Option("-o", "--output", help="profile JSON to write (use it with "
-                                         "--hardware in solve / estimate)")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="profile JSON to write (use it with "
+                                                   "--hardware in solve / estimate); on a CPU (gloo) the profile is "
+                                                   "also recorded as this machine's, which --gpu cpu reads")] = None,
     nproc: Annotated[int, typer.Option(help="processes (GPUs) benchmarked at once, as a plan of this size runs")] = 2,
     backend: Annotated[Optional[str], typer.Option(help="gloo (CPU) or nccl (CUDA); default: nccl when a GPU "
                                                    "is visible")] = None,

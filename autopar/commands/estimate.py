@@ -35,6 +35,8 @@ def estimate_command(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a build_model keyword: key=value "
                                                       "(repeatable)")] = None,
     dtype: Annotated[str, typer.Option(help="training dtype: bf16, fp16 or fp32")] = "bf16",
+    engine: Annotated[str, typer.Option(help="the engine that will run it: autopar (autopar launch), megatron, "
+                                             "torchtitan or deepspeed")] = "autopar",
     json_: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Predict step time, throughput and per-stage memory of MODEL under one parallel configuration."""
@@ -50,7 +52,7 @@ def estimate_command(
                         pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, seq_len=seq_len,
                         zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                         virtual_stages=virtual_stages, offload_activations=offload_activations,
-                        attention_kernel=attention_kernel, overrides=overrides, dtype=dtype)
+                        attention_kernel=attention_kernel, overrides=overrides, dtype=dtype, engine=engine)
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)

@@ -38,6 +38,10 @@ def solve_command(
     offload: Annotated[Optional[bool], typer.Option("--offload/--no-offload", help="pin activation offload")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option(help="let tensor parallelism span nodes")] = False,
     top_k: Annotated[int, typer.Option(help="list the K best distinct plans")] = 1,
+    engine: Annotated[str, typer.Option(help="the engine that will run the plan: autopar (autopar launch), megatron, "
+                                             "torchtitan or deepspeed")] = "autopar",
+    robust: Annotated[bool, typer.Option("--robust", help="pick the plan with the best worst case over the hardware "
+                                                          "profile's uncertainties")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write the best plan JSON here")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print the plan(s) as JSON")] = False,
 ) -> None:
@@ -72,7 +76,7 @@ def solve_command(
                                 hardware_file=hardware, global_batch=global_batch, seq_len=seq_len,
                                 time_limit_s=time_limit, threads=threads, pins=pins,
                                 allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype,
-                                progress=show)
+                                progress=show, engine=engine, robust=robust)
     except AutoparError as err:
         _fail(str(err))
     if output is not None:

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.plan import Plan
+from autopar.report.uncertainty import range_text, regret_text
 
 _RELIEF = {
     "compute": "more GPUs, or less recomputation if memory allows",
@@ -28,7 +29,8 @@ def print_plan(plan: Plan) -> None:
                   f"recompute {par.recompute} · SP {'on' if par.sequence_parallel else 'off'} · "
                   f"{par.schedule}{f' v={par.virtual_stages}' if par.virtual_stages > 1 else ''}")
     summary = Table(show_header=False, box=None)
-    summary.add_row("step time", f"{pred.step_time_s:.4g} s")
+    summary.add_row("step time", range_text(pred))
+    summary.add_row("engine", f"{pred.engine} (the prediction is for the engine that runs the plan: --engine)")
     summary.add_row("throughput", f"{pred.tokens_per_s:,.0f} tokens/s")
     summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f} (hardware, recomputation included)")
     summary.add_row("MFU", f"{100 * pred.mfu:.1f}%")
@@ -68,6 +70,9 @@ def print_solved(plans: list[Plan], console: Console | None = None) -> None:
     if recomputed:
         console.print(f"recomputation on {len(recomputed)} of {len(best.layers)} layers "
                       f"({', '.join(sorted({layer.recompute for layer in best.layers if layer.recompute != 'none'}))})")
+    regret = regret_text(best.prediction)
+    if regret:
+        console.print(regret)
     name, share = bottleneck(best)
     console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by {_RELIEF.get(name, name)}")
     s = best.solver
