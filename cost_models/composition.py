@@ -10,12 +10,11 @@ construction. Every term of the step is defined here and nowhere else:
   device d, per micro-batch
       T_d      = fwd + bwd + tp + p2p + offload + zero3
       offload  = max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
-      zero3    = k·(z3 − z3_edge) + (1 − k)·max(0, z3 − z3_edge − overlap₃·(fwd + bwd)) + z3_edge + z3_sync
-                 (z3_edge: the first all-gather and the last reduce-scatter, which nothing hides; lockstep sync
-                 never hides; k: compute lost per second of communication hidden behind it)
+      zero3    = max(0, z3 − z3_edge − overlap₃·(fwd + bwd)) + z3_edge + z3_sync
+                 (z3_edge: the first all-gather and the last reduce-scatter, which nothing hides; z3_sync: what never
+                 hides — lock-step sync, and the compute slowed beside the traffic that hides: step.py)
   device d, per step
-      dp_tail  = k·(dpo − last) + (1 − k)·max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,
-                 last = min(dpo, one bucket)
+      dp_tail  = max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,  last = min(dpo, one bucket)
       end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier)
       memory_d = state + (in_flight_d·kept + remat + gather_buffer)·(1 + fragmentation) + reserve ≤ capacity
   step
@@ -142,7 +141,6 @@ class StepShape:
     host_s_per_byte: float | None         # activation offload over the host link; None: no offload
     capacity_bytes: float
     reserve_bytes: float
-    overlap_penalty: float = 0.0          # compute seconds lost per second of communication hidden behind it
     fragmentation: float = 0.0            # bytes the allocator loses per byte allocated during the step
 
 
@@ -177,13 +175,9 @@ def zero3_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int, compu
     """ZeRO-3 / FSDP time of device d per micro-batch that compute does not absorb. FSDP2 prefetches the next
     layer's all-gather during this layer's compute, so all traffic but the first all-gather and the last
     reduce-scatter may hide (``z3_edge``; absent from a lower bound's lumped leaves: 0, which only lowers
-    it); what hides slows the compute beside it by ``overlap_penalty`` per second hidden."""
+    it); ``z3_sync`` never hides (it holds the compute slowed beside the traffic: step.py)."""
     edge = q.get("z3_edge", 0)
-    traffic = q["z3"] - edge
-    exposed = A.pos(traffic - compute * shape.zero3_overlap, f"zero3_exposed_{d}")
-    k = shape.overlap_penalty
-    hidden_cost = traffic * k + exposed * (1 - k) if k else exposed
-    return hidden_cost + edge + q["z3_sync"]
+    return A.pos(q["z3"] - edge - compute * shape.zero3_overlap, f"zero3_exposed_{d}") + edge + q["z3_sync"]
 
 
 def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> Any:
@@ -196,11 +190,7 @@ def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> A
         dpo = A.let(dpo, f"dpo_{d}")
         last = A.min([dpo, A.time(shape.last_bucket_s)], f"last_bucket_{d}")
     hidden = q["bwd"] * (shape.dp_overlap / shape.v)
-    exposed = A.pos(dpo - last - hidden, f"dp_exposed_{d}")
-    k = shape.overlap_penalty
-    if k:  # the sync hidden behind the backward slows it (zero3_time)
-        exposed = (dpo - last) * k + exposed * (1 - k)
-    return exposed + last + q["dpe"] + q["tied_sync"]
+    return A.pos(dpo - last - hidden, f"dp_exposed_{d}") + last + q["dpe"] + q["tied_sync"]
 
 
 def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -> dict[str, Any]:

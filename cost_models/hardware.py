@@ -167,10 +167,9 @@ class HardwareProfile:
 
     @property
     def overlap_penalty(self) -> float:
-        """Compute time lost per second of communication hidden behind it. A collective hidden for x seconds
-        beside compute that runs 1 + σ times slower meanwhile delays that compute by x·σ/(1 + σ); to 3
-        decimals, so the solver's integer model sees the same number."""
-        return round(self.overlap_slowdown / (1.0 + self.overlap_slowdown), 3)
+        """Compute time lost per second of communication beside it: a collective running for x seconds beside
+        compute that runs 1 + σ times slower meanwhile delays that compute by x·σ/(1 + σ)."""
+        return self.overlap_slowdown / (1.0 + self.overlap_slowdown)
 
     def collective_time_scale(self, op: str, nbytes: float) -> float:
         table = self.collective_scale.get(op)

@@ -170,7 +170,7 @@ class CostModel:
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.dp
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
-                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision)
+                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.zero3_overlap)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -209,8 +209,15 @@ class CostModel:
         state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copy_out, _ = work
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
+        fwd, bwd = c.fwd_s + copy_out, c.bwd_s + copy_out
+        # Compute beside ZeRO-3's traffic runs slower: overlap_penalty per second of it that hides, layer by layer —
+        # a layer's traffic up to what its own compute without recomputation (forward and twice it) can hide: the
+        # same for every recomputation option of the layer, so the solver's model keeps its shape (it counts the
+        # first all-gather and last reduce-scatter too: at most overlap_penalty × those too much). The once-per-step
+        # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
+        z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
         return LayerCost(  # not dataclasses.replace: this runs for every layer option the search considers
-            c.fwd_s + copy_out, c.bwd_s + copy_out, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
+            fwd, bwd, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
             own, copy, state_bytes=state, state_tied_bytes=tied_state,
             dp_overlappable_s=over * own, dp_exposed_s=exposed * own, optimizer_s=opt * own,
             tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
@@ -303,8 +310,7 @@ class CostModel:
             zero3_overlap=cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
             last_bucket_s=self.last_bucket_s(cfg, precision, dp_link),
             host_s_per_byte=1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None,
-            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes, overlap_penalty=hw.overlap_penalty,
-            fragmentation=hw.allocator_fragmentation)
+            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes, fragmentation=hw.allocator_fragmentation)
 
     def device_leaves(self, d: int, cfg: ParallelConfig, ranges: list[range], costs: list[LayerCost],
                       tp_link: comm.Link, pp_link: comm.Link) -> dict[str, float]:
