@@ -38,7 +38,7 @@ def solve_command(
     offload: Annotated[Optional[bool], typer.Option("--offload/--no-offload", help="pin activation offload")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option(help="let tensor parallelism span nodes")] = False,
     top_k: Annotated[int, typer.Option(help="list the K best distinct plans")] = 1,
-    engine: Annotated[str, typer.Option(help="engine running the plan: autopar, megatron, torchtitan, deepspeed")] = "autopar",
+    engine: Annotated[str, typer.Option(help="engine: autopar, megatron, torchtitan, deepspeed")] = "autopar",
     robust: Annotated[bool, typer.Option("--robust", help="pick the plan with the best worst case over the hardware "
                                                           "profile's uncertainties")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write the best plan JSON here")] = None,
