@@ -271,6 +271,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
     _fails(tmp_path, "-o", str(blocker / "p.json"), message="cannot write there")
     _fails(tmp_path, "-o", str(tmp_path / "p.yaml"), message="must be a .json file")
     _fails(tmp_path, "-o", out, "--base", "tpu-v9", message="unknown hardware 'tpu-v9'")
+    _fails(tmp_path, "--quick", message="--quick is for tests and is not recorded as this machine's calibration")
+
+
+def test_a_cpu_calibration_is_recorded_as_this_machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without -o a gloo calibration goes where --gpu cpu reads (cost_models/machine.py), named cpu; with -o it goes
+    there too (calibrate() writes both), but never from --quick."""
+    from autopar.calibrate.run import check_request
+    from autopar.errors import AutoparError
+    from cost_models import machine
+
+    monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path))
+    req = check_request(None, nproc=2, backend="gloo")
+    assert req.output == machine.calibration_path() and req.output.parent == tmp_path and req.name == "cpu"
+    assert req.base["name"] == "cpu-base"
+    with pytest.raises(AutoparError, match="--quick is for tests"):
+        check_request(None, backend="gloo", quick=True)
 
 
 def test_nccl_without_cuda_is_refused(tmp_path: Path) -> None:
