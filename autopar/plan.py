@@ -140,6 +140,22 @@ class StagePrediction(_Frozen):
     memory: MemoryBreakdown
 
 
+class Uncertainty(_Frozen):
+    """The step time over the hardware profile's uncertainties (cost_models/uncertainty.py: every field that
+    prices time at the fast, then the slow end of its stated uncertainty) and the regret of the plan's choice:
+    how much faster the best plan is at the corner of that box where this one loses most."""
+
+    low_s: float = Field(description="step time with every hardware field at the fast end of its uncertainty")
+    high_s: float = Field(description="step time with every hardware field at the slow end (the worst case)")
+    regret_s: float | None = Field(default=None, description="the most any other plan beats this one by, over the "
+                                                             "corners of the uncertainty box (None: not assessed)")
+    regret_corner: str = Field(default="", description="the corner where it does")
+    regret_plan: str = Field(default="", description="the plan that is faster there")
+    regret_exact: bool = Field(default=True, description="False: a corner's search stopped at its time limit, so "
+                                                         "regret_s is an upper bound (from its proven bound)")
+    robust: bool = Field(default=False, description="chosen for the best worst case (solve --robust)")
+
+
 class Prediction(_Frozen):
     """What the cost model predicts. Checked when read: every number finite and non-negative, no part of the
     step longer than the step, no stage's memory above the peak (a hand-edited 1e308 or −1 is refused)."""
@@ -154,6 +170,8 @@ class Prediction(_Frozen):
     bubble_fraction: float
     breakdown_s: Breakdown
     stages: list[StagePrediction]
+    engine: str = Field(default="autopar", description="the engine the prediction is for (cost_models/engines.py)")
+    uncertainty: Uncertainty | None = None
 
     @model_validator(mode="after")
     def _plausible(self) -> "Prediction":

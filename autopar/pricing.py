@@ -8,14 +8,28 @@ AutoparError with the same one-line message.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from autopar.errors import AutoparError
 from autopar.plan import (Breakdown, ClusterSpec, ExpertsRef, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism,
-                          Plan, Prediction, RunPlan, SolverInfo, StagePrediction)
+                          Plan, Prediction, RunPlan, SolverInfo, StagePrediction, Uncertainty)
 from autopar.profile import ModelProfile
-from cost_models import PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate
+from cost_models import PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
+from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import GIB
 from cost_models.partition import chunk_ranges, stage_layer_counts
+
+
+def priced_hardware(gpu: str, hardware_file: str | Path | None = None, *, dtype: str,
+                    engine: str = DEFAULT_ENGINE) -> tuple[HardwareProfile, HardwareProfile]:
+    """(the hardware profile as loaded, the profile the engine runs at: cost_models/engines.py). AutoparError, one
+    line, for an unknown profile or engine, a CPU without a calibration, or a dtype the device lacks."""
+    try:
+        hw = load_hardware(hardware_file if hardware_file is not None else gpu)
+        hw.check_dtype(dtype)
+        return hw, load_engine(engine).on(hw)
+    except ConfigError as err:
+        raise AutoparError(str(err)) from None
 
 
 def attention_kernel(profile: ModelProfile, requested: str = "fused") -> str:
@@ -68,7 +82,8 @@ def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
 
 
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
-            hardware_name: str, solver: SolverInfo | None = None) -> Plan:
+            hardware_name: str, solver: SolverInfo | None = None, engine: str = DEFAULT_ENGINE,
+            uncertainty: Uncertainty | None = None) -> Plan:
     cfg = est.config
     stages = []
     for dev in est.devices:
@@ -92,7 +107,8 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
     prediction = Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
         peak_memory_gib=est.peak_memory_bytes / GIB, memory_capacity_gib=hw.memory_bytes / GIB, fits=est.fits,
-        bubble_fraction=est.bubble_fraction, breakdown_s=Breakdown(**est.breakdown_s), stages=stages)
+        bubble_fraction=est.bubble_fraction, breakdown_s=Breakdown(**est.breakdown_s), stages=stages, engine=engine,
+        uncertainty=uncertainty)
     parallelism = parallelism_of(cfg, est.precision.name)
     layers = []
     for chunk, (start, stop) in enumerate((r.start, r.stop) for r in chunk_ranges(
@@ -109,11 +125,13 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
 
 
-def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_name: str) -> Plan:
-    """The same plan, priced again under ``hw`` (e.g. a calibrated profile)."""
+def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_name: str,
+            engine: str = DEFAULT_ENGINE) -> Plan:
+    """The same plan, priced again under ``hw`` (e.g. a calibrated profile) for ``engine`` (default: autopar's own
+    runtime, which `autopar validate` runs)."""
     try:
-        est = CostModel(profile, hw).evaluate(config_of(plan, profile))
+        est = CostModel(profile, load_engine(engine).on(hw)).evaluate(config_of(plan, profile))
     except ConfigError as err:
         raise AutoparError(str(err)) from err
     return plan_of(profile, est, hw, gpus_per_node=plan.cluster.gpus_per_node, hardware_name=hardware_name,
-                   solver=plan.solver)
+                   solver=plan.solver, engine=engine)

@@ -3,7 +3,12 @@
 Sources:
 - Ring collectives (Patarasuk & Yuan 2009; NCCL's "bus bandwidth", nccl-tests/doc/PERFORMANCE.md):
   all-reduce moves 2(n−1)/n·S per rank in 2(n−1) steps; all-gather and reduce-scatter (n−1)/n·S in n−1
-  steps (S = the full, unsharded size). Time = steps·α + bytes / (bandwidth × efficiency(S)).
+  steps (S = the full, unsharded size). Time = latency + bytes / (bandwidth × efficiency(S)).
+- Latency at scale, as NCCL's own tuner models it (NVIDIA/nccl src/graph/tuning.cc, ``ncclTopoTuneModel``):
+  a base latency per call, then a ring's steps inside a node at the intra-node step latency and the
+  N − 1 steps that cross nodes (2(N − 1) for all-reduce) at the network's; an all-reduce over nodes may
+  instead run as NCCL's double binary tree, 2·((n/N − 1)·α_intra + log2(N)·α_inter) of latency at 0.92 of
+  the ring's bus bandwidth and twice the ring's per-rank volume, and NCCL picks whichever is faster.
 - Rank order (Megatron-LM ``initialize_model_parallel``): tp innermost (consecutive ranks), then dp,
   then pp. A group of stride ``k`` has min(n, gpus_per_node / k) members per node.
 - A group inside one node runs on NVLink. A group spanning nodes runs one ring per local member, each
@@ -18,6 +23,7 @@ Sources:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cost_models.hardware import HardwareProfile
@@ -26,11 +32,15 @@ from cost_models.model import LayerLike, cut_bytes, input_bytes, is_tp_sharded
 
 @dataclass(frozen=True)
 class Link:
-    """The slowest link a group's ring crosses: bytes/s per direction, latency per ring step."""
+    """The slowest link a group's ring crosses: bytes/s per direction, latency per ring step. A group across
+    ``nodes`` nodes pays ``latency_s`` on the steps that cross nodes and ``intra_latency_s`` on the rest
+    (nodes 1: every step at ``latency_s``)."""
 
     bytes_per_s: float
     latency_s: float
     inter_node: bool
+    nodes: int = 1
+    intra_latency_s: float = 0.0
 
 
 def intra_node_link(hw: HardwareProfile) -> Link:
@@ -44,7 +54,32 @@ def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) 
     if size <= per_node:
         return intra_node_link(hw)
     bandwidth = min(hw.intra_node_bytes_per_s, per_node * hw.inter_node_bytes_per_s)
-    return Link(bandwidth, hw.inter_node_latency_s, inter_node=True)
+    return Link(bandwidth, hw.inter_node_latency_s, inter_node=True, nodes=-(-size // per_node),
+                intra_latency_s=hw.intra_node_latency_s)
+
+
+# NCCL's tree all-reduce runs at this share of the ring's bus bandwidth (tuning.cc: ``busBw * .92``).
+TREE_BANDWIDTH = 0.92
+
+
+def ring_latency(n: int, rounds: int, link: Link, hw: HardwareProfile) -> float:
+    """Latency of a ring collective over ``n`` ranks that goes round ``rounds`` times (all-reduce 2, all-gather
+    and reduce-scatter 1): the base latency, the steps that cross nodes at the link's latency, the rest at
+    the intra-node latency (NCCL's tuner)."""
+    steps = rounds * (n - 1)
+    if link.nodes <= 1:
+        return hw.collective_base_latency_s + steps * link.latency_s
+    crossing = rounds * (link.nodes - 1)
+    return hw.collective_base_latency_s + crossing * link.latency_s + (steps - crossing) * link.intra_latency_s
+
+
+def tree_all_reduce_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
+    """NCCL's double binary tree across ``link.nodes`` nodes (chains inside each): latency in log2(nodes)
+    network steps, 2·S per rank at 0.92 of the bus bandwidth."""
+    per_node = n / link.nodes
+    latency = hw.collective_base_latency_s + 2 * ((per_node - 1) * link.intra_latency_s +
+                                                  math.log2(link.nodes) * link.latency_s)
+    return latency + _transfer(2 * nbytes, link, hw) / TREE_BANDWIDTH
 
 
 def _scale(op: str, nbytes: float, link: Link, hw: HardwareProfile) -> float:
@@ -62,18 +97,24 @@ def _transfer(nbytes: float, link: Link, hw: HardwareProfile) -> float:
 
 
 def all_reduce_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n−1)·α + 2(n−1)/n·S/(B·eff)."""
+    """All-reduce of ``nbytes`` over ``n`` ranks: the ring, 2(n−1) steps of latency + 2(n−1)/n·S/(B·eff), or
+    across nodes NCCL's tree where the hardware has it and it is faster."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (2 * (n - 1) * link.latency_s + _transfer(2 * (n - 1) / n * nbytes, link, hw)) * \
+    ring = (ring_latency(n, 2, link, hw) + _transfer(2 * (n - 1) / n * nbytes, link, hw)) * \
         _scale("all_reduce", nbytes, link, hw)
+    if hw.tree_all_reduce and link.nodes > 1:
+        return min(ring, tree_all_reduce_time(nbytes, n, link, hw))
+    return ring
 
 
 def all_gather_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
-    """Ring all-gather producing ``nbytes`` (the full tensor) on each of ``n`` ranks: (n−1)·α + (n−1)/n·S/(B·eff)."""
+    """Ring all-gather producing ``nbytes`` (the full tensor) on each of ``n`` ranks: n−1 steps of latency +
+    (n−1)/n·S/(B·eff)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw)) * _scale("all_gather", nbytes, link, hw)
+    return (ring_latency(n, 1, link, hw) + _transfer((n - 1) / n * nbytes, link, hw)) * \
+        _scale("all_gather", nbytes, link, hw)
 
 
 def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
@@ -81,8 +122,8 @@ def reduce_scatter_time(nbytes: float, n: int, link: Link, hw: HardwareProfile) 
     reduce-scatter bandwidth (the same on NCCL; lower where the reduction runs on the host, as gloo's)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return ((n - 1) * link.latency_s + _transfer((n - 1) / n * nbytes, link, hw) / _bandwidth_ratio("reduce_scatter", hw)) * \
-        _scale("reduce_scatter", nbytes, link, hw)
+    return (ring_latency(n, 1, link, hw) + _transfer((n - 1) / n * nbytes, link, hw) /
+            _bandwidth_ratio("reduce_scatter", hw)) * _scale("reduce_scatter", nbytes, link, hw)
 
 
 def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
@@ -93,10 +134,11 @@ def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
 def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, hw: HardwareProfile) -> float:
     """All-to-all in which each of ``n`` ranks (``stride`` apart in Megatron rank order) sends ``nbytes`` in
     all, 1/n to each peer: the pairwise exchange of Thakur, Rabenseifner & Gropp 2005 ("Optimization of
-    collective communication operations in MPICH", §3.3): (n − 1) steps of α and (n − 1)/n·S on the wire,
-    as NCCL runs it (a send/recv to every peer). Inside a node it runs on NVLink; across nodes the share
-    bound for other nodes goes through this GPU's NIC while the rest stays on NVLink, concurrently, so the
-    slower of the two sets the time."""
+    collective communication operations in MPICH", §3.3): n − 1 steps and (n − 1)/n·S on the wire, as NCCL
+    runs it (a send/recv to every peer), after NCCL's base latency per call (as the ring collectives above).
+    Inside a node it runs on NVLink; across nodes the steps to peers on other nodes pay the network's
+    latency and their share goes through this GPU's NIC while the rest stays on NVLink, concurrently, so
+    the slower of the two sets the time."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     local = 1 if stride >= gpus_per_node else max(1, min(n, gpus_per_node // stride))  # peers in this node
@@ -104,9 +146,14 @@ def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, h
     eff = hw.collective_efficiency(nbytes / n)
     on_nvlink = (local - 1) / n * nbytes / (intra.bytes_per_s * eff)
     if local >= n:
-        return (n - 1) * intra.latency_s + on_nvlink * _scale("all_to_all", nbytes, intra, hw)
+        return hw.collective_base_latency_s + (n - 1) * intra.latency_s + \
+            on_nvlink * _scale("all_to_all", nbytes, intra, hw)
     on_nic = (n - local) / n * nbytes / (hw.inter_node_bytes_per_s * eff)
-    return (n - 1) * hw.inter_node_latency_s + max(on_nvlink, on_nic)
+    return hw.collective_base_latency_s + (local - 1) * intra.latency_s + (n - local) * hw.inter_node_latency_s + \
+        max(on_nvlink, on_nic)
+
+
+COLLECTIVES = {"all_reduce": all_reduce_time, "all_gather": all_gather_time, "reduce_scatter": reduce_scatter_time}
 
 
 # -- tensor parallel --------------------------------------------------------------------------------
@@ -167,16 +214,12 @@ def tp_comm_kind(layer: LayerLike, tp: int) -> str | None:
 GRAD_BUCKET_BYTES = 25 * 2**20
 
 
-def bucketed_time(op: str, nbytes: float, n: int, steps_per_bucket: float, volume_factor: float, link: Link,
-                  hw: HardwareProfile) -> float:
-    """A ring collective over ``nbytes`` split into 25 MiB buckets: (S / bucket)·steps·α + factor·S/(B·eff(bucket)),
-    at the op's calibrated scale for a bucket-sized message."""
+def bucketed_time(op: str, nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
+    """A collective over ``nbytes`` split into 25 MiB buckets: (S / bucket) × the op's time for one bucket
+    (its latency paid once per bucket, its bandwidth at a bucket's efficiency and calibrated scale)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    buckets = nbytes / GRAD_BUCKET_BYTES
-    return (buckets * steps_per_bucket * link.latency_s + volume_factor * nbytes /
-            (link.bytes_per_s * hw.collective_efficiency(GRAD_BUCKET_BYTES) * _bandwidth_ratio(op, hw))) * \
-        _scale(op, GRAD_BUCKET_BYTES, link, hw)
+    return nbytes / GRAD_BUCKET_BYTES * COLLECTIVES[op](GRAD_BUCKET_BYTES, n, link, hw)
 
 
 def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int, link: Link,
@@ -189,11 +232,10 @@ def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int
     ZeRO-3 syncs per micro-batch instead (zero3_layer_time)."""
     if dp <= 1 or zero_stage == 3:
         return 0.0, 0.0
-    n = dp
     if zero_stage == 0:
-        return bucketed_time("all_reduce", grad_bytes, n, 2 * (n - 1), 2 * (n - 1) / n, link, hw), 0.0
-    gather = bucketed_time("all_gather", param_bytes, n, n - 1, (n - 1) / n, link, hw)
-    return bucketed_time("reduce_scatter", grad_bytes, n, n - 1, (n - 1) / n, link, hw), gather
+        return bucketed_time("all_reduce", grad_bytes, dp, link, hw), 0.0
+    gather = bucketed_time("all_gather", param_bytes, dp, link, hw)
+    return bucketed_time("reduce_scatter", grad_bytes, dp, link, hw), gather
 
 
 def zero3_layer_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_bytes: int, link: Link,
@@ -201,7 +243,17 @@ def zero3_layer_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_b
     """ZeRO-3 / FSDP traffic of one layer per micro-batch: its parameters all-gathered before forward and
     again before backward, its gradients reduce-scattered after backward (Rajbhandari et al. 2020: 1.5× the
     ZeRO-0 volume). FSDP2 shards per layer, so each collective has the layer's own size."""
+    return zero3_edge_time(params_per_gpu, dp=dp, param_bytes=param_bytes, grad_bytes=grad_bytes, link=link, hw=hw) + \
+        all_gather_time(params_per_gpu * param_bytes, dp, link, hw)
+
+
+def zero3_edge_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_bytes: int, link: Link,
+                    hw: HardwareProfile) -> float:
+    """The ZeRO-3 traffic of a layer that nothing can hide when it is a device's first: its all-gather opens
+    every micro-batch's forward and its reduce-scatter closes the backward (FSDP2 prefetches the *next*
+    layer's all-gather during a layer's compute; the first has no compute before it, the last reduce-scatter
+    none after it)."""
     if dp <= 1 or params_per_gpu <= 0:
         return 0.0
-    return 2 * all_gather_time(params_per_gpu * param_bytes, dp, link, hw) + \
+    return all_gather_time(params_per_gpu * param_bytes, dp, link, hw) + \
         reduce_scatter_time(params_per_gpu * grad_bytes, dp, link, hw)

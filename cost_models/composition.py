@@ -5,16 +5,18 @@ calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model ter
 construction. Every term of the step is defined here and nowhere else:
 
   leaves (per device, summed over its layers: ``layer_row``; or the largest: ``LARGEST``)
-      fwd, bwd, tp, a2a, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer;
+      fwd, bwd, tp, a2a, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer, z3_edge;
       p2p (per pipeline cut the device sends across)
   device d, per micro-batch
       T_d      = fwd + bwd + tp + a2a + p2p + offload + zero3       (a2a: expert dispatch and combine, unhidden)
       offload  = max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
-      zero3    = max(0, z3 − overlap₃·(fwd + bwd)) + z3_sync        (lockstep sync never hides)
+      zero3    = max(0, z3 − z3_edge − overlap₃·(fwd + bwd)) + z3_edge + z3_sync
+                 (z3_edge: the first all-gather and the last reduce-scatter, which nothing hides; z3_sync: what never
+                 hides — lock-step sync, and the compute slowed beside the traffic that hides: step.py)
   device d, per step
       dp_tail  = max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,  last = min(dpo, one bucket)
       end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier)
-      memory_d = state + in_flight_d·kept + remat + gather_buffer + reserve ≤ capacity
+      memory_d = state + (in_flight_d·kept + remat + gather_buffer)·(1 + fragmentation) + reserve ≤ capacity
   step
       pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
       tail     = max(0, max_d end_d)
@@ -64,6 +66,7 @@ class LayerCost:
     zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
     zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
     zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
+    zero3_edge_s: float = 0.0      # its all-gather + reduce-scatter when it is the first layer (nothing hides them)
     tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
     gather_buffer_bytes: float = 0.0  # ZeRO-3: this layer's gathered parameters, running and prefetched
     a2a_fwd_s: float = 0.0         # expert-parallel dispatch and combine (experts.py), forward
@@ -79,7 +82,8 @@ SUMMED: dict[str, str] = {
 }
 # The leaves that are the largest over a device's layers: the one layer rematerialised at a time in
 # backward (memory.remat_peak_bytes), the ZeRO-3 gather buffers sized by the largest layer.
-LARGEST: dict[str, str] = {"remat": SIZE, "gather_buffer": SIZE}
+LARGEST: dict[str, str] = {"remat": SIZE, "gather_buffer": SIZE,
+                           "z3_edge": TIME}  # a device's first all-gather and last reduce-scatter, bounded by its largest
 
 
 # The unit of every named term of a step (named_terms): leaves, device terms, step terms.
@@ -124,7 +128,7 @@ def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
 
 
 def layer_largest(c: LayerCost) -> dict[str, float]:
-    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes}
+    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes, "z3_edge": c.zero3_edge_s}
 
 
 @dataclass(frozen=True)
@@ -141,15 +145,20 @@ class StepShape:
     host_s_per_byte: float | None         # activation offload over the host link; None: no offload
     capacity_bytes: float
     reserve_bytes: float
+    fragmentation: float = 0.0            # bytes the allocator loses per byte allocated during the step
 
 
-def memory(A: Algebra, q: Mapping[str, Any], in_flight: float, reserve: float) -> dict[str, Any]:
+def memory(A: Algebra, q: Mapping[str, Any], in_flight: float, reserve: float,
+           fragmentation: float = 0.0) -> dict[str, Any]:
     """Bytes on one GPU of a stage at its peak (memory.py): model state, activations of the micro-batches
-    in flight plus one layer rematerialised, ZeRO-3 gather buffers, the reserve."""
+    in flight plus one layer rematerialised, ZeRO-3 gather buffers, what the allocator loses to fragmentation
+    of those step-time allocations (hardware.allocator_fragmentation; 0 for the lower bound, which only
+    loosens it), the reserve."""
     activations = q["kept"] * in_flight + q["remat"]
-    total = q["state_params"] + q["state_grads"] + q["state_optimizer"] + activations + q["gather_buffer"] + \
-        A.size(reserve)
-    return {"activations": activations, "memory": total}
+    dynamic = activations + q["gather_buffer"]
+    lost = dynamic * fragmentation if fragmentation else 0
+    total = q["state_params"] + q["state_grads"] + q["state_optimizer"] + dynamic + lost + A.size(reserve)
+    return {"activations": activations, "fragmentation": lost, "memory": total}
 
 
 def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> dict[str, Any]:
@@ -161,9 +170,18 @@ def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> d
         offload = A.pos(transfer - q["fwd"], f"offload_fwd_{d}") + A.pos(transfer - q["bwd"], f"offload_bwd_{d}")
     zero3: Any = 0
     if shape.zero3_overlap is not None:
-        zero3 = A.pos(q["z3"] - compute * shape.zero3_overlap, f"zero3_exposed_{d}") + q["z3_sync"]
+        zero3 = zero3_time(A, q, shape, d, compute)
     time = A.let(compute + q["tp"] + q["a2a"] + q["p2p"] + offload + zero3, f"T_{d}")
     return {"time": time, "compute": compute, "offload": offload, "zero3": zero3}
+
+
+def zero3_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int, compute: Any) -> Any:
+    """ZeRO-3 / FSDP time of device d per micro-batch that compute does not absorb. FSDP2 prefetches the next
+    layer's all-gather during this layer's compute, so all traffic but the first all-gather and the last
+    reduce-scatter may hide (``z3_edge``; absent from a lower bound's lumped leaves: 0, which only lowers
+    it); ``z3_sync`` never hides (it holds the compute slowed beside the traffic: step.py)."""
+    edge = q.get("z3_edge", 0)
+    return A.pos(q["z3"] - edge - compute * shape.zero3_overlap, f"zero3_exposed_{d}") + edge + q["z3_sync"]
 
 
 def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> Any:
@@ -187,7 +205,7 @@ def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -
         terms = device_time(A, q, shape, d)
         terms["bwd"] = A.let(q["bwd"], f"bwd_{d}")
         terms["dp_tail"] = device_tail(A, q, shape, d)
-        terms.update(memory(A, q, shape.in_flight[d], shape.reserve_bytes))
+        terms.update(memory(A, q, shape.in_flight[d], shape.reserve_bytes, shape.fragmentation))
         A.at_most(terms["memory"], A.size(shape.capacity_bytes), f"memory of stage {d}")
         ends.append(terms["dp_tail"] + q["optimizer"] - earlier_bwd)
         earlier_bwd = earlier_bwd + terms["bwd"]

@@ -125,8 +125,10 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
         scores = attention_scores_per_sample(layer, seq_len) * b / split
         t_scores = memory_time(scores * unfused_attention_traffic_per_score(DTYPE_BYTES[dtype],
                                                                             attention_dropout), hw)
-    fwd = t_matmul + t_attention + t_memory + t_scores
-    bwd = BACKWARD_FACTOR * (t_matmul + t_scores) + hw.kernels.attention_backward * t_attention + t_memory_bwd
+    # an engine's per-layer host work, split as compute is (a third forward: hardware.layer_overhead_s)
+    fwd = t_matmul + t_attention + t_memory + t_scores + hw.layer_overhead_s / 3.0
+    bwd = BACKWARD_FACTOR * (t_matmul + t_scores) + hw.kernels.attention_backward * t_attention + t_memory_bwd + \
+        2.0 * hw.layer_overhead_s / 3.0
     counted = fwd_flops(layer, b) / split
     executed = (1.0 + BACKWARD_FACTOR) * counted
     if recompute == "full":

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from cost_models import machine
 from cost_models.errors import ConfigError
 from cost_models.hardware_file import HardwareFile, check_hardware_file
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_HARDWARE = "h100-80gb"  # what `--gpu` means when it is left out, in every command and function
+CPU = "cpu"  # this machine, priced from its own calibration (cost_models/machine.py)
 GIB = 1024**3
 _DTYPES = ("bf16", "fp16", "fp32")
 
@@ -143,6 +145,32 @@ class HardwareProfile:
     # reduce_scatter, send_recv): what one shared ring fit cannot say about each op's implementation (gloo's
     # all-gather is slower per byte than its all-reduce, its send/recv faster). Absent: 1 (NCCL's ring).
     collective_scale: Mapping[str, LogTable] = field(default_factory=dict)
+    # Fractional slowdown of compute while a collective runs beside it: NCCL's kernels take SMs and HBM
+    # bandwidth from the GEMMs they overlap (0: a calibration measured the overlap, slowdown included).
+    overlap_slowdown: float = 0.0
+    # Fixed cost of one collective call beyond its ring / tree steps (NCCL's tuner base latency).
+    collective_base_latency_s: float = 0.0
+    # An all-reduce spanning nodes may run as NCCL's tree (latency in log2(nodes) steps) where it is faster.
+    tree_all_reduce: bool = False
+    # Relative uncertainty of each profile field (by its name in the file); cost_models.uncertainty reads it.
+    uncertainty: Mapping[str, float] = field(default_factory=dict)
+    # Host time an engine adds per layer and micro-batch, forward and backward together (its per-layer Python,
+    # hooks and kernel launches beyond what the GEMM tables hold); set by cost_models.engines, 0 in a profile.
+    layer_overhead_s: float = 0.0
+    # Bytes the caching allocator loses to fragmentation per byte allocated during the step (activations,
+    # gather buffers); to 3 decimals, as the solver's integer model sees it.
+    allocator_fragmentation: float = 0.0
+    # The engine's ZeRO-3 copies each all-gather's output into the parameters on the compute stream (FSDP2's
+    # copy-out); set by cost_models.engines.
+    zero3_copy_out: bool = False
+    # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
+    calibrated: bool = False
+
+    @property
+    def overlap_penalty(self) -> float:
+        """Compute time lost per second of communication beside it: a collective running for x seconds beside
+        compute that runs 1 + σ times slower meanwhile delays that compute by x·σ/(1 + σ)."""
+        return self.overlap_slowdown / (1.0 + self.overlap_slowdown)
 
     def collective_time_scale(self, op: str, nbytes: float) -> float:
         table = self.collective_scale.get(op)
@@ -153,19 +181,33 @@ class HardwareProfile:
         return self.comm_overlap if self.zero3_comm_overlap is None else self.zero3_comm_overlap
 
     def peak(self, dtype: str) -> float:
-        if dtype not in self.peak_flops:
-            raise ConfigError(f"hardware '{self.name}' has no peak FLOP/s for {dtype}; add it to the profile")
+        self.check_dtype(dtype)
         return self.peak_flops[dtype]
+
+    def check_dtype(self, dtype: str) -> None:
+        """ConfigError (one line, the dtypes it has) when the device cannot compute in ``dtype``."""
+        if dtype not in self.peak_flops:
+            have = [d for d in _DTYPES if d in self.peak_flops]
+            raise ConfigError(f"{self.name} has no {dtype} arithmetic (its profile lists {', '.join(have)}); "
+                              f"train in {have[0]} (--dtype {have[0]}) or pick hardware that has {dtype}")
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+    """The built-in profiles, and ``cpu``: this machine's own calibration (cost_models/machine.py)."""
+    return sorted([p.stem for p in PROFILE_DIR.glob("*.json")] + [CPU])
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """A built-in profile by name (``a100-80gb``) or a JSON file path; units converted here, once."""
+    """A built-in profile by name (``a100-80gb``), ``cpu`` (this machine's calibration) or a JSON file path;
+    units converted here, once."""
     path = Path(name_or_path)
-    if not path.suffix == ".json":
+    if str(name_or_path).lower() == CPU:
+        path = machine.calibration_path()
+        if not path.exists():
+            raise ConfigError(f"--gpu cpu prices this machine ({machine.describe()}) from its own calibration and it "
+                              "has none yet: run `autopar calibrate --nproc 2` once (about a minute; it records the "
+                              f"profile in {machine.calibration_dir()}), or pass a profile with --hardware FILE")
+    elif not path.suffix == ".json":
         path = PROFILE_DIR / f"{str(name_or_path).lower()}.json"
         if not path.exists():
             raise ConfigError(f"unknown hardware '{name_or_path}'; use one of {', '.join(builtin_names())} "
@@ -174,6 +216,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"cannot read hardware profile {path}: {err}") from err
+    if str(name_or_path).lower() == CPU:
+        raw = {**raw, "name": CPU}
     return hardware_from_dict(raw, default_name=path.stem)
 
 
@@ -213,6 +257,12 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             kernels=_kernels(f),
             collective_scale={op: LogTable(tuple((x * 1e6, v) for x, v in pts))
                               for op, pts in f.collective_time_scale_by_op_mbytes.items()},
+            overlap_slowdown=f.overlap_compute_slowdown,
+            collective_base_latency_s=f.collective_base_latency_us * 1e-6,
+            tree_all_reduce=f.tree_all_reduce,
+            uncertainty={k: u.relative for k, u in f.uncertainty.items()},
+            allocator_fragmentation=_fraction(f.allocator_fragmentation),
+            calibrated=f.calibration is not None,
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):

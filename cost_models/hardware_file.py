@@ -33,6 +33,13 @@ class DTensorOverhead(_Strict):
     per_collective: float = Field(default=0.0, ge=0)
 
 
+class Uncertainty(_Strict):
+    """How far a field's true value may lie from the profile's, as a fraction of it, and why."""
+
+    relative: float = Field(ge=0, le=0.9)
+    source: str = Field(min_length=1)
+
+
 class HardwareFile(_Strict):
     """One accelerator and its links as a profile file states them (units in the names)."""
 
@@ -66,6 +73,19 @@ class HardwareFile(_Strict):
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     attention_backward_over_forward: float = Field(default=2.0, gt=0, le=10)
     collective_time_scale_by_op_mbytes: dict[str, Points] = {}
+    # Fractional slowdown of compute while a collective runs beside it (NCCL kernels take SMs and memory
+    # bandwidth); 0 where a calibration measured the overlap itself (comm_compute_overlap nets it out).
+    overlap_compute_slowdown: float = Field(default=0.0, ge=0, le=1)
+    # Fixed cost of one collective call (NCCL's tuner base latency), on top of its ring or tree steps.
+    collective_base_latency_us: float = Field(default=0.0, ge=0)
+    # Whether an all-reduce spanning nodes may run as a tree (NCCL picks ring or tree, whichever its model
+    # says is faster; gloo has no tree).
+    tree_all_reduce: bool = False
+    # Bytes the caching allocator loses to fragmentation per byte allocated during the step (activations,
+    # gather buffers: the model state is allocated once).
+    allocator_fragmentation: float = Field(default=0.0, ge=0, le=1)
+    # Per field (its name in this file; tables as a whole): relative uncertainty and its source.
+    uncertainty: dict[str, Uncertainty] = {}
     calibration: dict[str, Any] | None = Field(default=None, description="what a calibration measured and fitted "
                                                                           "(kept for the record, never read)")
 
@@ -74,7 +94,7 @@ def check_hardware_file(raw: Mapping[str, Any], default_name: str) -> HardwareFi
     """The file, checked; ConfigError (one line, the field and what is wrong) otherwise."""
     name = raw.get("name", default_name) if isinstance(raw, Mapping) else default_name
     try:
-        return HardwareFile.model_validate(raw)
+        checked = HardwareFile.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "profile"
@@ -85,3 +105,16 @@ def check_hardware_file(raw: Mapping[str, Any], default_name: str) -> HardwareFi
             raise ConfigError(f"hardware profile '{name}' has an unknown field '{where}' (misspelt?); the fields are "
                               "those of cost_models/hardware_file.py") from None
         raise ConfigError(f"hardware profile '{name}': {where}: {first['msg']}; fix the hardware profile") from None
+    unknown = sorted(set(checked.uncertainty) - UNCERTAIN_FIELDS)
+    if unknown:
+        raise ConfigError(f"hardware profile '{name}' gives an uncertainty for '{unknown[0]}', which is not a field "
+                          "with a value to be uncertain about; name a field of cost_models/hardware_file.py")
+    return checked
+
+
+# The fields an uncertainty may be given for: every number that prices time (capacities are exact).
+UNCERTAIN_FIELDS = {name for name, f in HardwareFile.model_fields.items()
+                    if name not in ("name", "description", "sources", "calibration", "uncertainty", "gpus_per_node",
+                                    "nics_per_node", "tree_all_reduce")}
+# Of those, the ones that price memory, not time: their uncertainty is stated, never applied to a step time's range.
+MEMORY_FIELDS = {"memory_gib", "memory_reserve_gib", "allocator_fragmentation"}

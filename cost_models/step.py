@@ -17,7 +17,7 @@ from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
 from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, compose, device_chunks, device_cuts,
                                      layer_largest, layer_row, named_terms)
-from cost_models.compute import layer_compute, optimizer_time_per_param
+from cost_models.compute import layer_compute, memory_time, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
@@ -120,7 +120,7 @@ class CostModel:
         attn = (attention_kernel, attention_dropout)
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
-               tp_link.inter_node, attention_kernel, attention_dropout)
+               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
@@ -177,7 +177,7 @@ class CostModel:
         devices = cfg.tp * cfg.dp
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
                    cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
-                   cfg.moe_imbalance)
+                   cfg.moe_imbalance, cfg.zero3_overlap)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -230,29 +230,40 @@ class CostModel:
         layer's parameters (the search asks for every micro-batch size)."""
         own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
         dense = own - experts
-        state, tied_state, over, exposed, opt, zero3, zero3_tied = self._step_work_of(dense, copy, dp_l,
-                                                                                     cfg.zero_stage, precision, link_dp)
+        state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copy_out = self._step_work_of(
+            dense, copy, dp_l, cfg.zero_stage, precision, link_dp)
         sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
             gpn = cfg.gpus_per_node or self.hw.gpus_per_node
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
-            e_state, _, e_over, e_exposed, e_opt, e_zero3, _ = self._step_work_of(experts, 0.0, edp, cfg.zero_stage,
-                                                                                  precision, link_e)
+            e_state, _, e_over, e_exposed, e_opt, e_zero3, _, e_edge, e_copy = self._step_work_of(
+                experts, 0.0, edp, cfg.zero_stage, precision, link_e)
             state = tuple(a + b for a, b in zip(state, e_state))
             sync = (sync[0] + e_over * experts, sync[1] + e_exposed * experts, sync[2] + e_opt * experts)
-            zero3 += e_zero3
+            zero3, edge, copy_out = zero3 + e_zero3, edge + e_edge, copy_out + e_copy
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
+        fwd, bwd = c.fwd_s + copy_out, c.bwd_s + copy_out
+        # Compute beside ZeRO-3's traffic runs slower: overlap_penalty per second of it that hides, layer by layer —
+        # a layer's traffic up to what its own compute without recomputation (forward and twice it) can hide: the
+        # same for every recomputation option of the layer, so the solver's model keeps its shape (it counts the
+        # first all-gather and last reduce-scatter too: at most overlap_penalty × those too much). The once-per-step
+        # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
+        z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
         return LayerCost(  # not dataclasses.replace: this runs for every layer option the search considers
-            c.fwd_s, c.bwd_s, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
-            own, copy, state, tied_state, sync[0], sync[1], sync[2], over * copy, exposed * copy, opt * copy,
-            zero3, zero3_tied, z3_sync, tied, 2 * own * precision.param_bytes if cfg.zero_stage == 3 else 0.0,
-            c.a2a_fwd_s, c.a2a_bwd_s, experts)
+            fwd, bwd, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
+            own, copy, state_bytes=state, state_tied_bytes=tied_state,
+            dp_overlappable_s=sync[0], dp_exposed_s=sync[1], optimizer_s=sync[2],
+            tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
+            zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, zero3_edge_s=edge, tied_sync_s=tied,
+            gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0,
+            a2a_fwd_s=c.a2a_fwd_s, a2a_bwd_s=c.a2a_bwd_s, expert_params_per_gpu=experts)
 
     def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
                       link_dp: comm.Link) -> tuple:
-        key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node)
+        key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node,
+               link_dp.nodes)
         work = self._step_work.get(key)
         if work is None or work[-1] is not precision:
             work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, zero_stage, precision, link_dp) + \
@@ -269,9 +280,15 @@ class CostModel:
         zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
                                                    grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
                              if zero_stage == 3 else 0.0 for n in (own, copy))
+        edge = comm.zero3_edge_time(own, dp=dp_l, param_bytes=precision.param_bytes, grad_bytes=precision.grad_bytes,
+                                    link=link_dp, hw=self.hw) if zero_stage == 3 else 0.0
+        # FSDP2 copies each all-gather's output out of its flat buffer into the parameters on the compute stream
+        # (read + write of the gathered bytes), before the forward and again before the backward
+        copy_out = memory_time(2 * own * precision.param_bytes, self.hw) \
+            if zero_stage == 3 and dp_l > 1 and self.hw.zero3_copy_out else 0.0
         return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage),
                 model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage), over, exposed, opt, zero3,
-                zero3_tied)
+                zero3_tied, edge, copy_out)
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
         """(enter, leave): the all-gathers that move a layer at degree t from and back to the stage's
@@ -339,7 +356,7 @@ class CostModel:
             zero3_overlap=cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
             last_bucket_s=self.last_bucket_s(cfg, precision, dp_link),
             host_s_per_byte=1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None,
-            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes)
+            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes, fragmentation=hw.allocator_fragmentation)
 
     def device_leaves(self, d: int, cfg: ParallelConfig, ranges: list[range], costs: list[LayerCost],
                       tp_link: comm.Link, pp_link: comm.Link) -> dict[str, float]:
@@ -380,6 +397,14 @@ class CostModel:
                             terms=named_terms(leaves, step))
 
 
+def zero3_buffer_bytes(params_per_gpu: float, precision: Precision) -> float:
+    """ZeRO-3's unsharded buffers of a layer at its peak, in its backward: its gathered parameters and the
+    next one's, prefetched; its unsharded gradients in the compute dtype and the reduce-scatter's input in the
+    gradient dtype (PyTorch FSDP2 ``foreach_reduce``, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
+    the reduce-scatter input is allocated in the reduce dtype)."""
+    return params_per_gpu * (3 * precision.param_bytes + precision.grad_bytes)
+
+
 def device_in_flight(cfg: ParallelConfig, d: int) -> float:
     """Micro-batches of activations device d holds at its peak under ``cfg`` (memory.py: the schedule's
     warm-up, and only the ones in transfer when activations are offloaded)."""
@@ -391,7 +416,8 @@ def device_in_flight(cfg: ParallelConfig, d: int) -> float:
 def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[str, float], terms: dict[str, float],
                      shape: StepShape) -> DeviceEstimate:
     memory = StageMemory(params=q["state_params"], grads=q["state_grads"], optimizer=q["state_optimizer"],
-                         activations=terms["activations"], buffers=q["gather_buffer"], reserve=shape.reserve_bytes)
+                         activations=terms["activations"], buffers=q["gather_buffer"],
+                         reserve=shape.reserve_bytes + terms["fragmentation"])  # the reserve holds what fragments
     return DeviceEstimate(
         stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
         fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], ep_comm_s=q["a2a"],

@@ -1,6 +1,17 @@
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `--gpu cpu` prices this machine from its own calibration (cost_models/machine.py). Tests never read or write the
+# developer's: they get a folder of their own holding the shipped calibration (cost_models/profiles/
+# cpu-calibrated.json) as this machine's; subprocesses inherit it.
+os.environ["AUTOPAR_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="autopar-test-calibrations-")
+from cost_models import machine  # noqa: E402
+
+shutil.copy(Path(__file__).resolve().parents[1] / "cost_models" / "profiles" / "cpu-calibrated.json",
+            machine.calibration_path())
 
 
 import pytest  # noqa: E402

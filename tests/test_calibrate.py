@@ -19,7 +19,7 @@ from cost_models import comm, compute
 from cost_models.hardware import hardware_from_dict, load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = json.loads((ROOT / "cost_models/profiles/cpu.json").read_text())
+BASE = json.loads((ROOT / "cost_models/profiles/base/cpu.json").read_text())
 runner = CliRunner()
 
 
@@ -193,6 +193,10 @@ def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     return out, json.loads(out.read_text())
 
 
+def cal_residual(raw: dict, key: str) -> float:
+    return raw["calibration"]["residuals"][key]["median_abs_rel_error"]
+
+
 @pytest.mark.dist
 def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, dict]) -> None:
     path, raw = quick_profile
@@ -201,8 +205,15 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert all(hw.peak(d) > 0 for d in ("bf16", "fp16", "fp32"))
     assert hw.hbm_bytes_per_s > 0 and 0 < hw.memory_efficiency <= 1 and hw.intra_node_bytes_per_s > 0
     assert 0 < hw.memory_reserve_bytes < hw.memory_bytes
-    fields = set(raw) - {"name", "description", "sources", "calibration"}
+    fields = set(raw) - {"name", "description", "sources", "calibration", "uncertainty"}
     assert fields <= set(raw["sources"]), f"fields without a source: {fields - set(raw['sources'])}"
+    # the fitted fields carry the uncertainty of their fit, with where it comes from
+    unc = raw["uncertainty"]
+    assert {"peak_dense_tflops", "gemm_efficiency_by_mflop_per_token", "memory_bandwidth_efficiency",
+            "collective_time_scale_by_op_mbytes"} <= set(unc) and set(hw.uncertainty) == set(unc)
+    assert all(0 <= u["relative"] <= 0.9 and u["source"] for u in unc.values())
+    assert unc["gemm_efficiency_by_mflop_per_token"]["relative"] == pytest.approx(min(0.9, max(
+        cal_residual(raw, "gemm"), cal_residual(raw, "gemm_holdout"))), abs=1e-3)
     cal = raw["calibration"]
     assert cal["collective_impl"]["reduce_scatter"] and cal["residuals"]["collectives"]["points"] > 0
     # each op's scale over the shared ring fit: the measured collectives come back (in sample, one group size)
@@ -210,7 +221,7 @@ def test_quick_calibration_writes_a_loadable_profile(quick_profile: tuple[Path, 
     assert cal["residuals"]["collectives"]["median_abs_rel_error"] <= 0.01
     assert cal["residuals"]["collectives_ring_fit"]["points"] == cal["residuals"]["collectives"]["points"]
     for field in ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us"):
-        assert raw[field] == BASE[field] and "kept from cpu" in raw["sources"][field]
+        assert raw[field] == BASE[field] and "kept from cpu-base" in raw["sources"][field]
     from autopar.calibrate.kernels import HEAVY_KERNELS
 
     assert {k for k, _ in hw.kernels.heavy} == set(HEAVY_KERNELS) == {k for k, _ in hw.kernels.backward}
@@ -263,6 +274,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
     _fails(tmp_path, "-o", str(blocker / "p.json"), message="cannot write there")
     _fails(tmp_path, "-o", str(tmp_path / "p.yaml"), message="must be a .json file")
     _fails(tmp_path, "-o", out, "--base", "tpu-v9", message="unknown hardware 'tpu-v9'")
+    _fails(tmp_path, "--quick", message="--quick is for tests and is not recorded as this machine's calibration")
+
+
+def test_a_cpu_calibration_is_recorded_as_this_machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without -o a gloo calibration goes where --gpu cpu reads (cost_models/machine.py), named cpu; with -o it goes
+    there too (calibrate() writes both), but never from --quick."""
+    from autopar.calibrate.run import check_request
+    from autopar.errors import AutoparError
+    from cost_models import machine
+
+    monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path))
+    req = check_request(None, nproc=2, backend="gloo")
+    assert req.output == machine.calibration_path() and req.output.parent == tmp_path and req.name == "cpu"
+    assert req.base["name"] == "cpu-base"
+    with pytest.raises(AutoparError, match="--quick is for tests"):
+        check_request(None, backend="gloo", quick=True)
 
 
 def test_nccl_without_cuda_is_refused(tmp_path: Path) -> None:

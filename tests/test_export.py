@@ -435,7 +435,13 @@ def test_cli_prints_or_writes_and_warns_on_stderr(plans, tmp_path):
     out = tmp_path / "run" / "nemo.yaml"
     result = runner.invoke(app, ["export", str(path), "--to", "nemo", "-o", str(out)])
     assert result.exit_code == 0 and str(out) in result.stdout
-    assert out.read_text() == export(plans["gpipe_fp16"], "nemo").text
+    # NeMo runs Megatron-Core: the header's prediction is the plan priced for the megatron engine
+    from autopar.commands.export import for_engine
+
+    repriced = for_engine(plans["gpipe_fp16"], "megatron")
+    assert repriced.prediction.engine == "megatron" and plans["gpipe_fp16"].prediction.engine == "autopar"
+    assert repriced.prediction.step_time_s != plans["gpipe_fp16"].prediction.step_time_s
+    assert out.read_text() == export(repriced, "nemo").text and "under the megatron engine" in out.read_text()
     assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temporary file
 
 

@@ -68,7 +68,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("launch")
     tokens = tmp / "tokens.bin"
     np.random.default_rng(0).integers(0, int(SIZE["vocab_size"]), size=40 * SEQ, dtype=np.uint16).tofile(tokens)
-    four, one = _solve(tmp, "tp2_pp2", "--gpus", "4", "--tp", "2", "--pp", "2"), _solve(tmp, "single", "--gpus", "1")
+    four = _solve(tmp, "tp2_pp2", "--gpus", "4", "--tp", "2", "--pp", "2", "--micro-batch", "1")
+    one = _solve(tmp, "single", "--gpus", "1")
     ckpt = tmp / "ckpt"
     return {"tmp": tmp, "tokens": tokens, "plans": {"four": four, "one": one}, "ckpt": ckpt,
             "four": _report(_launch(four, "--data", str(tokens), "--checkpoint-dir", str(ckpt), "--save-every", "2",

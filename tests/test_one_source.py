@@ -93,6 +93,8 @@ def random_config(rng: random.Random, profile: ModelProfile) -> ParallelConfig:
 def random_hardware(rng: random.Random, fits: bool):  # noqa: ANN201
     hw = replace(HW, comm_overlap=rng.choice([1.0, 0.0, 0.375]), zero3_comm_overlap=rng.choice([None, 0.0, 0.25]),
                  lockstep=rng.choice([LockstepCosts(), LOCKSTEP]), host_link_bytes_per_s=rng.choice([25e9, 12.3e9]))
+    # the overlap slowdown and the allocator's fragmentation: GPU profiles have both, a calibrated CPU neither
+    hw = replace(hw, overlap_slowdown=rng.choice([0.0, 0.189]), allocator_fragmentation=rng.choice([0.0, 0.05]))
     return hw if fits else replace(hw, memory_bytes=hw.memory_reserve_bytes + 2**30)
 
 

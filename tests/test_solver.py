@@ -88,6 +88,7 @@ def random_instance(seed: int) -> tuple:
                 micro_batch=rng.choice([None, 1, 2]) if gpus > 2 else None)
     hw = replace(hw, comm_overlap=rng.choice([1.0, 1.0, 0.0, 0.375]))  # GPUs, a CPU, something between
     hw = replace(hw, lockstep=rng.choice([LockstepCosts(), LOCKSTEP]))  # calibrated lock-step costs or none
+    hw = replace(hw, overlap_slowdown=rng.choice([0.0, 0.189]), allocator_fragmentation=rng.choice([0.0, 0.05]))
     return profile, hw, gpus, gpus_per_node, batch, pins
 
 

@@ -33,8 +33,9 @@ def test_a_plan_re_predicted_on_its_own_hardware_is_unchanged(profile) -> None:
                               recompute="selective", gpu="a100-80gb"),
              autopar.solve(profile, gpus=8, global_batch=32, gpu="a100-80gb", time_limit_s=20)]
     for plan in plans:
-        again = predict(plan, profile, hw, hardware_name="a100-80gb")
-        assert again.prediction == plan.prediction
+        again = predict(plan, profile, hw, hardware_name="a100-80gb")  # the point estimate; the range is solve's
+        assert again.prediction.model_dump(exclude={"uncertainty"}) == \
+            plan.prediction.model_dump(exclude={"uncertainty"})
         assert again.layers == plan.layers
     cfg = config_of(plans[0], profile)
     assert (cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.micro_batch) == (2, 2, 2, 1, 2)

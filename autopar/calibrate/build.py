@@ -19,6 +19,7 @@ from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
 from autopar.calibrate.kernel_fit import LIGHT, kernel_fields, light_points
 from autopar.calibrate.layer_check import check_layers
 from autopar.calibrate.lockstep_fit import lockstep_fields
+from autopar.calibrate.uncertainty import calibration_uncertainty
 from autopar.calibrate.fit import (CollectiveFit, CollectivePoint, GemmPoint, fit_collectives, fit_gemm, fit_memory,
                                    relative_errors, summarize)
 
@@ -206,6 +207,7 @@ def build_profile(results: Mapping[str, Any], base: Mapping[str, Any], *, name: 
             f"{adam['seconds'] * 1e3:.3g} ms, {adam['bytes'] / adam['seconds'] / 1e9:.3g} GB/s of 28 bytes per "
             "parameter (parameter and both moments read and written, gradient read), over the fitted bandwidth")
     profile["sources"] = src
+    profile["uncertainty"] = calibration_uncertainty(profile, residuals, base, overlap)
     profile["calibration"] = {
         "command": f"autopar calibrate --nproc {nproc} --backend {results['backend']}"
                    + (" --quick" if results.get("quick") else ""),

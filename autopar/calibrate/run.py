@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cost_models import ConfigError, load_hardware
+from cost_models import machine
 from cost_models.hardware import PROFILE_DIR
 
 from autopar.errors import AutoparError
@@ -49,9 +50,10 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def check_request(output: str | Path, *, nproc: int = 2, backend: str | None = None, quick: bool = False,
+def check_request(output: str | Path | None, *, nproc: int = 2, backend: str | None = None, quick: bool = False,
                   base: str | None = None, gpus_per_node: int | None = None, name: str | None = None) -> Request:
-    """Validate everything before any process starts; raises AutoparError with what to do."""
+    """Validate everything before any process starts; raises AutoparError with what to do. ``output`` None: on
+    gloo, this machine's calibration (cost_models/machine.py, what --gpu cpu reads)."""
     if nproc < 1:
         raise AutoparError(f"--nproc {nproc}: give at least 1 process (2 or more to measure collectives)")
     if gpus_per_node is not None and gpus_per_node < 1:
@@ -67,6 +69,13 @@ def check_request(output: str | Path, *, nproc: int = 2, backend: str | None = N
         if torch.cuda.device_count() < nproc:
             raise AutoparError(f"--nproc {nproc} with nccl needs {nproc} GPUs, this node has "
                                f"{torch.cuda.device_count()}; lower --nproc")
+    if output is None:
+        if backend != "gloo":
+            raise AutoparError("-o FILE: where to write the GPU profile (only a CPU calibration is recorded as the "
+                               "machine's own)")
+        if quick:
+            raise AutoparError("--quick is for tests and is not recorded as this machine's calibration; give -o FILE")
+        output = machine.calibration_path()
     out = Path(output)
     if out.suffix != ".json":
         raise AutoparError(f"-o {out}: the profile must be a .json file (--hardware only loads .json)")
@@ -75,7 +84,7 @@ def check_request(output: str | Path, *, nproc: int = 2, backend: str | None = N
     folder = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise AutoparError(f"-o {out}: cannot write there ({folder} is not writable); choose another path")
-    base_name = base or ("cpu" if backend == "gloo" else default_gpu_profile())
+    base_name = base or (str(PROFILE_DIR / "base" / "cpu.json") if backend == "gloo" else default_gpu_profile())
     try:
         load_hardware(base_name)  # checks every field once
     except ConfigError as err:
@@ -83,7 +92,8 @@ def check_request(output: str | Path, *, nproc: int = 2, backend: str | None = N
     base_path = Path(base_name) if Path(base_name).suffix == ".json" else PROFILE_DIR / f"{base_name.lower()}.json"
     raw = json.loads(base_path.read_text())
     raw.setdefault("name", base_path.stem)
-    return Request(out, nproc, backend, quick, raw, gpus_per_node, name or out.stem)
+    mine = output is not None and Path(output) == machine.calibration_path()
+    return Request(out, nproc, backend, quick, raw, gpus_per_node, name or ("cpu" if mine else out.stem))
 
 
 def default_gpu_profile() -> str:
@@ -192,6 +202,9 @@ def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -
     raw = run_workers(req, on_event)
     profile = build_profile(raw, req.base, name=req.name, nproc=req.nproc, gpus_per_node=req.gpus_per_node)
     profile["calibration"]["wall_s"]["total"] = round(time.perf_counter() - t0, 2)
-    write_atomic(req.output, json.dumps(profile, indent=1) + "\n")
+    text = json.dumps(profile, indent=1) + "\n"
+    write_atomic(req.output, text)
+    if req.backend == "gloo" and not req.quick and req.output != machine.calibration_path():
+        write_atomic(machine.calibration_path(), text)  # what --gpu cpu reads from now on
     return profile
 

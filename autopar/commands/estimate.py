@@ -41,6 +41,7 @@ def estimate_command(
                                                        "(materialised scores)")] = "fused",
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
+    engine: Annotated[str, options.ENGINE] = "autopar",
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Predict step time, throughput and per-stage memory of MODEL under one parallel configuration."""
@@ -57,7 +58,7 @@ def estimate_command(
                         zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                         virtual_stages=virtual_stages, offload_activations=offload,
                         attention_kernel=attention_kernel, overrides=overrides, dtype=dtype, ep=ep, etp=etp,
-                        moe_imbalance=moe_imbalance)
+                        moe_imbalance=moe_imbalance, engine=engine)
     except AutoparError as err:
         raise fail(str(err))
     if json_:

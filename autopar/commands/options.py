@@ -13,6 +13,7 @@ import typer
 
 from autopar.commands.base import OptionError
 from cost_models import builtin_names
+from cost_models.engines import ENGINES
 from cost_models.hardware import DEFAULT_HARDWARE
 
 RECOMPUTE = ("none", "selective", "full")
@@ -88,6 +89,10 @@ HARDWARE = typer.Option(metavar="FILE", show_default=False,
                         help="your own hardware profile JSON (autopar calibrate -o); overrides --gpu")
 GLOBAL_BATCH = typer.Option(callback=at_least(1), metavar="B", show_default=False,
                             help="global batch in samples (default: the model file's, else one per GPU)")
+
+ENGINE = typer.Option(metavar="|".join(ENGINES), callback=one_of("--engine", tuple(ENGINES)),
+                      help="the engine that will run the plan (its fitted efficiency): autopar (autopar launch), "
+                           "megatron, torchtitan or deepspeed")
 
 # -- the search ---------------------------------------------------------------------------------------------
 TIME_LIMIT = typer.Option(metavar="SECONDS", callback=_positive_seconds, help="seconds the search may take")

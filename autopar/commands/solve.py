@@ -41,6 +41,9 @@ def solve_command(
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp",
                                                       help="let tensor parallelism span nodes")] = False,
     top_k: Annotated[int, options.whole("K", help="list the K best distinct plans")] = 1,
+    engine: Annotated[str, options.ENGINE] = "autopar",
+    robust: Annotated[bool, typer.Option("--robust", help="pick the plan with the best worst case over the hardware "
+                                                          "profile's uncertainties")] = False,
     output: Annotated[Optional[Path], options.output("write the best plan JSON here")] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
@@ -62,7 +65,7 @@ def solve_command(
                                 hardware_file=hardware, global_batch=global_batch, seq_len=seq_len,
                                 time_limit_s=time_limit, threads=threads, pins=pins,
                                 allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype,
-                                progress=show)
+                                progress=show, engine=engine, robust=robust)
     except (AutoparError, ConfigError) as err:
         raise fail(str(err))
     if output is not None:

@@ -55,7 +55,14 @@ EXPORTERS: dict[str, Target] = {t.name: t for t in (
     _target("sagemaker", sagemaker),
 )}
 
-__all__ = ["EXPORTERS", "Export", "Target", "check_target", "export"]
+# The engine each target runs the plan with (cost_models/engines.py), whose prediction `autopar export` shows.
+# NeMo and BioNeMo run Megatron-Core; Lightning's and SageMaker smp v2's strategies are PyTorch FSDP / DDP without
+# torch.compile, what autopar's own runtime runs and its engine's efficiencies are fitted to.
+ENGINE_OF: dict[str, str] = {"megatron": "megatron", "nemo": "megatron", "bionemo": "megatron",
+                             "deepspeed": "deepspeed", "torchtitan": "torchtitan", "lightning": "autopar",
+                             "sagemaker": "autopar"}
+
+__all__ = ["ENGINE_OF", "EXPORTERS", "Export", "Target", "check_target", "export"]
 
 
 def check_target(spec: str) -> tuple[str, str]:

@@ -282,4 +282,4 @@ def summary(plan: Plan) -> str:
         parts.append("activation offload")
     return (f"autopar plan for {plan.model.name} (seq {plan.model.seq_len}, {plan.parallelism.precision}) on "
             f"{plan.world_size} GPUs: " + ", ".join(parts) +
-            f"; predicted step {plan.prediction.step_time_s:.3g} s")
+            f"; predicted step {plan.prediction.step_time_s:.3g} s under the {plan.prediction.engine} engine")

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autopar.plan import Parallelism, Plan, RunPlan
 from autopar.report.tables import console as wide_console, numbers, table, text
+from autopar.report.uncertainty import range_text, regret_text
 
 _RELIEF = {
     "compute": "more GPUs, or less recomputation if memory allows",
@@ -68,7 +69,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
                   f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
     console.print(configuration(plan))
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("step time", f"{pred.step_time_s:.4g} s")
+    summary.add_row("step time", range_text(pred))
+    summary.add_row("engine", f"{pred.engine} (the prediction is for the engine that runs the plan: --engine)")
     summary.add_row("throughput", f"{pred.tokens_per_s:,.0f} tokens/s")
     summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f} (hardware, recomputation included)")
     summary.add_row("MFU", f"{100 * pred.mfu:.1f}%")
@@ -105,6 +107,9 @@ def print_solved(plans: list[Plan], console: Console | None = None) -> None:
     console = console or wide_console()
     best = plans[0]
     print_plan(best, console)
+    regret = regret_text(best.prediction)
+    if regret:
+        console.print(regret)
     name, share = bottleneck(best)
     console.print(f"bottleneck: [bold]{name}[/] ({100 * share:.0f}% of the step) — relieved by "
                   f"{_RELIEF.get(name, name)}")

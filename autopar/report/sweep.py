@@ -63,6 +63,7 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
           dtype: str = "bf16", progress: Callable[[int], None] | None = None) -> list[SweepRow]:
     """Solve MODEL for every count. Counts that are not whole nodes are rejected up front (bad input);
     a count where no plan fits becomes a row with the reason."""
+    from autopar.pricing import priced_hardware
     from autopar.profile import load_profile
     from autopar.search import solve
 
@@ -72,6 +73,7 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
         if n > gpus_per_node and n % gpus_per_node:
             raise AutoparError(f"--gpus {n} is not a whole number of {gpus_per_node}-GPU nodes; "
                                "use multiples of --gpus-per-node above one node")
+    priced_hardware(gpu, hardware_file, dtype=dtype)  # a profile that cannot price this dtype fails here, once
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)  # captured once
     rows = []
     for n in sorted(gpu_counts):
@@ -79,7 +81,8 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
             progress(n)
         try:
             plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
-                         global_batch=global_batch, time_limit_s=time_limit_s, threads=threads)
+                         global_batch=global_batch, time_limit_s=time_limit_s, threads=threads,
+                         regret=False)  # the sweep compares counts: no corner solves
             rows.append(SweepRow(n, plan))
         except NoValidConfiguration as err:
             rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT))

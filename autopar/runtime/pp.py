@@ -142,7 +142,9 @@ def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: M
     schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if p.schedule == "interleaved":
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
-    elif p.schedule == "gpipe":
+    elif p.schedule == "gpipe" or m < p.pp:
+        # torch's Schedule1F1B refuses fewer micro-batches than stages; Megatron's 1F1B then warms up with all of
+        # them on the first stages (GPipe's order there; later stages hold fewer): the same gradients
         schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=True)
     else:
         schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=True)

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from autopar.errors import AutoparError, NoValidConfiguration
-from autopar.pricing import plan_of
+from autopar.pricing import plan_of, priced_hardware
 from autopar.plan import Plan, SolverInfo
 from autopar.profile import ModelProfile, load_profile
 from autopar.search.explain import explain_infeasible
 from autopar.search.engine import SearchResult, search
+from autopar.search.robust import assess
+from autopar.search.robust import scenarios as robust_scenarios
 from autopar.search.space import Pins
-from cost_models import ConfigError, load_hardware
+from cost_models import CostModel, HardwareProfile
+from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
 
 __all__ = ["Pins", "solve", "solve_top_k"]
@@ -33,23 +36,30 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
                 gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch: int | None = None,
                 seq_len: int | None = None, time_limit_s: float = 60.0, threads: int = 2, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
-                dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None) -> list[Plan]:
-    """The k best distinct plans, best first. ``model``: a ModelProfile, a saved profile JSON, a model
-    file or an HF config. Raises AutoparError (one line) when nothing fits, naming the smallest change
+                dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None,
+                engine: str = DEFAULT_ENGINE, robust: bool = False, regret: bool = True) -> list[Plan]:
+    """The k best distinct plans, best first, for ``engine`` (cost_models/engines.py). ``model``: a ModelProfile,
+    a saved profile JSON, a model file or an HF config. Each plan carries its step time's range over the hardware
+    profile's uncertainties; the best also its regret (``regret``: re-solve at each corner of that box, about four
+    more searches). ``robust``: minimise the worst case instead (the optimum at the all-slow corner); the
+    prediction stays the nominal one. Raises AutoparError (one line) when nothing fits, naming the smallest change
     that would."""
     if gpus < 1 or k < 1 or gpus_per_node < 1:
         raise AutoparError("--gpus, --gpus-per-node and --top-k must be positive")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise NoValidConfiguration(f"--gpus {gpus} is not a whole number of {gpus_per_node}-GPU nodes")
-    try:
-        hw = load_hardware(hardware_file if hardware_file is not None else gpu)
-    except ConfigError as err:
-        raise AutoparError(str(err)) from None
+    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     batch = global_batch or profile.global_batch or gpus
-    result: SearchResult = search(profile, hw, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch=batch,
-                                  pins=pins, allow_cross_node_tp=allow_cross_node_tp, top_k=k,
-                                  time_limit_s=time_limit_s, threads=threads, progress=progress)
+    corners = robust_scenarios(raw, load_engine(engine))
+    worst = next(c.hw for c in corners if c.name == "all slow")
+
+    def run(h: HardwareProfile, limit: float, top: int = 1, report: Callable | None = None) -> SearchResult:
+        return search(profile, h, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch=batch, pins=pins,
+                      allow_cross_node_tp=allow_cross_node_tp, top_k=top, time_limit_s=limit, threads=threads,
+                      progress=report)
+
+    result = run(worst if robust else hw, time_limit_s, k, progress)
     if not result.best:  # raises DoesNotFit (or NoValidConfiguration), saying what would change it
         explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=batch, pins=pins)
     plans = []
@@ -60,6 +70,9 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         info = SolverInfo(status=status, objective_s=objective, bound_s=min(bound, objective),
                           gap=max(0.0, (objective - bound) / objective) if status != "OPTIMAL" else 0.0,
                           wall_s=result.wall_s, choices=result.choices, solves=result.solved, rank=rank)
-        plans.append(plan_of(profile, cand.estimate, hw, gpus_per_node=gpus_per_node,
-                             hardware_name=str(hardware_file or gpu), solver=info))
+        estimate = CostModel(profile, hw).evaluate(cand.config) if robust else cand.estimate
+        spread = assess(profile, cand.config, corners, run if regret and rank == 1 else None,
+                        max(1.0, time_limit_s / 4), robust=robust, known={"all slow": result} if robust else None)
+        plans.append(plan_of(profile, estimate, hw, gpus_per_node=gpus_per_node, hardware_name=str(hardware_file or gpu),
+                             solver=info, engine=engine, uncertainty=spread))
     return plans

@@ -159,13 +159,14 @@ class InnerModel:
                 for name, change in tab.delta[copy][j, opt].items():
                     if change:
                         q[name] = Term(q[name].expr + var * change, 1, True)
-        q["remat"], q["gather_buffer"] = (self._largest(d, name, chunks) for name in LARGEST)
+        q.update({name: self._largest(d, name, chunks) for name in LARGEST})
         q["p2p"] = Term(sum(self.cuts[c].before(tab.p2p_at) for c in device_cuts(d, pp, self.C)), 1, True)
         return q
 
     def _largest(self, d: int, name: str, chunks: list[int]) -> Term:
         """The largest ``name`` over device d's layers: at least each layer's that it holds (exact at the
-        optimum: the leaf only enters the memory bound, which wants it small)."""
+        optimum where the leaf enters the memory bound or the step with a positive coefficient, which want it
+        small; where its coefficient is zero it may lie above, at the same step time)."""
         tab, model = self.tables, self.model
         sizes = [row[name] for row in tab.base_largest]
         top = max(sizes + [x[name] for x in tab.largest.values()])

@@ -1,0 +1,126 @@
+"""The engine that runs a plan is part of its prediction: the same plan runs at different speeds under
+Megatron-LM, torchtitan (FSDP2), DeepSpeed and autopar's own runtime.
+
+An engine is a few efficiencies fitted to that engine's own published runs, applied to a hardware profile
+(``Engine.on(hw)``: the effective profile the cost model prices with), never a second formula:
+
+- ``compute``: achieved / profiled throughput of GEMMs and attention (kernel choice, fusion, torch.compile);
+- ``memory``: achieved / profiled bandwidth of element-wise, norm and optimizer kernels (kernel fusion);
+- ``dp_overlap``: share of the last backward the gradient sync may hide behind (1: DDP-style buckets reduced
+  during backward; 0: reduced after it, as Megatron-LM and DeepSpeed do by default for ZeRO-0/1/2);
+- ``zero3_overlap``: share of compute the ZeRO-3 / FSDP traffic may hide behind (prefetching);
+- ``layer_overhead_s``: host time the engine adds per layer and micro-batch (forward and backward);
+- ``zero3_copy_out``: ZeRO-3 copies every all-gather's output into the parameters on the compute stream
+  (FSDP2's per-parameter sharding: ``foreach_all_gather_copy_out`` in the default stream).
+
+Each number names its source; tests/test_engines.py checks every engine against its published runs
+(tests/published_runs.py) and benchmarks/engines.py refits them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from cost_models.errors import ConfigError
+from cost_models.hardware import EfficiencyTable, HardwareProfile, KernelCosts
+
+DEFAULT_ENGINE = "autopar"
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    description: str
+    compute: float = 1.0
+    memory: float = 1.0
+    dp_overlap: float = 1.0
+    zero3_overlap: float = 1.0
+    layer_overhead_s: float = 0.0
+    zero3_copy_out: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def on(self, hw: HardwareProfile) -> HardwareProfile:
+        """``hw`` as this engine sees it: efficiencies scaled (capped at 1), overlaps limited. A calibrated profile
+        timed its kernels itself, so only the engine's schedule (overlaps, overheads, copies) applies to it."""
+        return self._schedule(hw if hw.calibrated else self._kernels(hw))
+
+    def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
+        return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
+                       zero3_copy_out=hw.zero3_copy_out or self.zero3_copy_out,
+                       comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
+                       zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
+
+    def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
+        def scaled(table: EfficiencyTable, k: float) -> EfficiencyTable:
+            return EfficiencyTable(tuple((x, min(1.0, e * k)) for x, e in table.points))
+
+        def eff(value: float | None, k: float) -> float | None:
+            return None if value is None else min(1.0, value * k)
+
+        kernels = hw.kernels
+        kernels = KernelCosts(heavy=tuple((name, min(1.0, e * self.memory)) for name, e in kernels.heavy),
+                              backward=kernels.backward, attention=eff(kernels.attention, self.compute),
+                              attention_backward=kernels.attention_backward)
+        return replace(hw, gemm_efficiency=scaled(hw.gemm_efficiency, self.compute),
+                       memory_efficiency=min(1.0, hw.memory_efficiency * self.memory),
+                       heavy_memory_efficiency=eff(hw.heavy_memory_efficiency, self.memory),
+                       optimizer_efficiency=eff(hw.optimizer_efficiency, self.memory), kernels=kernels)
+
+
+ENGINES: dict[str, Engine] = {
+    "megatron": Engine(
+        "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
+        compute=1.06, dp_overlap=0.0,
+        sources={
+            "compute": "fitted to Megatron-LM's published runs (Narayanan et al. 2021, arXiv:2104.04473, Table 1, "
+                       "fp16; tests/test_megatron_table.py) by benchmarks/engines.py --fit megatron",
+            "memory": "1: not separable from compute on these runs",
+            "dp_overlap": "Megatron-LM 2021 reduced gradients after the backward; Megatron-Core's "
+                          "--overlap-grad-reduce is off by default (megatron/training/arguments.py) and the export "
+                          "does not set it"}),
+    "torchtitan": Engine(
+        "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
+        compute=1.03, zero3_copy_out=True,
+        sources={
+            "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/published_runs.py), "
+                       "by benchmarks/engines.py --fit torchtitan",
+            "memory": "1: not separable from compute on these runs",
+            "dp_overlap": "FSDP2 / DDP reduce gradients during the backward",
+            "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
+            "zero3_copy_out": "FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out on the "
+                              "default stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)"}),
+    "autopar": Engine(
+        "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
+                   "torch.distributed.pipelining, eager PyTorch",
+        compute=0.98, zero3_copy_out=True,
+        sources={
+            "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
+                       "tests/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
+                       "closest to autopar's runtime, which has no published GPU runs of its own yet",
+            "memory": "1: not separable from compute on these runs",
+            "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
+            "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
+            "zero3_copy_out": "FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out on the "
+                              "default stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)"}),
+    "deepspeed": Engine(
+        "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
+        compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055,
+        sources={
+            "compute": "fitted with layer_overhead_s to BLOOM-176B's Megatron-DeepSpeed runs (bigscience "
+                       "tr11-176B-ml; tests/published_runs.py) by benchmarks/engines.py --fit deepspeed",
+            "layer_overhead_s": "fitted with compute (5.5 ms per layer and micro-batch: step time grows with the "
+                                "number of micro-batches at a fixed batch). Those runs launched every CUDA kernel "
+                                "synchronously (CUDA_LAUNCH_BLOCKING=1, tr11-176B-ml README, to avoid hangs at 40+ "
+                                "nodes): an assumption that DeepSpeed runs without it pay the same",
+            "memory": "1: not separable from compute on these runs",
+            "dp_overlap": "DeepSpeed's overlap_comm is off by default for ZeRO-0/1/2 (DeepSpeed config docs) and "
+                          "the export does not set it: gradients are reduced after the backward",
+            "zero3_overlap": "ZeRO-3 prefetches parameters (stage3_prefetch_bucket_size)"}),
+}
+
+
+def load_engine(name: str) -> Engine:
+    engine = ENGINES.get(name.lower())
+    if engine is None:
+        raise ConfigError(f"unknown engine '{name}'; use one of {', '.join(ENGINES)}")
+    return engine

@@ -1,0 +1,172 @@
+"""Published training runs the engines' efficiencies are fitted to and tested on (tests/test_engines.py;
+benchmarks/engines.py prints every row and refits). Each row: the model's shape, the run's hardware, its
+parallel configuration, and the throughput it published, in tokens per second per GPU.
+
+Sources, one per engine (cost_models/engines.py names the same):
+- megatron: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM" (arXiv:2104.04473), Table 1 — tests/test_megatron_table.py holds its rows (TFLOP/s per GPU).
+- torchtitan: pytorch/torchtitan docs/performance.md (the 64 A100-80GB tables: Llama 3 8B / 70B and
+  Llama 2 13B / 70B, FSDP2, local batch 1-2, bf16), commit 0413364.
+- autopar: mosaicml/llm-foundry scripts/train/benchmarking/README.md (the A100 tables; PyTorch FSDP through
+  Composer, flash attention, no torch.compile: the published stack closest to autopar's own runtime, FSDP2
+  with SDPA and no compile, which has no published GPU runs yet), commit 8c8dd48.
+- deepspeed: bigscience-workshop/bigscience train/tr11-176B-ml: BLOOM-176B trained with Megatron-DeepSpeed on
+  48 nodes of 8 A100-80GB (Jean Zay: 4 Omni-Path 100 Gb/s links per node), chronicles.md (the run:
+  105.22 s per iteration) and chronicles-prequel.md ("48 node contenders", the 181B shape, 02-21).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from cost_models import PRECISIONS, CostModel, HardwareProfile, hardware_from_dict, make_config
+from cost_models.hardware import PROFILE_DIR
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run. ``model``: examples/<family>.py keywords; ``recompute``: none, full, or "alternate"
+    (every other block fully recomputed: torchtitan's selective layer AC with frequency 2, and its selective op
+    AC, which recomputes every other matmul of each block — the same FLOPs); ``tokens_per_s_per_gpu``: published."""
+
+    name: str
+    family: str                     # examples/gpt.py or examples/llama.py
+    model: tuple[tuple[str, Any], ...]
+    seq: int
+    hardware: str                   # a profile name, or "a100-80gb-jeanzay"
+    gpus: int
+    tp: int
+    pp: int
+    micro_batch: int
+    global_batch: int
+    zero: int
+    recompute: str
+    tokens_per_s_per_gpu: float
+    precision: str = "megatron-bf16"
+    attention: str = "fused"        # "unfused": materialised S×S scores (Megatron-DeepSpeed 2022)
+
+
+def _llama(layers: int, dim: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> tuple:
+    return (("n_layer", layers), ("dim", dim), ("n_head", heads), ("n_kv_head", kv), ("ffn_hidden", ffn),
+            ("vocab_size", vocab), ("max_seq_len", seq))
+
+
+def _gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> tuple:
+    """GPT-2 layout without biases, embeddings tied (MPT and BLOOM: learned positions stand in for ALiBi,
+    which has no parameters and a negligible cost)."""
+    return (("n_layer", layers), ("n_embd", hidden), ("n_head", heads), ("vocab_size", vocab), ("block_size", seq),
+            ("bias", False), ("tie_weights", True))
+
+
+LLAMA3_8B, LLAMA3_70B = _llama(32, 4096, 32, 8, 14336, 128256, 8192), _llama(80, 8192, 64, 8, 28672, 128256, 8192)
+LLAMA2_13B, LLAMA2_70B = _llama(40, 5120, 40, 40, 13824, 32000, 4096), _llama(80, 8192, 64, 8, 28672, 32000, 4096)
+
+# torchtitan docs/performance.md, 64 A100-80GB, FSDP2 (ZeRO-3), local batch b, global 64·b; WPS per GPU.
+TORCHTITAN = [
+    Run("Llama 3 8B, selective layer AC", "llama", LLAMA3_8B, 8192, "a100-80gb", 64, 1, 1, 1, 64, 3, "alternate", 2904),
+    Run("Llama 3 8B, selective op AC", "llama", LLAMA3_8B, 8192, "a100-80gb", 64, 1, 1, 1, 64, 3, "alternate", 2973),
+    Run("Llama 3 70B, full AC", "llama", LLAMA3_70B, 8192, "a100-80gb", 64, 1, 1, 1, 64, 3, "full", 331),
+    Run("Llama 2 13B, no AC", "llama", LLAMA2_13B, 4096, "a100-80gb", 64, 1, 1, 2, 128, 3, "none", 2162),
+    Run("Llama 2 13B, selective layer AC", "llama", LLAMA2_13B, 4096, "a100-80gb", 64, 1, 1, 2, 128, 3, "alternate", 1914),
+    Run("Llama 2 13B, selective op AC", "llama", LLAMA2_13B, 4096, "a100-80gb", 64, 1, 1, 2, 128, 3, "alternate", 1904),
+    Run("Llama 2 70B, selective op AC", "llama", LLAMA2_70B, 4096, "a100-80gb", 64, 1, 1, 1, 64, 3, "alternate", 355),
+    Run("Llama 2 70B, full AC", "llama", LLAMA2_70B, 4096, "a100-80gb", 64, 1, 1, 2, 128, 3, "full", 353),
+]
+
+# llm-foundry: MPT shapes (d_model, n_layers, n_heads; vocab 50368), FULL_SHARD (ZeRO-3), activation
+# checkpointing → full recompute; "bf16 PURE" reduces in bf16 (2-byte gradients), amp_bf16 in fp32.
+MPT = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 64),
+       "70b": (80, 8192, 64)}
+
+
+def _mpt(size: str, seq: int, hardware: str, gpus: int, micro: int, accum: int, ac: bool, tps: float,
+         pure: bool) -> Run:
+    layers, hidden, heads = MPT[size]
+    return Run(f"MPT-{size} on {gpus} {hardware}, seq {seq}, mb {micro}", "gpt", _gpt(layers, hidden, heads, 50368, seq),
+               seq, hardware, gpus, 1, 1, micro, micro * accum * gpus, 3, "full" if ac else "none", tps,
+               precision="amp-fp16" if pure else "megatron-bf16")
+
+
+# Rows at sequence 2048 of models of 1B and more, every GPU count the tables give; left out: the two rows the
+# table contradicts itself on (70B on 64 A100-40GB at 35.9% MFU against 48.9% on 128 with a larger local batch;
+# 1B on 32 A100-40GB at 45.4% against 54-56% on 16 and 64) and rows below 2048 tokens or above.
+LLM_FOUNDRY = [
+    _mpt("70b", 2048, "a100-80gb", 64, 8, 4, True, 410, True),
+    _mpt("70b", 2048, "a100-80gb", 32, 2, 16, True, 373, True),
+    _mpt("30b", 2048, "a100-80gb", 8, 3, 21, True, 916, False),
+    _mpt("13b", 2048, "a100-80gb", 8, 2, 3, False, 2262, False),
+    _mpt("7b", 2048, "a100-80gb", 8, 6, 2, False, 4641, False),
+    _mpt("3b", 2048, "a100-80gb", 8, 10, 2, False, 10811, False),
+    _mpt("1b", 2048, "a100-80gb", 8, 14, 4, False, 20513, False),
+    _mpt("70b", 2048, "a100-40gb", 128, 4, 1, True, 376, True),
+    _mpt("30b", 2048, "a100-40gb", 128, 6, 1, True, 865, True),
+    _mpt("30b", 2048, "a100-40gb", 32, 4, 1, True, 857, True),
+    *[_mpt("13b", 2048, "a100-40gb", g, mb, ga, True, t, True)
+      for g, mb, ga, t in ((128, 16, 1, 1972), (64, 16, 1, 1976), (32, 14, 1, 1998), (16, 10, 1, 1993), (8, 4, 16, 1668))],
+    *[_mpt("7b", 2048, "a100-40gb", g, mb, ga, True, t, True)
+      for g, mb, ga, t in ((128, 18, 1, 3623), (64, 18, 1, 3665), (32, 18, 1, 3725), (16, 16, 1, 3645), (8, 12, 4, 3679))],
+    *[_mpt("3b", 2048, "a100-40gb", g, mb, ga, False, t, True)
+      for g, mb, ga, t in ((128, 6, 1, 9538), (64, 6, 1, 9736), (32, 6, 1, 9914), (16, 5, 1, 9750), (8, 5, 8, 10065))],
+    *[_mpt("1b", 2048, "a100-40gb", g, mb, ga, False, t, True)
+      for g, mb, ga, t in ((128, 10, 1, 18647), (64, 10, 1, 19001), (16, 8, 1, 19085), (8, 8, 2, 19271))],
+]
+
+# BLOOM (Megatron-DeepSpeed): 112 heads of 128, vocabulary padded to 250880, sequence 2048, global batch 2048,
+# bf16 with DeepSpeed's BF16 optimizer (ZeRO-1 equivalent), full recomputation (--checkpoint-activations),
+# Megatron's unfused attention with its default attention dropout. Tokens/s per GPU = 2048 · 2048 / (s/it · GPUs).
+
+
+def _bloom(label: str, layers: int, tp: int, pp: int, micro: int, seconds: float) -> Run:
+    return Run(label, "gpt", _gpt(layers, 14336, 112, 250880, 2048), 2048, "a100-80gb-jeanzay", 384, tp, pp, micro,
+               2048, 1, "full", 2048 * 2048 / seconds / 384, attention="unfused")
+
+
+DEEPSPEED = [
+    _bloom("BLOOM-176B, the run (tp 4, pp 12, mb 2)", 70, 4, 12, 2, 105.22),
+    *[_bloom(f"181B contender (tp 8, pp {pp}, mb {mb})", 72, 8, pp, mb, s)
+      for pp, mb, s in ((12, 1, 143.31), (12, 2, 134.02), (12, 4, 123.69), (12, 8, 129.26), (6, 1, 139.82),
+                        (6, 2, 131.02), (6, 4, 121.48))],
+]
+
+RUNS = {"torchtitan": TORCHTITAN, "autopar": LLM_FOUNDRY, "deepspeed": DEEPSPEED}
+
+
+def hardware(name: str) -> HardwareProfile:
+    """A built-in profile, or Jean Zay's A100-80GB nodes: the DGX numbers with 4 Omni-Path 100 Gb/s links per
+    node instead of 8 HDR 200 Gb/s (bigscience train/tr11-176B-ml/README.md)."""
+    import json
+
+    base = "a100-80gb" if name == "a100-80gb-jeanzay" else name
+    raw = json.loads((PROFILE_DIR / f"{base}.json").read_text())
+    if name == "a100-80gb-jeanzay":
+        raw = {**raw, "name": name, "nic_bandwidth_gbits_per_s": 100, "nics_per_node": 4}
+    return hardware_from_dict(raw)
+
+
+def config(run: Run, profile: Any):  # noqa: ANN201 - a ParallelConfig
+    cfg = make_config(run.gpus, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch, global_batch=run.global_batch,
+                      zero_stage=run.zero, recompute="none" if run.recompute == "alternate" else run.recompute,
+                      gpus_per_node=8, precision=PRECISIONS[run.precision], attention_kernel=run.attention,
+                      attention_dropout=run.attention == "unfused")
+    if run.recompute == "alternate":
+        blocks = iter(range(len(profile.layers)))
+        modes = tuple(("full" if next(blocks) % 2 == 0 else "none") if lp.kind == "block" else "none"
+                      for lp in profile.layers)
+        cfg = replace(cfg, layer_recompute=modes)
+    return cfg
+
+
+def predicted_tokens_per_s_per_gpu(run: Run, profile: Any, hw: HardwareProfile) -> float:
+    est = CostModel(profile, hw).evaluate(config(run, profile))
+    return est.tokens_per_s / run.gpus
+
+
+def capture(run: Run) -> Any:
+    """The run's model profile, traced on the meta device (autopar.capture)."""
+    from autopar.capture import capture_model
+
+    return capture_model(str(EXAMPLES / f"{run.family}.py"), {k: str(v).lower() if isinstance(v, bool) else str(v)
+                                                              for k, v in run.model}, seq_len=run.seq, dtype="bf16")
