@@ -72,6 +72,8 @@ class Parallelism(_Frozen):
                                                                         "(none: tp, Megatron-Core's default)")
     moe_imbalance: float | None = Field(default=_default("moe_imbalance"), description="busiest GPU's expert load "
                                                                                        "over the average (none: default)")
+    cp: int = Field(default=_default("cp"), ge=1, description="context-parallel degree: every sequence split over cp "
+                                                               "GPUs (world = tp × cp × pp × dp)")
 
     @model_validator(mode="before")
     @classmethod
@@ -280,7 +282,7 @@ class RunPlan(_Frozen):
     @model_validator(mode="after")
     def _rules(self) -> "RunPlan":
         par = self.parallelism
-        _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp)
+        _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("a layer appears twice in plan.layers: every layer must be assigned exactly once")

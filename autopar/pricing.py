@@ -57,7 +57,7 @@ def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
         attention_dropout=par.attention_dropout, stage_layers=plan.stage_layers,
         layer_recompute=tuple(layer.recompute for layer in plan.layers),
         layer_tp=degrees if any(t != par.tp for t in degrees) else None, ep=par.ep, etp=par.etp,
-        moe_imbalance=par.moe_imbalance)
+        moe_imbalance=par.moe_imbalance, cp=par.cp)
 
 
 def experts_of(profile: ModelProfile) -> ExpertsRef | None:
@@ -78,7 +78,7 @@ def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
         sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule,  # type: ignore[arg-type]
         virtual_stages=cfg.virtual_stages, offload_activations=cfg.offload_activations,
         attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,  # type: ignore[arg-type]
-        precision=precision, ep=cfg.ep, etp=cfg.etp, moe_imbalance=cfg.moe_imbalance)
+        precision=precision, ep=cfg.ep, etp=cfg.etp, moe_imbalance=cfg.moe_imbalance, cp=cfg.cp)
 
 
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,

@@ -77,10 +77,11 @@ def default_precision(dtype: str) -> Precision:
 
 
 # -- the rules of a configuration, each written once (ParallelConfig, make_config and autopar's plan call them) --
-def check_world(world: int, *, tp: int, pp: int, dp: int) -> None:
-    """The degrees multiply to the number of GPUs (Megatron: dp = world / (pp × tp))."""
-    if tp * pp * dp != world:
-        raise ConfigError(f"pp({pp}) * dp({dp}) * tp({tp}) = {tp * pp * dp} != world_size({world}); "
+def check_world(world: int, *, tp: int, pp: int, dp: int, cp: int = 1) -> None:
+    """The degrees multiply to the number of GPUs (Megatron: dp = world / (pp × tp × cp))."""
+    if tp * cp * pp * dp != world:
+        what = f"pp({pp}) * dp({dp}) * tp({tp})" + (f" * cp({cp})" if cp != 1 else "")
+        raise ConfigError(f"{what} = {tp * cp * pp * dp} != world_size({world}); "
                           "pick degrees whose product is the number of GPUs")
 
 
@@ -191,6 +192,9 @@ class ParallelConfig:
     ep: int = 1
     etp: int | None = None
     moe_imbalance: float | None = None
+    # Context parallelism: every sequence split over ``cp`` GPUs (Megatron-Core's --context-parallel-size); a
+    # stage's GPUs are tp·cp·dp, in Megatron's rank order tp, cp, dp, pp (tp fastest).
+    cp: int = 1
 
     @property
     def expert_tp(self) -> int:
@@ -203,7 +207,7 @@ class ParallelConfig:
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -231,7 +235,7 @@ class ParallelConfig:
 
     def validate(self, model: ModelLike) -> None:
         """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
-        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages"):
+        for name in ("tp", "pp", "dp", "cp", "micro_batch", "num_microbatches", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -245,6 +249,8 @@ class ParallelConfig:
         check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                        num_microbatches=self.num_microbatches)
         check_sequence_parallel(self.sequence_parallel, tp=self.tp)
+        if self.cp > 1:  # the plan, runtime and exporters carry cp; its cost terms come with the search's choice
+            raise ConfigError(f"cp {self.cp}: context parallelism is not priced yet; use cp 1")
         n_layers = len(model.layers)
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "
@@ -320,12 +326,14 @@ def make_config(gpus: int, *, tp: int, pp: int, micro_batch: int, global_batch: 
     """Derive dp and the number of micro-batches the way Megatron does, checking every divisibility."""
     if tp < 1 or pp < 1 or gpus < 1:
         raise ConfigError(f"gpus, tp and pp must be at least 1 (got gpus={gpus}, tp={tp}, pp={pp})")
+    cp = int(options.get("cp", 1))  # type: ignore[call-overload]
     if dp is None:
-        if gpus % (tp * pp):
-            raise ConfigError(f"tp({tp}) × pp({pp}) = {tp * pp} does not divide gpus({gpus}); "
+        if gpus % (tp * pp * cp):
+            what = f"tp({tp}) × pp({pp})" + (f" × cp({cp})" if cp != 1 else "")
+            raise ConfigError(f"{what} = {tp * pp * cp} does not divide gpus({gpus}); "
                               "pick degrees whose product divides the GPU count")
-        dp = gpus // (tp * pp)
-    check_world(gpus, tp=tp, pp=pp, dp=dp)
+        dp = gpus // (tp * pp * cp)
+    check_world(gpus, tp=tp, pp=pp, dp=dp, cp=cp)
     if micro_batch < 1 or global_batch < 1:
         raise ConfigError("micro-batch and global batch must be at least 1")
     if global_batch % (micro_batch * dp):
