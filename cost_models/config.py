@@ -13,6 +13,7 @@ from typing import Literal
 
 from cost_models.errors import ConfigError
 from cost_models.model import ModelLike, is_tp_sharded
+from cost_models.partition import chunk_blocks, interleaved_balance
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
@@ -259,6 +260,12 @@ class ParallelConfig:
             if len(self.stage_layers) != self.chunks or any(n < 1 for n in self.stage_layers) \
                     or sum(self.stage_layers) != n_layers:
                 raise ConfigError(f"stage_layers must give {self.chunks} positive counts summing to {n_layers}")
+            balance = interleaved_balance(model.layers, self.chunks) if self.schedule == "interleaved" else None
+            if balance is not None:
+                blocks, (fewest, most) = chunk_blocks(model.layers, self.stage_layers), balance
+                if min(blocks) < fewest or max(blocks) > most:
+                    raise ConfigError(f"the interleaved schedule's chunks hold equal numbers of blocks, to one "
+                                      f"({fewest}-{most} here); stage_layers gives {blocks}")
         if self.layer_recompute is not None:
             if len(self.layer_recompute) != n_layers:
                 raise ConfigError(f"layer_recompute must give one mode per layer ({n_layers}), "

@@ -5,6 +5,12 @@ puts the embedding on the first chunk, the final norm and LM head on the last. W
 divide evenly, the first chunks get one more block (our choice; Megatron would refuse). A model without
 repeated blocks (or with fewer blocks than chunks) is split so that layer counts are as even as possible.
 Chunk c of pp × v runs on device c mod pp (Megatron's interleaved assignment).
+
+Under the interleaved schedule the chunks hold equal numbers of blocks, to one (``interleaved_balance``):
+its bubble, (p − 1)/v of a device's time per micro-batch (Narayanan et al. 2021 §2.2.2), is that of chunks
+each 1/v of their device's work. Megatron-LM requires it (its layers divide evenly over pp × v chunks); the
+formula does not see uneven chunks, so without the rule the solver chose one-block chunks around a few
+heavy ones, a bubble the schedule does not have.
 """
 from __future__ import annotations
 
@@ -24,6 +30,24 @@ def stage_layer_counts(layers: Sequence[LayerLike], chunks: int) -> tuple[int, .
     counts[0] += blocks[0]                 # embedding and anything before the first block
     counts[-1] += n - 1 - blocks[-1]       # final norm, head, anything after the last block
     return tuple(counts)
+
+
+def chunk_blocks(layers: Sequence[LayerLike], counts: Sequence[int]) -> list[int]:
+    """Blocks in each chunk of a layout (layers per chunk, in order)."""
+    out, start = [], 0
+    for c in counts:
+        out.append(sum(1 for layer in layers[start:start + c] if layer.kind == "block"))
+        start += c
+    return out
+
+
+def interleaved_balance(layers: Sequence[LayerLike], chunks: int) -> tuple[int, int] | None:
+    """(fewest, most) blocks a chunk may hold under the interleaved schedule: equal to one; None where the
+    model's blocks are fewer than the chunks or not contiguous (no even split exists: any layout goes)."""
+    blocks = [i for i, layer in enumerate(layers) if layer.kind == "block"]
+    if len(blocks) < chunks or blocks != list(range(blocks[0], blocks[-1] + 1)):
+        return None
+    return len(blocks) // chunks, -(-len(blocks) // chunks)
 
 
 def chunk_ranges(counts: Sequence[int]) -> list[range]:

@@ -14,12 +14,14 @@ import pytest
 
 from autopar.errors import ModelMismatch
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, TPPair, TPPattern
+from autopar.search.brute import compositions
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.guard import check_solution, rounding_tolerance_s
 from autopar.search.space import Pins, expert_choices
 from cost_models import CostModel, ParallelConfig, load_hardware
 from cost_models.composition import LARGEST, TIME, term_unit
 from cost_models.hardware import LockstepCosts, LogTable
+from cost_models.partition import chunk_blocks, interleaved_balance
 from test_solver import with_experts
 
 HW = load_hardware("a100-80gb")
@@ -86,7 +88,14 @@ def random_config(rng: random.Random, profile: ModelProfile) -> ParallelConfig:
     for i in blocks:
         modes[i] = rng.choice(MODES)
         degrees[i] = rng.choice(choices)
-    return replace(cfg, stage_layers=random_counts(rng, L, cfg.chunks), layer_recompute=tuple(modes),
+    counts = random_counts(rng, L, cfg.chunks)
+    balance = interleaved_balance(profile.layers, cfg.chunks) if cfg.schedule == "interleaved" else None
+    if balance is not None:  # a layout the interleaved schedule allows (cost_models/partition.py)
+        allowed = [c for c in compositions(L, cfg.chunks)
+                   if balance[0] <= min(chunk_blocks(profile.layers, c)) <= max(chunk_blocks(profile.layers, c))
+                   <= balance[1]]
+        counts = rng.choice(allowed)
+    return replace(cfg, stage_layers=counts, layer_recompute=tuple(modes),
                    layer_tp=tuple(degrees) if any(t != tp for t in degrees) else None)
 
 

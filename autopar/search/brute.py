@@ -10,6 +10,7 @@ from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
 from autopar.search.space import Pins, outer_choices
 from cost_models import CostModel, HardwareProfile, StepEstimate
+from cost_models.partition import chunk_blocks, interleaved_balance
 
 
 def compositions(n: int, parts: int):  # noqa: ANN201
@@ -29,7 +30,12 @@ def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_p
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
         cfg = replace(cfg, gpus_per_node=gpus_per_node)
         options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
+        balance = interleaved_balance(profile.layers, cfg.chunks) if cfg.schedule == "interleaved" else None
         for counts in compositions(len(profile.layers), cfg.chunks):
+            if balance is not None:  # the layouts the schedule allows (partition.py), as the solver
+                per_chunk = chunk_blocks(profile.layers, counts)
+                if min(per_chunk) < balance[0] or max(per_chunk) > balance[1]:
+                    continue
             for choice in itertools.product(options, repeat=len(blocks)):
                 per_layer, degrees = ["none"] * len(profile.layers), [cfg.tp] * len(profile.layers)
                 for i, (t, mode) in zip(blocks, choice):

@@ -21,6 +21,7 @@ from cost_models import CostModel, ParallelConfig
 from cost_models.composition import (LARGEST, SUMMED, TERM_UNITS, TIME, compose, device_chunks, device_cuts, layer_largest,
                                      layer_row, named_terms, term_unit)
 from cost_models.config import default_precision
+from cost_models.partition import interleaved_balance
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
 from autopar.search.cuts import Cut, segments, starts
 
@@ -131,6 +132,11 @@ class InnerModel:
             [Cut.fixed(model, self.L, segs)]
         for c in range(self.C):  # chunks are non-empty and in order
             model.add(self.cuts[c + 1].position >= self.cuts[c].position + 1)
+        balance = interleaved_balance(layers, self.C) if cfg.schedule == "interleaved" else None
+        if balance is not None:  # chunks hold equal numbers of blocks, to one (partition.py)
+            for c in range(self.C):
+                model.add_linear_constraint(sum(self._span(table, [c]) for table in tab.count_prefix.values()),
+                                            *balance)
         # counts[d, j, option]: how many blocks of type j on device d take that option (the rest: the base)
         self.counts: dict[tuple[int, str, tuple[int, str]], cp_model.IntVar] = {}
         self.leaves = [self._device_leaves(d) for d in range(cfg.pp)]
