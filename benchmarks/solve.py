@@ -2,7 +2,7 @@
 GPUs, and the gain of non-uniform plans over the best uniform one. Printed figures, not a test.
 
     python benchmarks/solve.py                 # everything
-    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform
+    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe
 """
 from __future__ import annotations
 
@@ -122,15 +122,37 @@ def nonuniform(limit: float) -> None:
               f"{u.num_microbatches} recompute {u.recompute}); gain {uniform.step_time_s / best.step_time_s:.3f}x")
 
 
+def moe(limit: float) -> None:
+    """Mixtures of experts on H100 (sequence 4096): a DeepSeek-V3-like model (61 blocks, the first 3 dense,
+    256 routed experts top-8 and a shared one) on 2048 GPUs and Mixtral-8x22B on 256, from their Hugging Face
+    configs; the solver picks ep and etp with everything else. Wall and CPU seconds (the wall clock counts
+    whatever else the machine runs)."""
+    h100 = load_hardware("h100-80gb")
+    print(f"{'model':<14} {'GPUs':>5} {'status':>9} {'wall s':>7} {'CPU s':>6} {'solves':>6}  {'plan':<52} {'s/step':>7}")
+    for name, config, gpus, batch in (("DeepSeek-V3", "deepseek-v3.json", 2048, 8192),
+                                      ("Mixtral-8x22B", "mixtral-8x22b-v0.1.json", 256, 1024)):
+        profile = capture_model(str(ROOT / "examples" / "hf" / config), {}, seq_len=4096)
+        cpu = time.process_time()
+        r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
+        cpu = time.process_time() - cpu
+        c = r.best[0].config
+        plan = (f"tp{c.tp} pp{c.pp} dp{c.dp} ep{c.ep} etp{c.expert_tp} b{c.micro_batch}x{c.num_microbatches} "
+                f"z{c.zero_stage}{' sp' if c.sequence_parallel else ''} {c.schedule}"
+                f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
+        print(f"{name:<14} {gpus:>5} {r.status:>9} {r.wall_s:>7.2f} {cpu:>6.2f} {r.solved:>6}  {plan:<52} "
+              f"{r.best[0].estimate.step_time_s:>7.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["table", "layers", "gpus", "nonuniform"], nargs="*",
-                        default=["table", "layers", "gpus", "nonuniform"])
+    parser.add_argument("--part", choices=["table", "layers", "gpus", "nonuniform", "moe"], nargs="*",
+                        default=["table", "layers", "gpus", "nonuniform", "moe"])
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
     for part in args.part:
         start = time.perf_counter()
-        {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform}[part](args.time_limit)
+        parts = {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform, "moe": moe}
+        parts[part](args.time_limit)
         print(f"[{part}: {time.perf_counter() - start:.1f} s]\n")
 
 

