@@ -31,15 +31,16 @@ class Option:
 
     __slots__ = ("row", "busy", "memory_fixed", "memory_per_microbatch", "_alone")
 
-    def __init__(self, row: dict[str, float]):
+    def __init__(self, row: dict[str, float], fragmentation: float = 0.0):
         self.row = row
         self._alone: dict[tuple, float] = {}
         self.busy = row["fwd"] + row["bwd"] + row["tp"] + row["a2a"]  # compute, TP and EP traffic: nothing hides
         # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
-        # flight, and what each micro-batch in flight adds (the formula is linear in them)
+        # flight, and what each micro-batch in flight adds (the formula is linear in them), the allocator's
+        # fragmentation of those activations included (it only grows with the rematerialised and gathered bytes)
         leaves = {**row, "remat": 0.0, "gather_buffer": 0.0}
-        self.memory_fixed = memory(FLOAT, leaves, 0.0, 0.0)["memory"]
-        self.memory_per_microbatch = memory(FLOAT, leaves, 1.0, 0.0)["memory"] - self.memory_fixed
+        self.memory_fixed = memory(FLOAT, leaves, 0.0, 0.0, fragmentation)["memory"]
+        self.memory_per_microbatch = memory(FLOAT, leaves, 1.0, 0.0, fragmentation)["memory"] - self.memory_fixed
 
     def memory(self, in_flight: float) -> float:
         return self.memory_fixed + in_flight * self.memory_per_microbatch
@@ -97,7 +98,8 @@ class LowerBound:
             degrees = self._degrees(cfg) if layer.kind == "block" else [cfg.tp]
             choices = [(t, k) for t in degrees for k in self.modes] if layer.kind == "block" else [(cfg.tp, "none")]
             costs = cost.option_costs(cfg, cost.links(cfg), precision, [(i, k, t) for t, k in choices])
-            opts = self._layers[key] = [Option(layer_row(c, copy=False)) for c in costs]
+            opts = self._layers[key] = [Option(layer_row(c, copy=False), cost.hw.allocator_fragmentation)
+                                        for c in costs]
         return opts
 
     def _degrees(self, cfg: ParallelConfig) -> list[int]:
