@@ -149,14 +149,15 @@ def shapes(world: int) -> dict[str, dict]:
 
 def moe_shapes(world: int) -> dict[str, dict]:
     """Expert-parallel plans of the tiny mixtures of experts (autopar.runtime.ep): experts over ep ranks, their
-    gradients over edp = tp·dp / (ep·etp), composed with TP (etp 1 and etp = tp), PP and each ZeRO engine."""
+    gradients over edp = tp·dp / (ep·etp), composed with TP (etp 1 and etp = tp), PP and each ZeRO engine; and
+    ep 1 under TP, where the experts take etp."""
     if world == 2:
         return {"moe/ep2_ac": plan("moe", dp=2, ep=2, recompute={"layers.0": "full", "layers.1": "selective"}),
                 "moeds/ep2_zero3": plan("moeds", dp=2, ep=2, zero=3),
+                "moeds/tp2_sp": plan("moeds", tp=2, sp=True),  # ep 1: the experts over etp 2, SP inputs
                 "moeds/tp2_ep2": plan("moeds", tp=2, ep=2, etp=1)}
     if world == 4:
         return {"moe/ep4": plan("moe", dp=4, ep=4, mb=1),
-                "moeds/ep2_edp2": plan("moeds", dp=4, ep=2, mb=1),
                 "moe/tp2_dp2_ep2_sp_zero2": plan("moe", tp=2, dp=2, ep=2, etp=1, sp=True, zero=2),
                 "moeds/tp2_dp2_ep2_etp2": plan("moeds", tp=2, dp=2, ep=2)}
     if world == 8:
@@ -256,7 +257,7 @@ def expert_rows(pm) -> int | None:
     """The most experts' rows (dim 0 of the stacked weights) any rank holds of one MoE layer (collective)."""
     from torch.distributed.tensor import DTensor
 
-    if pm.spec.parallelism.ep == 1:
+    if pm.meshes.experts is None:
         return None
     mine = max([p.to_local().shape[0] for name, p in pm.named_parameters()
                 if isinstance(p, DTensor) and ".experts." in name], default=0)
@@ -336,7 +337,7 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
                 loaded_cache[key] = load_model(spec, spec.model.source)
             loaded = loaded_cache[key]
             losses, grads, pm = run_shape(loaded, spec, device)
-            counted = name in COUNT_SHAPES or spec.parallelism.ep > 1
+            counted = name in COUNT_SHAPES or pm.meshes.experts is not None
             counts = collective_counts(pm, loaded, spec) if counted else None
             ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
                          if name in CHECKPOINT_SHAPES else None)
@@ -355,7 +356,7 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
         dist.barrier()
 
 
-SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data")
+SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data", "scale/expert_checkpoint")
 
 
 def run_scale_checks(todo: list[str], device: torch.device, out: str, results: dict[str, dict]) -> None:
@@ -365,7 +366,8 @@ def run_scale_checks(todo: list[str], device: torch.device, out: str, results: d
     tmp = Path(out + ".scale")
     runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, device, tmp / "ckpt"),
             "scale/weights": lambda: checks.weights_in(plan, device, tmp / "weights", gathered_weights),
-            "scale/data": lambda: checks.data_in(plan, device, tmp / "data")}
+            "scale/data": lambda: checks.data_in(plan, device, tmp / "data"),
+            "scale/expert_checkpoint": lambda: checks.expert_checkpoint_resume(plan, device, tmp / "ep_ckpt")}
     for name in todo:
         start = time.perf_counter()
         try:

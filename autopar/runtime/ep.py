@@ -24,6 +24,10 @@ examples/moe.py):
    batched matmul), as a DTensor on the experts' mesh so the sharded weights compute where they are;
 4. combine: the outputs sent back the same way, weighted by the router and summed per token; shared experts
    (dense, tensor-parallel like an MLP) added.
+With ep 1 under tensor parallelism (``routes_experts``) the same path runs without the all-to-alls: the experts
+are sharded over etp (or, etp = 1, each tp rank runs its sequence block through all of them), and the layer
+takes sequence-parallel inputs, which the model's own forward, mixing DTensor and plain weights, cannot.
+
 Gradients: an expert's gradient on its owner sums the tokens the owner received from its ep group; summed over
 the edp group that holds the same experts it counts every token of the stage once, and divided by dp it is the
 global mean's (autopar.runtime.data_parallel.sync_gradients, or FSDP2 over "edp" with that divide factor).
@@ -121,9 +125,36 @@ def shard_experts(experts: nn.Module, mesh: DeviceMesh, hidden: int) -> None:
         experts.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
 
 
+def routes_experts(model: nn.Module, spec: RunPlan) -> bool:
+    """Do the plan's MoE layers run through ``apply_ep``? Always with ep > 1. With ep 1 under tensor
+    parallelism too, where every MoE layer has the plan's tp and a module ``apply_ep`` runs: the experts then
+    take etp as the plan says and sequence-parallel inputs work; otherwise the model's own MoE forward runs,
+    its experts whole on every rank. Decided on the whole model (the same on every rank)."""
+    p = spec.parallelism
+    if p.ep > 1 or p.tp == 1 or (p.expert_tp == 1 and spec.model.seq_len % p.tp):
+        return p.ep > 1
+    found = 0
+    for layer in spec.layers:
+        for unit in layer.units:
+            moe = moe_modules(model.get_submodule(unit))
+            if moe is None:
+                continue
+            module, experts, profile = moe
+            try:
+                check_moe_module(unit, module, experts, profile.num_experts)
+                for name, weight in experts.named_parameters(recurse=False):
+                    _placements(name, weight, profile.hidden_size, p.expert_tp)
+            except AutoparError:
+                return False
+            if layer.tp != p.tp:
+                return False
+            found += 1
+    return found > 0
+
+
 def apply_ep(model: nn.Module, layers: list[LayerAssignment], spec: RunPlan, meshes: Meshes) -> list[nn.Module]:
-    """Shard every MoE layer's routed experts over the expert-parallel group and route its tokens to them.
-    Returns the experts modules (their gradients are reduced over edp, not dp)."""
+    """Shard every MoE layer's routed experts over the expert-parallel group (``Meshes.experts``) and route its
+    tokens to them. Returns the experts modules (their gradients are reduced over edp, not dp)."""
     p = spec.parallelism
     etp = p.expert_tp
     mesh = meshes.experts["ep"] if etp == 1 else meshes.experts["ep", "etp"]
@@ -238,17 +269,25 @@ def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) 
     routed = weights != 0
     expert, token = routed.t().nonzero(as_tuple=True)  # the pairs, sorted by expert: by owner
     counts = routed.sum(0)
-    received = torch.empty_like(counts)
-    dist.all_to_all_single(received, counts, group=route.ep_group)
+    received = torch.empty_like(counts) if ep > 1 else counts
+    if ep > 1:  # ep 1 (experts over etp only): every pair stays here
+        dist.all_to_all_single(received, counts, group=route.ep_group)
     send = counts.view(ep, local).sum(1).tolist()
     recv = received.view(ep, local).sum(1).tolist()
-    inbound = wait_tensor(all_to_all_single_autograd(tokens[token], recv, send, route.ep_group))
+    inbound = _exchange(tokens[token], recv, send, route)
     slots, width = _slots(received.view(ep, local))
     padded = inbound.new_zeros(local * width, dim).index_copy(0, slots, inbound).view(local, width, dim)
     done = run_experts(padded, route).reshape(-1, dim)[slots]
-    back = wait_tensor(all_to_all_single_autograd(done, send, recv, route.ep_group))
+    back = _exchange(done, send, recv, route)
     weight = weights[token, expert].unsqueeze(-1).to(back.dtype)
     return back.new_zeros(n, dim).index_add(0, token, back * weight)
+
+
+def _exchange(x: torch.Tensor, receive: list[int], send: list[int], route: Route) -> torch.Tensor:
+    """All-to-all over the ep group: ``send[r]`` rows of ``x`` to rank r, ``receive[r]`` rows from it."""
+    if route.ep == 1:
+        return x
+    return wait_tensor(all_to_all_single_autograd(x, receive, send, route.ep_group))
 
 
 def run_experts(x: torch.Tensor, route: Route) -> torch.Tensor:

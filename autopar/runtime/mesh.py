@@ -122,13 +122,12 @@ def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
                 stage_group = group
     rank = dist.get_rank()
     return Meshes(device, world, by_tp, stage_group, pp_rank=rank // spec.stage_devices,
-                  dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp, experts=expert_mesh(spec, device))
+                  dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp,
+                  experts=expert_mesh(spec, device) if p.ep > 1 else None)
 
 
-def expert_mesh(spec: RunPlan, device: torch.device) -> DeviceMesh | None:
-    """The (pp, edp, ep, etp) mesh of an expert-parallel plan (collective: every rank creates it), else None."""
+def expert_mesh(spec: RunPlan, device: torch.device) -> DeviceMesh:
+    """The (pp, edp, ep, etp) mesh of the plan's routed experts (collective: every rank creates it)."""
     p = spec.parallelism
-    if p.ep == 1:
-        return None
     ranks = torch.tensor(expert_rank_grid(p.tp, p.dp, p.pp, p.ep, p.expert_tp))
     return DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "etp"))

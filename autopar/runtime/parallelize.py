@@ -48,8 +48,8 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
 from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
-from autopar.runtime.ep import apply_ep, expert_gradient_groups
-from autopar.runtime.mesh import Meshes
+from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
+from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.init import aliases, to_empty
 from autopar.runtime.pp import build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
@@ -245,6 +245,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     pipelined = spec.num_chunks > 1
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
     canonical = aliases(model)
+    if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
+        meshes.experts = expert_mesh(spec, meshes.device)
     parts = apply_pp(model, spec, meshes)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
@@ -257,7 +259,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
                      loss_parallel=loss_parallel)
         if not spec.uniform_tp:
             apply_relayout(part, layers, p.tp, meshes.stage_group)
-        experts[c] = apply_ep(part, layers, spec, meshes) if p.ep > 1 else []
+        experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
         apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
