@@ -51,6 +51,7 @@ def checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path
     loaded = load_model(a, a.model.source)
     whole = _run(loaded, a, device, until=4)
     first = _run(loaded, a, device, until=2, save=tmp / "a")
+    same = _run(loaded, a, device, until=4, resume=tmp / "a" / "step-00000002")
     zero1 = _run(loaded, plans["pp2_dp2_zero1"], device, until=3, resume=tmp / "a" / "step-00000002",
                  save=tmp / "z")
     fsdp = _run(loaded, plans["tp2_dp2_sp_zero3"], device, until=4, resume=tmp / "z" / "step-00000003")

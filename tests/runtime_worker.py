@@ -155,15 +155,14 @@ def moe_shapes(world: int) -> dict[str, dict]:
         return {"moe/ep2_ac": plan("moe", dp=2, ep=2, recompute={"layers.0": "full", "layers.1": "selective"}),
                 "moeds/ep2_zero3": plan("moeds", dp=2, ep=2, zero=3),
                 "moeds/tp2_sp": plan("moeds", tp=2, sp=True),  # ep 1: the experts over etp 2, SP inputs
+                "moe/ep2_bf16": plan("moe", dp=2, ep=2, dtype="bf16"),  # autocast
                 "moeds/tp2_ep2": plan("moeds", tp=2, ep=2, etp=1)}
     if world == 4:
         return {"moe/ep4": plan("moe", dp=4, ep=4, mb=1),
                 "moe/tp2_dp2_ep2_sp_zero2": plan("moe", tp=2, dp=2, ep=2, etp=1, sp=True, zero=2),
-                "moeds/tp2_dp2_ep2_etp2": plan("moeds", tp=2, dp=2, ep=2)}
+                "moeds/tp2_dp2_ep2_etp2_zero1": plan("moeds", tp=2, dp=2, ep=2, zero=1)}  # FSDP2 over (edp, ep, etp)
     if world == 8:
-        return {"moeds/pp2_tp2_dp2_ep2": plan("moeds", pp=2, tp=2, dp=2, ep=2, etp=1, m=2, mb=1),
-                "moe/pp2_tp2_dp2_ep2_etp2_sp_zero1": plan("moe", pp=2, tp=2, dp=2, ep=2, sp=True, zero=1, m=2,
-                                                           mb=1)}
+        return {"moeds/pp2_tp2_dp2_ep2": plan("moeds", pp=2, tp=2, dp=2, ep=2, etp=1, m=2, mb=1)}
     return {}
 
 

@@ -279,8 +279,8 @@ def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) 
     padded = inbound.new_zeros(local * width, dim).index_copy(0, slots, inbound).view(local, width, dim)
     done = run_experts(padded, route).reshape(-1, dim)[slots]
     back = _exchange(done, send, recv, route)
-    weight = weights[token, expert].unsqueeze(-1).to(back.dtype)
-    return back.new_zeros(n, dim).index_add(0, token, back * weight)
+    weight = weights[token, expert].unsqueeze(-1).to(tokens.dtype)  # as the model's forward: in the tokens' dtype
+    return tokens.new_zeros(n, dim).index_add(0, token, back * weight)
 
 
 def _exchange(x: torch.Tensor, receive: list[int], send: list[int], route: Route) -> torch.Tensor:
