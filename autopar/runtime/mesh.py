@@ -75,7 +75,7 @@ class Meshes:
     pp_rank: int
     dp_rank: int
     tp_rank: int
-    experts: DeviceMesh | None = None  # (pp, edp, ep, etp) when the plan shards experts (ep > 1)
+    experts: DeviceMesh | None = None  # (pp, edp, ep, etp) where experts are routed (autopar.runtime.ep)
 
     @property
     def dp_mesh(self) -> DeviceMesh:
