@@ -91,13 +91,17 @@ class Parallelism(_Frozen):
                  num_microbatches=self.num_microbatches)
         _checked(check_schedule, self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                  num_microbatches=self.num_microbatches)
-        etp = self.etp if self.etp is not None else self.tp
         if self.ep > 1 or self.etp is not None:
-            _checked(check_expert_degrees, ep=self.ep, etp=etp, tp=self.tp, dp=self.dp)
+            _checked(check_expert_degrees, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp)
         _checked(check_sequence_parallel, self.sequence_parallel, tp=self.tp)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
         return self
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: etp, or the stage's tp when the plan leaves it out."""
+        return self.etp if self.etp is not None else self.tp
 
 
 class Breakdown(_Frozen):
@@ -208,6 +212,17 @@ def _numbers(model: BaseModel, where: str = "") -> list[tuple[str, float]]:
             elif isinstance(item, (int, float)) and not isinstance(item, bool):
                 out.append((at, float(item)))
     return out
+
+
+def expert_rank_grid(tp: int, dp: int, pp: int, ep: int, etp: int) -> list[list[list[list[int]]]]:
+    """The experts' view of the ranks, ``grid[pp_rank][edp_rank][ep_rank][etp_rank]``: Megatron-Core's expert
+    rank order (megatron/core/parallel_state.py, core_v0.16.1: the expert ``RankGenerator`` over
+    etp × ep × edp × pp in the order tp-ep-dp-pp). Within a pipeline stage's tp·dp consecutive ranks the
+    experts' tensor-parallel rank is fastest, then the expert-parallel rank, then the expert data-parallel
+    rank: rank = pp_rank·(tp·dp) + edp_rank·(ep·etp) + ep_rank·etp + etp_rank, edp = tp·dp / (ep·etp)."""
+    edp = tp * dp // (ep * etp)
+    return [[[[p * tp * dp + d * ep * etp + e * etp + t for t in range(etp)] for e in range(ep)]
+              for d in range(edp)] for p in range(pp)]
 
 
 class ExpertsRef(_Frozen):

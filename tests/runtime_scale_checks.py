@@ -61,6 +61,23 @@ def checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path
             "diff_first": max(abs(x - y) for x, y in zip(first, whole[:2]))}
 
 
+def expert_checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path) -> dict[str, Any]:
+    """Expert parallelism and DCP: the DeepSeek-style MoE under tp 2 × dp 2 with its experts over ep 2 (FSDP2,
+    experts over edp 2) stops after 2 steps; resumed under ep 4 (experts 2 a rank, ZeRO-0) for step 3, whose
+    checkpoint resumes without expert parallelism (ep 1) for step 4. Each resumed loss against the
+    uninterrupted run's (checkpoint_resume resumes dense plans under the same plan)."""
+    a = parse_run_plan(plan("moeds", tp=2, dp=2, ep=2, etp=1, sp=True, zero=2, m=1, mb=2))
+    b = parse_run_plan(plan("moeds", dp=4, ep=4, m=1, mb=1))
+    c = parse_run_plan(plan("moeds", dp=4, m=1, mb=1))
+    loaded = load_model(a, a.model.source)
+    whole = _run(loaded, a, device, until=4)
+    _run(loaded, a, device, until=2, save=tmp / "a")
+    ep4 = _run(loaded, b, device, until=3, resume=tmp / "a" / "step-00000002", save=tmp / "b")
+    ep1 = _run(loaded, c, device, until=4, resume=tmp / "b" / "step-00000003")
+    return {"uninterrupted": whole, "ep4": ep4, "ep1": ep1,
+            "diff_other_plans": max(abs(ep4[0] - whole[2]), abs(ep1[0] - whole[3]))}
+
+
 def _write_safetensors(model: torch.nn.Module, folder: Path) -> None:
     """The model's weights as a Hugging Face checkpoint in two shards with an index, the tied LM head left
     out (as transformers saves tied models)."""

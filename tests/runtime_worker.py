@@ -39,6 +39,8 @@ CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_z
 LR = 0.1
 SEQ = 16
 ROOT = Path(__file__).resolve().parents[1]
+_TINY_MOE = {"n_layer": "3", "dim": "32", "n_head": "4", "n_kv_head": "2", "vocab_size": "64", "max_seq_len": "16",
+             "n_experts": "8", "top_k": "2", "expert_hidden": "16", "capacity_factor": "4.0"}
 MODELS = {
     # GPT's wte / lm_head weights are tied: one parameter within a rank (TP must re-tie them), a copy per
     # pipeline rank under pipelining, kept equal by the embedding group's gradient all-reduce.
@@ -52,9 +54,15 @@ MODELS = {
                                                  "num_attention_heads": "4", "num_key_value_heads": "2",
                                                  "intermediate_size": "64", "vocab_size": "64",
                                                  "max_position_embeddings": "16"}),
+    # mixtures of experts (8 experts, top-2; capacity_factor = E / top_k drops nothing): Mixtral-style, and
+    # DeepSeek-style with 2 shared experts and the first block dense
+    "moe": ("examples/moe.py", {**_TINY_MOE, "style": "mixtral"}),
+    "moeds": ("examples/moe.py", {**_TINY_MOE, "style": "deepseek"}),
 }
 NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
          "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"],
+         "moe": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"],
+         "moeds": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"],
          "hf-llama": ["hf.model.embed_tokens", "hf.model.rotary_emb", "hf.model.layers.0", "hf.model.layers.1",
                       "hf.model.norm", "hf.lm_head"]}
 
@@ -62,7 +70,7 @@ NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
          sp: bool = False, schedule: str = "1f1b", v: int = 1, cuts: list[int] | None = None,
          layer_tp: dict[str, int] | None = None, recompute: dict[str, str] | None = None,
-         offload: bool = False, dtype: str = "fp32") -> dict:
+         offload: bool = False, dtype: str = "fp32", ep: int = 1, etp: int | None = None) -> dict:
     """A plan dict as the solver emits it. ``cuts``: layers per chunk (default: as even as possible)."""
     source, overrides = MODELS[model]
     names = NAMES[model.split("_")[0]]
@@ -77,7 +85,8 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
             "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": dtype},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
-                            "schedule": schedule, "virtual_stages": v, "offload_activations": offload},
+                            "schedule": schedule, "virtual_stages": v, "offload_activations": offload,
+                            "ep": ep, "etp": etp},
             "layers": layers}
 
 
@@ -134,11 +143,32 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/pp2_tp2_dp2_layer_tp"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=2,
                                                         layer_tp={blocks[1]: 1, blocks[2]: 4} if model == "gpt"
                                                         else {blocks[1]: 1, "tok_embeddings": 4})
+    out.update(moe_shapes(world))
     return out
 
 
-def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Single-process training on the whole global batch: the numbers every plan must reproduce. A bf16
+def moe_shapes(world: int) -> dict[str, dict]:
+    """Expert-parallel plans of the tiny mixtures of experts (autopar.runtime.ep): experts over ep ranks, their
+    gradients over edp = tp·dp / (ep·etp), composed with TP (etp 1 and etp = tp), PP and each ZeRO engine; and
+    ep 1 under TP, where the experts take etp."""
+    if world == 2:
+        return {"moe/ep2_ac": plan("moe", dp=2, ep=2, recompute={"layers.0": "full", "layers.1": "selective"}),
+                "moeds/ep2_zero3": plan("moeds", dp=2, ep=2, zero=3),
+                "moeds/tp2_sp": plan("moeds", tp=2, sp=True),  # ep 1: the experts over etp 2, SP inputs
+                "moe/ep2_bf16": plan("moe", dp=2, ep=2, dtype="bf16"),  # autocast
+                "moeds/tp2_ep2": plan("moeds", tp=2, ep=2, etp=1)}
+    if world == 4:
+        return {"moe/ep4": plan("moe", dp=4, ep=4, mb=1),
+                "moe/tp2_dp2_ep2_sp_zero2": plan("moe", tp=2, dp=2, ep=2, etp=1, sp=True, zero=2),
+                "moeds/tp2_dp2_ep2_etp2_zero1": plan("moeds", tp=2, dp=2, ep=2, zero=1)}  # FSDP2 over (edp, ep, etp)
+    if world == 8:
+        return {"moeds/pp2_tp2_dp2_ep2": plan("moeds", pp=2, tp=2, dp=2, ep=2, etp=1, m=2, mb=1)}
+    return {}
+
+
+def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict, dict]:
+    """Single-process training on the whole global batch: the numbers every plan must reproduce (losses, the
+    last step's gradients, the weights after the last step). A bf16
     plan keeps fp32 weights and computes in bf16: under autocast, or (``cast``: FSDP2's policy) with a bf16
     copy of the weights whose gradients are taken back to fp32."""
     model = build_model(loaded, spec, seed=0)
@@ -161,14 +191,16 @@ def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[floa
         losses.append(loss.item())
         if step < STEPS - 1:
             opt.step()
-    return losses, {name: p.grad.detach().clone() for name, p in model.named_parameters(remove_duplicate=False)}
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters(remove_duplicate=False)}
+    opt.step()
+    return losses, grads, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 def initial_weights(loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in build_model(loaded, spec, seed=0).named_parameters()}
 
 
-def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict]:
+def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict, dict]:
     cast = cast and spec.model.dtype in COMPUTE_DTYPES  # an fp32 plan has one reference, FSDP or not
     key = (spec.model.model_dump_json(), spec.global_batch, cast)
     if key not in cache:
@@ -213,7 +245,24 @@ def run_shape(loaded: LoadedModel, spec: RunPlan, device: torch.device) -> tuple
     dist.all_gather_object(every, seen)
     pm.dtypes = {"linear_outputs": sorted(set().union(*every)),
                  "parameters": sorted({dtype_name(p) for p in pm.parameters()})}
-    return losses, pm.full_gradients(), pm
+    grads = pm.full_gradients()
+    opt.step()
+    pm.final = gathered_weights(pm)  # the weights after the last step
+    pm.expert_rows = expert_rows(pm)
+    return losses, grads, pm
+
+
+def expert_rows(pm) -> int | None:
+    """The most experts' rows (dim 0 of the stacked weights) any rank holds of one MoE layer (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    if pm.meshes.experts is None:
+        return None
+    mine = max([p.to_local().shape[0] for name, p in pm.named_parameters()
+                if isinstance(p, DTensor) and ".experts." in name], default=0)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return max(every)
 
 
 def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
@@ -228,7 +277,17 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
         op = event.key.removeprefix("_c10d_functional::")
         if event.key.startswith("_c10d_functional::") and op in names:
             counts[names[op]] += event.count
+    # every all-to-all sent (functional or not); one run under a dispatch mode (recomputation) nests two events
+    counts["all_to_all"] = sum(1 for event in prof.events() if event.name == "c10d::alltoall_base_"
+                               and not _nested_in(event, "c10d::alltoall_base_"))
     return counts
+
+
+def _nested_in(event, name: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None and parent.name != name:
+        parent = parent.cpu_parent
+    return parent is not None
 
 
 def checkpoint_roundtrip(pm, path: Path) -> float:
@@ -249,14 +308,17 @@ def checkpoint_roundtrip(pm, path: Path) -> float:
 def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[float], grads: dict, ref_cache: dict,
             **extra) -> dict:
     """Rank 0: a shape's run against single-process training."""
-    ref_losses, ref_grads = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
+    ref_losses, ref_grads, ref_final = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
     ref_init = initial_weights(loaded, spec)
     # every parameter of the single-process model (tied: under its first name) has a gradient and an initial
     # value; a tied copy on another stage (lm_head.weight) must equal the tied gradient too
-    missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial))
+    missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial)) + \
+        sorted(set(ref_init) - set(pm.final))
     return {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)), "dtype": spec.model.dtype,
             "grad_diff": max((g - ref_grads[n]).abs().max().item() for n, g in grads.items()),
             "init_diff": max((pm.initial[n] - w).abs().max().item() for n, w in ref_init.items() if n in pm.initial),
+            "param_diff": max((pm.final[n] - w).abs().max().item() for n, w in ref_final.items() if n in pm.final),
+            "expert_rows": pm.expert_rows,
             "losses": losses, "dtypes": pm.dtypes, "grad_dtypes": sorted({dtype_name(g) for g in grads.values()}),
             "missing_grads": missing, **extra}
 
@@ -274,13 +336,15 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
                 loaded_cache[key] = load_model(spec, spec.model.source)
             loaded = loaded_cache[key]
             losses, grads, pm = run_shape(loaded, spec, device)
-            counts = collective_counts(pm, loaded, spec) if name in COUNT_SHAPES else None
+            counted = name in COUNT_SHAPES or pm.meshes.experts is not None
+            counts = collective_counts(pm, loaded, spec) if counted else None
             ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
                          if name in CHECKPOINT_SHAPES else None)
             if rank == 0:
                 r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
                                             collectives=counts, wall_s=round(time.perf_counter() - start, 2))
                 print(f"[{name}] loss_diff={r['loss_diff']:.2e} grad_diff={r['grad_diff']:.2e} "
+                      f"param_diff={r['param_diff']:.2e} "
                       f"init_diff={r['init_diff']:.1e} {'MISSING ' + str(r['missing_grads']) if r['missing_grads'] else ''}"
                       f" ({r['wall_s']:.1f}s)", flush=True)
         except Exception as e:  # record and go on: a shape's failure should not hide the others' results
@@ -291,7 +355,7 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
         dist.barrier()
 
 
-SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data")
+SCALE_CHECKS = ("scale/checkpoint", "scale/weights", "scale/data", "scale/expert_checkpoint")
 
 
 def run_scale_checks(todo: list[str], device: torch.device, out: str, results: dict[str, dict]) -> None:
@@ -301,7 +365,8 @@ def run_scale_checks(todo: list[str], device: torch.device, out: str, results: d
     tmp = Path(out + ".scale")
     runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, device, tmp / "ckpt"),
             "scale/weights": lambda: checks.weights_in(plan, device, tmp / "weights", gathered_weights),
-            "scale/data": lambda: checks.data_in(plan, device, tmp / "data")}
+            "scale/data": lambda: checks.data_in(plan, device, tmp / "data"),
+            "scale/expert_checkpoint": lambda: checks.expert_checkpoint_resume(plan, device, tmp / "ep_ckpt")}
     for name in todo:
         start = time.perf_counter()
         try:

@@ -107,6 +107,36 @@ def test_bad_options_fail_before_torchrun_in_one_line(tmp_path: Path, extra: lis
     _one_line_error(result, message)
 
 
+@pytest.mark.parametrize("model, degrees, message", [
+    ("gpt", {"dp": 2, "ep": 2}, "ep 2: the model has no mixture-of-experts layer; re-plan with ep 1"),
+    ("moe", {"dp": 3, "ep": 3}, "ep(3) does not divide the model's 8 routed experts; pick an ep that divides 8"),
+    ("moe", {"tp": 2, "dp": 2, "ep": 2, "layer_tp": {"layers.1": 1}},
+     "layer layers.1: tp 1 but the experts' etp 2 is the plan's tp (2)"),
+])
+def test_expert_parallel_plans_that_cannot_run_fail_before_torchrun(tmp_path: Path, model: str, degrees: dict,
+                                                                     message: str) -> None:
+    from runtime_worker import MODELS
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan(model, **degrees)))
+    _one_line_error(runner.invoke(app, ["launch", str(path), str(ROOT / MODELS[model][0])]), message)
+
+
+def test_expert_parallelism_names_a_moe_module_it_cannot_run() -> None:
+    """transformers' Mixtral routes inside its own forward (no route()): expert parallelism says so in one line."""
+    from autopar.capture import load_spec
+    from autopar.runtime.ep import check_moe_module, moe_modules
+    from autopar.runtime.init import build_meta
+
+    tiny = {"hidden_size": "32", "num_hidden_layers": "1", "num_attention_heads": "4", "num_key_value_heads": "2",
+            "intermediate_size": "64", "vocab_size": "64", "max_position_embeddings": "16", "num_local_experts": "4"}
+    model = build_meta(load_spec(str(ROOT / "examples" / "hf" / "mixtral-8x7b-v0.1.json"), tiny).build)
+    moe, experts, found = moe_modules(model.get_submodule("hf.model.layers.0"))
+    with pytest.raises(AutoparError, match=r"expose route\(tokens\).*MixtralSparseMoeBlock does not: run this "
+                                           r"model with ep 1"):
+        check_moe_module("hf.model.layers.0", moe, experts, found.num_experts)
+
+
 def test_token_data_needs_a_model_of_token_ids(tmp_path: Path) -> None:
     """An encoder-decoder takes two inputs: a token file cannot feed it (said before torchrun starts)."""
     from autopar.capture import capture_model

@@ -159,3 +159,44 @@ def test_a_failure_inside_the_ranks_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: [rank ") and "wte.weight has shape [65, 32]" in lines[0], lines[0]
     assert "torchrun exit code 1" in lines[0] and "--verbose" in lines[0]
+
+
+MOE = str(ROOT / "examples" / "moe.py")
+TINY_MOE = {"style": "deepseek", "n_layer": "3", "dim": "32", "n_head": "4", "n_kv_head": "2", "vocab_size": "64",
+            "max_seq_len": "16", "n_experts": "8", "top_k": "2", "expert_hidden": "16", "capacity_factor": "4.0"}
+
+
+def test_an_expert_parallel_plan_launches_and_trains_like_one_process(tmp_path: Path) -> None:
+    """`autopar estimate --ep 2 --json` of the tiny DeepSeek-style MoE (shared experts, first block dense,
+    capacity_factor = E / top_k: nothing dropped) is a plan `autopar launch` runs on 2 ranks: each step's loss
+    equals one process training the whole model on the same batches with the launcher's fused AdamW."""
+    import torch
+
+    from autopar.capture import load_spec
+    from autopar.plan import load_run_plan
+    from autopar.runtime.launch import fused_adamw
+    from autopar.runtime.train import LoadedModel, build_model, synthetic_batch
+
+    sets = [a for k, v in TINY_MOE.items() for a in ("--set", f"{k}={v}")]
+    result = CliRunner().invoke(app, ["estimate", MOE, "--gpus", "2", "--tp", "1", "--pp", "1", "--micro-batch", "2",
+                                      "--global-batch", "8", "--ep", "2", "--recompute", "none", "--gpu", "cpu",
+                                      "--dtype", "fp32", "--seq-len", "16", *sets, "--json"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "ep2.json"
+    path.write_text(result.stdout)
+    launched = [s["loss"] for s in _report(_launch(path, "--json", model=[MOE]))["steps"]]
+    spec = load_run_plan(path)
+    assert spec.parallelism.ep == 2
+    loaded = LoadedModel(load_spec(MOE, spec.model.overrides), [], {})  # the model file, not captured again
+    model = build_model(loaded, spec)
+    optimizer = fused_adamw(list(model.parameters()), 1e-3)  # the launcher's optimizer and default --lr
+    one = []
+    for step in range(STEPS):
+        batch = synthetic_batch(loaded, spec, step)
+        optimizer.zero_grad()
+        loss = loaded.spec.loss_fn(model(*batch), *batch)
+        loss.backward()
+        optimizer.step()
+        one.append(loss.item())
+    assert len(set(one)) == STEPS
+    assert max(abs(a - b) for a, b in zip(launched, one)) <= TOLERANCE, (launched, one)

@@ -1,8 +1,9 @@
-"""Tier 4: every plan shape trains under torchrun (CPU/gloo) with losses and gradients equal to
-single-process training within 1e-5 (fp32), each rank having built the model on meta and initialised only its
-shards (equal to the single-process model's initial weights, exactly). The world-4 job also resumes
-checkpoints under other plans, loads safetensors weights into two plans and trains on a token file
-(tests/runtime_scale_checks.py).
+"""Tier 4: every plan shape trains under torchrun (CPU/gloo) with losses, gradients and the weights after 3 steps
+equal to single-process training within 1e-5 (fp32), each rank having built the model on meta and initialised
+only its shards (equal to the single-process model's initial weights, exactly). Mixtures of experts run
+expert-parallel plans (autopar.runtime.ep) composed with TP, PP, FSDP2 and recomputation. The world-4 job also
+resumes checkpoints under other plans (dense and expert-parallel), loads safetensors weights into two plans and
+trains on a token file (tests/runtime_scale_checks.py).
 
 One torchrun job per world size (2, 4, 8) runs all its shapes (tests/runtime_worker.py): torchrun
 start-up costs 4-9 s, so shapes are grouped, and each test below reads its shape's result.
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_worker import COUNT_SHAPES, shapes  # noqa: E402
+from runtime_worker import COUNT_SHAPES, moe_shapes, shapes  # noqa: E402
 
 RESUME_TOLERANCE = 1e-6  # fp32: a resumed run's losses against the uninterrupted run's
 
@@ -68,6 +69,7 @@ def test_plan_shape_matches_single_process(world: int, shape: str, tmp_path_fact
     tolerance = TOLERANCE if r["dtype"] == "fp32" else BF16_TOLERANCE
     assert r["loss_diff"] <= tolerance, f"max |loss diff| {r['loss_diff']:.3e} over {len(r['losses'])} steps"
     assert r["grad_diff"] <= tolerance, f"max |grad diff| {r['grad_diff']:.3e}"
+    assert r["param_diff"] <= tolerance, f"weights after {len(r['losses'])} steps differ by {r['param_diff']:.3e}"
     assert r["init_diff"] == 0.0, f"sharded initialisation differs from the single-process model's by {r['init_diff']}"
     # fp32 master weights and gradients whatever the plan's dtype; the linears compute in the plan's dtype
     computes = {"fp32": "float32", "bf16": "bfloat16"}[r["dtype"]]
@@ -97,6 +99,43 @@ def test_tensor_parallel_collectives_are_those_the_cost_model_prices(shape: str,
     assert sum(counts.values()) == expected, counts
     if p["sequence_parallel"]:  # every all-gather has its reduce-scatter (forward or backward)
         assert counts["all_gather"] == counts["reduce_scatter"], counts
+
+
+EXPERT_CASES = [(world, name) for world in (2, 4, 8) for name in moe_shapes(world)]
+
+
+@pytest.mark.parametrize("world,shape", EXPERT_CASES, ids=[f"w{w}-{n}" for w, n in EXPERT_CASES])
+def test_expert_parallel_plans_shard_experts_and_exchange_tokens(world: int, shape: str,
+                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each rank holds at most E/ep of a layer's experts (fewer where FSDP2 shards them over edp; under ep 1
+    with tp > 1 the experts are DTensors over etp), and one
+    forward_backward on rank 0 sends, for every MoE layer of its pipeline chunks and micro-batch, the routed
+    counts and the dispatch and combine all-to-alls forward, their two backward, and again what recomputation
+    replays (full: all three; selective: the counts, the tokens' all-to-alls being kept). Equality with
+    one process: test_plan_shape_matches_single_process."""
+    from autopar.plan import parse_run_plan
+
+    r = _run_world(world, tmp_path_factory.getbasetemp())[shape]
+    assert "error" not in r, r.get("error")
+    spec = parse_run_plan(moe_shapes(world)[shape])
+    experts = int(spec.model.overrides["n_experts"])
+    assert 0 < r["expert_rows"] <= experts // spec.parallelism.ep, r["expert_rows"]
+    moe_blocks = range(0 if spec.model.overrides["style"] == "mixtral" else 1, int(spec.model.overrides["n_layer"]))
+    mine = [layer for layer in spec.layers if layer.stage in spec.chunks_of_rank(0)
+            and layer.name in {f"layers.{i}" for i in moe_blocks}]
+    sends = sum(5 + {"none": 0, "full": 3, "selective": 1}[layer.recompute] for layer in mine)
+    if spec.parallelism.ep == 1:  # the experts over etp only: every token stays on its rank
+        sends = 0
+    assert r["collectives"]["all_to_all"] == spec.parallelism.num_microbatches * sends, r["collectives"]
+
+
+def test_expert_parallel_checkpoint_resumes_under_other_expert_degrees(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """DCP checkpoints of an expert-parallel plan (experts as DTensors over ep, FSDP2 over edp) re-shard: resumed
+    under ep 4 and from there without expert parallelism, every resumed loss equals the uninterrupted run's."""
+    r = _scale("scale/expert_checkpoint", tmp_path_factory)
+    assert len(r["ep4"]) == 1 and len(r["ep1"]) == 1
+    assert r["diff_other_plans"] <= RESUME_TOLERANCE, r
+    assert len(set(r["uninterrupted"])) == 4
 
 
 def _scale(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:

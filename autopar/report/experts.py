@@ -1,10 +1,9 @@
 """`autopar explain` for a mixture-of-experts plan: the expert-parallel groups, the all-to-all time of each
 MoE layer and the experts' memory per GPU.
 
-Groups are Megatron-Core's (megatron/core/parallel_state.py, core_v0.16.1: the expert ``RankGenerator`` over
-etp × ep × edp × pp in the order tp-ep-dp-pp): within a pipeline stage's tp·dp consecutive ranks the experts'
-tensor-parallel rank is fastest, then the expert-parallel rank, then the expert data-parallel rank, so
-rank = pp_rank·(tp·dp) + edp_rank·(ep·etp) + ep_rank·etp + etp_rank. An expert-parallel group exchanges tokens
+Groups are Megatron-Core's (autopar.plan.expert_rank_grid, which the runtime's expert mesh is built from): within
+a pipeline stage's tp·dp consecutive ranks the experts' tensor-parallel rank is fastest, then the expert-parallel
+rank, then the expert data-parallel rank. An expert-parallel group exchanges tokens
 (dispatch and combine, all-to-all); an expert data-parallel group reduces the gradients of the same experts.
 
 The per-layer figures come from the cost model: the plan's model is loaded again (its ``model.source`` and
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.errors import AutoparError
-from autopar.plan import Plan
+from autopar.plan import Plan, expert_rank_grid
 from autopar.report.explain import MS, _groups, nodes_spanned
 from cost_models import ConfigError
 from cost_models.memory import model_state_bytes
@@ -30,16 +29,13 @@ GIB = 2**30
 
 def expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int) -> dict[str, list[list[int]]]:
     """The ranks of every expert-parallel ("ep"), expert tensor-parallel ("etp") and expert data-parallel
-    ("edp") group, in Megatron-Core's expert rank order (module docstring)."""
-    edp = tp * dp // (ep * etp)
-
-    def rank(p: int, d: int, e: int, t: int) -> int:
-        return p * tp * dp + d * ep * etp + e * etp + t
-
+    ("edp") group, in Megatron-Core's expert rank order (autopar.plan.expert_rank_grid)."""
+    grid = expert_rank_grid(tp, dp, pp, ep, etp)
+    edp = len(grid[0])
     stages = range(pp)
-    return {"ep": [[rank(p, d, e, t) for e in range(ep)] for p in stages for d in range(edp) for t in range(etp)],
-            "etp": [[rank(p, d, e, t) for t in range(etp)] for p in stages for d in range(edp) for e in range(ep)],
-            "edp": [[rank(p, d, e, t) for d in range(edp)] for p in stages for e in range(ep) for t in range(etp)]}
+    return {"ep": [[grid[p][d][e][t] for e in range(ep)] for p in stages for d in range(edp) for t in range(etp)],
+            "etp": [grid[p][d][e] for p in stages for d in range(edp) for e in range(ep)],
+            "edp": [[grid[p][d][e][t] for d in range(edp)] for p in stages for e in range(ep) for t in range(etp)]}
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ def price_experts(plan: Plan) -> list[StageExperts]:
 
 def print_expert_groups(plan: Plan, console: Console) -> None:
     par, gpn = plan.parallelism, plan.cluster.gpus_per_node
-    etp = par.etp if par.etp is not None else par.tp
+    etp = par.expert_tp
     edp = par.tp * par.dp // (par.ep * etp)
     table = Table(title=f"experts: each stage's {par.tp * par.dp} GPUs = edp {edp} × ep {par.ep} × etp {etp} "
                         f"(rank = pp_rank·{par.tp * par.dp} + edp_rank·{par.ep * etp} + ep_rank·{etp} + etp_rank)",

@@ -1,4 +1,5 @@
-"""Run a plan with PyTorch's own distributed engine: DeviceMesh, DTensor TP/SP, FSDP2, DDP, pipelining, AC.
+"""Run a plan with PyTorch's own distributed engine: DeviceMesh, DTensor TP/SP, FSDP2, DDP, pipelining, AC,
+expert parallelism (all-to-all token dispatch).
 
     loaded, meshes = prepare_rank(spec, "model.py")   # autopar.runtime.train
     pm = build(spec, loaded, meshes)                   # on meta; each rank allocates and initialises its shards

@@ -6,8 +6,8 @@ stay exactly those of the user's model. Module hooks (tensor-parallel input/outp
 run outside the checkpointed region, as with the wrapper.
 
 - ``full``: keep only the layer's inputs, recompute its whole forward in backward (Chen et al. 2016).
-- ``selective``: op-level selective checkpointing — keep matmul and attention outputs, recompute the
-  cheap element-wise / norm ops (Korthikanti et al. 2022 keep attention; torchtitan's op-SAC keeps mms).
+- ``selective``: op-level selective checkpointing — keep matmul, attention and all-to-all outputs, recompute
+  the cheap element-wise / norm ops (Korthikanti et al. 2022 keep attention; torchtitan's op-SAC keeps mms).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    # the experts' dispatch and combine (autopar.runtime.ep): kept, not sent again (torchtitan's op-SAC list)
+    torch.ops._c10d_functional.all_to_all_single.default,
 }
 
 

@@ -28,14 +28,23 @@ from autopar.plan import LayerAssignment
 
 
 def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, reshard_after_forward: bool,
-               compute_dtype: torch.dtype | None = None) -> nn.Module:
+               compute_dtype: torch.dtype | None = None, experts: list[nn.Module] | None = None) -> nn.Module:
     """fully_shard every layer unit on the dp mesh (one all-gather per layer), then the root for the rest.
     Units sharing a parameter (GPT's tied wte / lm_head) form one FSDP group. The last group is not
     resharded after forward: its backward starts right away (torchtitan does the same). ``compute_dtype``:
-    fp32 shards gathered in that dtype, gradients reduced in fp32 (mixed precision)."""
+    fp32 shards gathered in that dtype, gradients reduced in fp32 (mixed precision). ``experts``: routed experts
+    (DTensors over ep), sharded first, over their own expert data-parallel group (autopar.runtime.ep)."""
     dp_mesh = meshes.dp_mesh
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else \
         MixedPrecisionPolicy()
+    for module in experts or []:
+        edp_mesh = meshes.experts["edp"]
+        fully_shard(module, mesh=edp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        if edp_mesh.size() != dp_mesh.size():  # summed over edp, divided by dp (autopar.runtime.ep)
+            module.set_gradient_divide_factor(float(dp_mesh.size()))
+            # a sum then a division (gloo has no pre-multiplied sum); one rank: FSDP divides by itself (and
+            # would divide twice)
+            module.set_force_sum_reduction_for_comms(edp_mesh.size() > 1)
     groups = _shared_parameter_groups(model, [unit for layer in layers for unit in layer.units])
     for i, group in enumerate(groups):
         modules = [model.get_submodule(unit) for unit in group]
@@ -74,10 +83,12 @@ def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_cl
                                    process_group=meshes.world.get_group("dp"), **kwargs)
 
 
-def gradient_groups(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes) -> list[tuple[torch.Tensor, Any]]:
-    """(parameter, data-parallel group of its layer) for every parameter of the layers, once each."""
+def gradient_groups(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *,
+                    skip: set[int] = frozenset()) -> list[tuple[torch.Tensor, Any]]:  # type: ignore[assignment]
+    """(parameter, data-parallel group of its layer) for every parameter of the layers, once each, but those
+    whose ``id`` is in ``skip`` (routed experts: reduced over their own group)."""
     out: list[tuple[torch.Tensor, Any]] = []
-    seen: set[int] = set()
+    seen: set[int] = set(skip)
     for layer in layers:
         group = meshes.by_tp[layer.tp].get_group("dp")
         for unit in layer.units:

@@ -7,6 +7,10 @@ Per-layer tensor-parallel degrees: a layer with degree ``tp_l`` views the same `
 its stage as a ``(dp * tp / tp_l, tp_l)`` grid in the same rank order, so every degree the plan uses
 has its own 3-D mesh ``(pp, dp_l, tp_l)`` over the whole world (all ranks create all of them:
 creating a group is collective).
+
+Expert parallelism (a plan with ep > 1) views the same ranks as a 4-D mesh ``(pp, edp, ep, etp)`` in
+Megatron-Core's expert rank order (autopar.plan.expert_rank_grid): the routed experts are sharded over "ep",
+their gradients reduced over "edp" (autopar.runtime.ep).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.errors import AutoparError
-from autopar.plan import RunPlan
+from autopar.plan import RunPlan, expert_rank_grid
 
 PROCESS_GROUP_TIMEOUT_S = 120  # a hang fails fast instead of waiting NCCL/gloo's default 30 minutes
 
@@ -71,6 +75,7 @@ class Meshes:
     pp_rank: int
     dp_rank: int
     tp_rank: int
+    experts: DeviceMesh | None = None  # (pp, edp, ep, etp) where experts are routed (autopar.runtime.ep)
 
     @property
     def dp_mesh(self) -> DeviceMesh:
@@ -117,4 +122,12 @@ def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
                 stage_group = group
     rank = dist.get_rank()
     return Meshes(device, world, by_tp, stage_group, pp_rank=rank // spec.stage_devices,
-                  dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp)
+                  dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp,
+                  experts=expert_mesh(spec, device) if p.ep > 1 else None)
+
+
+def expert_mesh(spec: RunPlan, device: torch.device) -> DeviceMesh:
+    """The (pp, edp, ep, etp) mesh of the plan's routed experts (collective: every rank creates it)."""
+    p = spec.parallelism
+    ranks = torch.tensor(expert_rank_grid(p.tp, p.dp, p.pp, p.ep, p.expert_tp))
+    return DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "etp"))

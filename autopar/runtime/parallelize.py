@@ -6,6 +6,8 @@ Order, and why it matters:
 2. tensor parallel (``apply_tp``) — swaps parameters for DTensors on each layer's tp mesh (FSDP must see them
    to shard on top: 2-D parameters);
 3. per-layer re-layout hooks (``apply_relayout``) — after TP, so they wrap its input/output hooks;
+3b. expert parallelism (``apply_ep``) — each MoE layer's routed experts sharded over the ep group (DTensors) and
+   its tokens dispatched to them, before recomputation wraps the layer and FSDP shards the experts over edp;
 4. activation checkpointing (``apply_ac``) — around the (now TP) layer forward, so recomputation replays the
    TP collectives too;
 5. activation offload (``apply_offload``);
@@ -46,7 +48,8 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
 from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
-from autopar.runtime.mesh import Meshes
+from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
+from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.init import aliases, to_empty
 from autopar.runtime.pp import build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
@@ -72,6 +75,7 @@ class ParallelModel:
     has_first: bool = True
     has_last: bool = True
     grad_pairs: list[tuple[torch.Tensor, Any]] | None = None  # manual gradient all-reduce (ZeRO-0 with TP)
+    expert_grads: list[tuple[torch.Tensor, Any]] = dataclasses.field(default_factory=list)  # over edp, not FSDP
     tied: list[TiedCopy] = dataclasses.field(default_factory=list)  # weights tied across pipeline ranks
     canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
 
@@ -136,6 +140,7 @@ class ParallelModel:
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, p.dp)
+        sync_gradients(self.expert_grads, p.dp)
         sync_tied_gradients(self.tied)
         return self._global_loss(losses)
 
@@ -214,7 +219,8 @@ class _Engines:
     def of(spec: RunPlan) -> "_Engines":
         p = spec.parallelism
         zero, pipelined = p.zero_stage, spec.num_chunks > 1
-        ddp_ok = not any(layer.tp > 1 for layer in spec.layers)  # DDP and ZeroRedundancyOptimizer: plain tensors
+        # DDP and ZeroRedundancyOptimizer: plain tensors, all reduced over dp (experts are DTensors, over edp)
+        ddp_ok = not any(layer.tp > 1 for layer in spec.layers) and p.ep == 1
         # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
         # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
         manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
@@ -239,7 +245,10 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     pipelined = spec.num_chunks > 1
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
     canonical = aliases(model)
+    if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
+        meshes.experts = expert_mesh(spec, meshes.device)
     parts = apply_pp(model, spec, meshes)
+    experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
@@ -250,21 +259,23 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
                      loss_parallel=loss_parallel)
         if not spec.uniform_tp:
             apply_relayout(part, layers, p.tp, meshes.stage_group)
+        experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
         apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
         if engines.fsdp:  # on meta too: each rank then allocates only its shards
             parts[c] = apply_fsdp(part, layers, meshes, reshard_after_forward=engines.reshard,
-                                  compute_dtype=compute_dtype)
+                                  compute_dtype=compute_dtype, experts=experts[c])
     if any(param.is_meta for part in parts.values() for param in part.parameters()):
         if init is None:
             raise AutoparError("the model is on the meta device: pass init= to fill its shards")
         materialize(list(parts.values()), meshes.device, init)
     tied = apply_tied_sync(ties, parts, spec, fsdp=engines.fsdp)
     pairs: list[tuple[torch.Tensor, Any]] = []
+    routed = {id(q) for modules in experts.values() for m in modules for q in m.parameters()}
     for c, part in parts.items():
         if engines.manual_sync:
-            pairs += gradient_groups(part, _layers_of(spec, c), meshes)
+            pairs += gradient_groups(part, _layers_of(spec, c), meshes, skip=routed)
         elif engines.ddp:
             parts[c] = apply_ddp(part, meshes)
     schedule, has_first, has_last = None, True, True
@@ -272,7 +283,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn)
     return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=engines.zero1, schedule=schedule,
                          has_first=has_first, has_last=has_last,
-                         grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical)
+                         grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
+                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes))
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:

@@ -63,6 +63,11 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
     names = [layer.name for layer in profile.layers]
     check_model_matches(spec, names)
     plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}
+    if spec.parallelism.ep > 1:
+        from autopar.capture import load_spec
+        from autopar.runtime.ep import check_experts
+
+        check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
     divisors = {layer.name: list(layer.tp.divisors) for layer in profile.layers}
     # a layer without weights and pattern (dropout, a rotary table) runs whole on each tp rank, on whole
     # sequences: not under sequence parallelism, which would hand it a shard of the sequence
