@@ -1,7 +1,9 @@
-"""Process group and device meshes for a RunPlan: Megatron rank order, tp innermost, then dp, then pp.
+"""Process group and device meshes for a RunPlan: Megatron rank order, tp innermost, then cp, dp, pp.
 
-``rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank`` — tensor-parallel groups are consecutive
-ranks (inside a node), pipeline stages the outermost blocks of ranks.
+``rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank`` — tensor-parallel groups are consecutive
+ranks (inside a node), pipeline stages the outermost blocks of ranks. With context parallelism (cp > 1) the
+world mesh is ``(pp, dp, cp, tp)`` and the data-parallel engines reduce gradients over the flattened
+``dp x cp`` dimension ("dp_cp", torchtitan's "dp_shard_cp"): the cp ranks of a sample hold the same weights.
 
 Per-layer tensor-parallel degrees: a layer with degree ``tp_l`` views the same ``dp * tp`` devices of
 its stage as a ``(dp * tp / tp_l, tp_l)`` grid in the same rank order, so every degree the plan uses
@@ -71,10 +73,21 @@ class Meshes:
     pp_rank: int
     dp_rank: int
     tp_rank: int
+    cp_rank: int = 0
+    dp_cp: DeviceMesh | None = None  # the flattened (dp, cp) mesh the gradients are reduced over, when cp > 1
 
     @property
     def dp_mesh(self) -> DeviceMesh:
-        return self.world["dp"]
+        """The data-parallel engines' mesh: dp, or dp x cp under context parallelism."""
+        return self.dp_cp if self.dp_cp is not None else self.world["dp"]
+
+    def dp_group(self, tp_l: int) -> dist.ProcessGroup:
+        """The gradient group of a layer with tensor-parallel degree tp_l (under cp: the plan's one tp)."""
+        return self.dp_cp.get_group() if self.dp_cp is not None else self.by_tp[tp_l].get_group("dp")
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.world.get_group("cp")
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -93,14 +106,22 @@ def check_environment(spec: RunPlan) -> None:
     """Fail before training, with the formula, when the launch does not match the plan."""
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     if world != spec.world_size:
+        cp = f" * cp({spec.parallelism.cp})" if spec.parallelism.cp > 1 else ""
         raise AutoparError(f"plan needs world_size {spec.world_size} = pp({spec.parallelism.pp}) * "
-                           f"dp({spec.parallelism.dp}) * tp({spec.parallelism.tp}) processes, but "
+                           f"dp({spec.parallelism.dp}) * tp({spec.parallelism.tp}){cp} processes, but "
                            f"{world} were launched (torchrun --nproc-per-node {spec.world_size})")
+
+
+def stage_size(spec: RunPlan) -> int:
+    """The ranks of one pipeline stage: tp x cp x dp."""
+    return spec.stage_devices * spec.parallelism.cp
 
 
 def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
     check_environment(spec)
     p = spec.parallelism
+    if p.cp > 1:
+        return _context_parallel_meshes(spec, device)
     names = ("pp", "dp", "tp")
     world = init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=names)
     by_tp = {p.tp: world}
@@ -118,3 +139,13 @@ def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
     rank = dist.get_rank()
     return Meshes(device, world, by_tp, stage_group, pp_rank=rank // spec.stage_devices,
                   dp_rank=(rank % spec.stage_devices) // p.tp, tp_rank=rank % p.tp)
+
+
+def _context_parallel_meshes(spec: RunPlan, device: torch.device) -> Meshes:
+    """The (pp, dp, cp, tp) world mesh and its flattened dp x cp gradient mesh (one tp for every layer)."""
+    p = spec.parallelism
+    world = init_device_mesh(device.type, (p.pp, p.dp, p.cp, p.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    dp_cp = world["dp", "cp"]._flatten("dp_cp")
+    rank, stage = dist.get_rank(), stage_size(spec)
+    return Meshes(device, world, {p.tp: world}, None, pp_rank=rank // stage, dp_rank=(rank % stage) // (p.tp * p.cp),
+                  tp_rank=rank % p.tp, cp_rank=(rank // p.tp) % p.cp, dp_cp=dp_cp)
