@@ -127,7 +127,8 @@ def shapes(world: int) -> dict[str, dict]:
             if model == "gpt":  # tied copies sharded differently (wte tp 2, lm_head tp 1): summed in full
                 out[f"{model}/pp2_tp2_tied_layouts"] = plan(model, pp=2, tp=2, m=2, layer_tp={"lm_head": 1})
             out[f"{model}/cp2_tp2"] = plan(model, cp=2, tp=2)
-            out[f"{model}/cp2_pp2"] = plan(model, cp=2, pp=2, m=2, mb=1)
+            if model == "gpt":  # learned positions through the sequence-sharded embedding
+                out[f"{model}/cp2_tp2_sp"] = plan(model, cp=2, tp=2, sp=True)
             out[f"{model}/cp2_dp2_zero3_ac"] = plan(model, cp=2, dp=2, zero=3, mb=1, recompute=mixed_ac)
             out[f"{model}/tp4_layer_tp"] = plan(model, tp=4 if model == "gpt" else 2, dp=1 if model == "gpt" else 2,
                                                 mb=4 if model == "gpt" else 2, layer_tp={blocks[0]: 2, blocks[1]: 1})

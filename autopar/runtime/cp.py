@@ -10,8 +10,9 @@ rank does the same causal attention work (an early chunk attends to few keys, it
 - **Attention**, all-gather variant (Llama 3, arXiv:2407.21783 §3.3.2): keys and values all-gathered over the
   group in one collective with ``all_gather_single`` (PyTorch's functional collective, differentiable: their
   gradients are reduce-scattered back; what ``torch.distributed.nn.functional.all_gather``'s deprecation
-  points to), then each local query chunk attends to the keys up to its end under the causal mask
-  of its global positions. ``apply_cp`` runs every layer's forward under a ``TorchFunctionMode`` that
+  points to), then each local query chunk attends to the keys up to its end under the causal mask of its
+  global positions (lower-right aligned: PyTorch's ``causal_lower_right``, which flash attention runs without
+  a mask in memory). ``apply_cp`` runs every layer's forward under a ``TorchFunctionMode`` that
   replaces its ``F.scaled_dot_product_attention`` calls with that (torchtitan's ``context_parallel`` patches
   SDPA the same way), so the user's model is not rewritten; inside the layer's forward, so that activation
   checkpointing's recomputation runs it too.
@@ -32,6 +33,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
@@ -59,6 +61,17 @@ def check_plan(spec: RunPlan) -> None:
     if p.ep > 1:
         raise AutoparError("expert parallelism (ep > 1) with cp > 1 is not supported by the runtime yet; re-plan "
                            "with ep 1 or cp 1")
+
+
+def check_launch(spec: RunPlan, source: str) -> None:
+    """Before torchrun: the model file can run the plan's cp (``check_model`` on the model built on meta)."""
+    if spec.parallelism.cp == 1:
+        return
+    from autopar.capture import load_spec
+    from autopar.runtime.init import build_meta
+
+    loaded = load_spec(source, spec.model.overrides)
+    check_model(build_meta(loaded.build), loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
 
 
 def check_model(model: nn.Module, example_inputs: Callable[[int, int], tuple], loss_fn: Callable[..., torch.Tensor],
@@ -111,6 +124,7 @@ class ContextParallel:
     rank: int  # in the cp group
     group: dist.ProcessGroup | None  # None: only split and loss (the model-file checks)
     loss_fn: Callable[..., torch.Tensor]
+    masks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def chunks(self) -> tuple[int, int]:
@@ -123,6 +137,8 @@ class ContextParallel:
         (tokens,) = batch
         size, seq = tokens.shape
         c = seq // (2 * self.cp)
+        for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
+            self.causal_mask(c, (j + 1) * c)
         index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
         padded = torch.cat([tokens, tokens.new_zeros(size, 1)], dim=1)
         targets = torch.cat([padded[:, j * c:(j + 1) * c + 1] for j in self.chunks], dim=1)
@@ -144,6 +160,12 @@ class ContextParallel:
                 total = total + self.loss_fn(padded, target) * c
         return total * (self.cp / (2 * self.cp * c - 1))  # type: ignore[return-value]
 
+    def causal_mask(self, queries: int, keys: int) -> Any:
+        """Causal attention of the last ``queries`` positions of ``keys`` (PyTorch's CausalBias, lower right)."""
+        if (queries, keys) not in self.masks:
+            self.masks[queries, keys] = causal_lower_right(queries, keys)
+        return self.masks[queries, keys]
+
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
@@ -164,9 +186,11 @@ class ContextParallel:
         outs = []
         for half, j in enumerate(self.chunks):  # a query chunk needs the keys up to its own end only
             end = (j + 1) * c
-            mask = torch.arange(end, device=query.device) <= torch.arange(j * c, end, device=query.device)[:, None]
+            # the causal mask aligned to the last key (query a sees keys 0 .. j c + a), never materialised where
+            # a fused kernel takes it (PyTorch's CausalBias: flash attention's own lower-right causal mode)
             outs.append(F.scaled_dot_product_attention(query[..., half * c:(half + 1) * c, :], keys[..., :end, :],
-                                                       values[..., :end, :], attn_mask=mask, **options))
+                                                       values[..., :end, :], attn_mask=self.causal_mask(c, end),
+                                                       **options))
         return torch.cat(outs, dim=-2)
 
 

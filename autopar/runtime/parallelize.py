@@ -47,7 +47,7 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
-from autopar.runtime.cp import ContextParallel, apply_cp, check_plan, check_positions
+from autopar.runtime.cp import ContextParallel, apply_cp, check_loss, check_plan, check_positions
 from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.init import aliases, to_empty
@@ -315,6 +315,7 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
         return None
     check_plan(spec)
     check_positions(model)
+    check_loss(loss_fn, spec.parallelism.cp)
     return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn)
 
 
