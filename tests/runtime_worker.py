@@ -35,7 +35,8 @@ from autopar.runtime.train import LoadedModel, build, build_model, load_model, s
 
 STEPS = 3
 COUNT_SHAPES = {"gpt/tp2", "gpt/tp2_sp", "llama/tp2", "llama/tp2_sp"}  # collectives counted for the cost model
-CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2"}
+CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2",
+                     "llama/cp2_dp2_zero3_ac"}
 LR = 0.1
 SEQ = 16
 ROOT = Path(__file__).resolve().parents[1]

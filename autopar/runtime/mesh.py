@@ -67,7 +67,7 @@ class Meshes:
     """The meshes and groups one rank needs to run a RunPlan."""
 
     device: torch.device
-    world: DeviceMesh  # (pp, dp, tp) with the plan's own degrees
+    world: DeviceMesh  # (pp, dp, tp), or (pp, dp, cp, tp) under context parallelism, with the plan's own degrees
     by_tp: dict[int, DeviceMesh]  # tp_l -> (pp, dp_l, tp_l) for every degree some layer uses
     stage_group: dist.ProcessGroup | None  # the dp * tp ranks of this rank's pipeline stage
     pp_rank: int
