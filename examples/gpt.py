@@ -82,8 +82,10 @@ class GPT(nn.Module):
             else:
                 nn.init.ones_(p)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: each token's place in its sequence, (batch, seq) — under context parallelism a rank
+        holds chunks from the middle of the sequence (default: 0 .. seq-1)."""
+        pos = torch.arange(idx.shape[1], device=idx.device) if positions is None else positions
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)

@@ -36,7 +36,7 @@ def rope_cache(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, head_dim); rope: (2, T, head_dim) broadcast over batch and heads."""
+    """x: (B, H, T, head_dim); rope: (2, T, head_dim) broadcast over batch and heads (or (2, B, 1, T, head_dim))."""
     cos, sin = rope[0].to(x.dtype), rope[1].to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
@@ -139,8 +139,11 @@ class Llama(nn.Module):
         if self.rope.device.type != "meta":
             self.rope.copy_(rope_cache(self.head_dim, self.max_seq_len, self.rope_theta))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        rope = self.rope[:, : idx.shape[1]]
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: each token's place in its sequence, (batch, seq) — under context parallelism a rank
+        holds chunks from the middle of the sequence; its RoPE angles are those of their places."""
+        # (2, seq, head_dim), or per sample (2, batch, 1, seq, head_dim): broadcast over heads either way
+        rope = self.rope[:, : idx.shape[1]] if positions is None else self.rope[:, positions].unsqueeze(2)
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x, rope)

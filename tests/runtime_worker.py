@@ -35,7 +35,8 @@ from autopar.runtime.train import LoadedModel, build, build_model, load_model, s
 
 STEPS = 3
 COUNT_SHAPES = {"gpt/tp2", "gpt/tp2_sp", "llama/tp2", "llama/tp2_sp"}  # collectives counted for the cost model
-CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2"}
+CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2",
+                     "llama/cp2_dp2_zero3_ac"}
 LR = 0.1
 SEQ = 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
          sp: bool = False, schedule: str = "1f1b", v: int = 1, cuts: list[int] | None = None,
          layer_tp: dict[str, int] | None = None, recompute: dict[str, str] | None = None,
-         offload: bool = False, dtype: str = "fp32", ep: int = 1, etp: int | None = None) -> dict:
+         offload: bool = False, dtype: str = "fp32", ep: int = 1, etp: int | None = None, cp: int = 1) -> dict:
     """A plan dict as the solver emits it. ``cuts``: layers per chunk (default: as even as possible)."""
     source, overrides = MODELS[model]
     names = NAMES[model.split("_")[0]]
@@ -81,12 +82,12 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
     stages = [c for c, size in enumerate(cuts) for _ in range(size)]
     layers = [{"name": n, "stage": s, "tp": (layer_tp or {}).get(n, tp), "recompute": (recompute or {}).get(n, "none")}
               for n, s in zip(names, stages)]
-    return {"world_size": tp * pp * dp,
+    return {"world_size": tp * pp * dp * cp,
             "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": dtype},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": "none", "sequence_parallel": sp,
                             "schedule": schedule, "virtual_stages": v, "offload_activations": offload,
-                            "ep": ep, "etp": etp},
+                            "ep": ep, "etp": etp, "cp": cp},
             "layers": layers}
 
 
@@ -95,6 +96,7 @@ def shapes(world: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
     if world == 2:  # a Hugging Face model under tensor parallelism (its forward does not split into fx stages)
         out["hf-llama/tp2"] = plan("hf-llama", tp=2)
+        out["hf-llama/cp2"] = plan("hf-llama", cp=2)  # position_ids follow the chunks
     for model in ("gpt", "llama"):
         blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
         mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}
@@ -120,6 +122,8 @@ def shapes(world: int) -> dict[str, dict]:
             else:
                 out[f"{model}/zero3_dp2_bf16"] = plan(model, dp=2, zero=3, dtype="bf16")
             out[f"{model}/pp2_1f1b_bf16"] = plan(model, pp=2, m=4, mb=1, dtype="bf16")
+            # context parallelism: each sequence split over 2 ranks (autopar.runtime.cp)
+            out[f"{model}/cp2"] = plan(model, cp=2)
         elif world == 4:
             out[f"{model}/tp2_dp2"] = plan(model, tp=2, dp=2)
             out[f"{model}/tp2_dp2_sp_zero3"] = plan(model, tp=2, dp=2, sp=True, zero=3)
@@ -132,9 +136,14 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/pp4_uneven"] = plan(model, pp=4, m=4, mb=1, cuts=[1, 3, 1, len(NAMES[model]) - 5])
             if model == "gpt":  # tied copies sharded differently (wte tp 2, lm_head tp 1): summed in full
                 out[f"{model}/pp2_tp2_tied_layouts"] = plan(model, pp=2, tp=2, m=2, layer_tp={"lm_head": 1})
+            out[f"{model}/cp2_tp2"] = plan(model, cp=2, tp=2)
+            if model == "gpt":  # learned positions through the sequence-sharded embedding
+                out[f"{model}/cp2_tp2_sp"] = plan(model, cp=2, tp=2, sp=True)
+            out[f"{model}/cp2_dp2_zero3_ac"] = plan(model, cp=2, dp=2, zero=3, mb=1, recompute=mixed_ac)
             out[f"{model}/tp4_layer_tp"] = plan(model, tp=4 if model == "gpt" else 2, dp=1 if model == "gpt" else 2,
                                                 mb=4 if model == "gpt" else 2, layer_tp={blocks[0]: 2, blocks[1]: 1})
         elif world == 8:
+            out[f"{model}/cp2_dp2_pp2"] = plan(model, cp=2, dp=2, pp=2, m=2, mb=1)
             out[f"{model}/pp2_tp2_dp2"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=1)
             out[f"{model}/pp2_tp2_dp2_zero3_ac"] = plan(model, pp=2, tp=2, dp=2, m=2, mb=1, zero=3,
                                                         recompute=mixed_ac)

@@ -210,9 +210,15 @@ class HFModel(nn.Module):
         self.hf = model
         self._names = tuple(n for n in input_names if n != "labels")
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: the tokens' places in their sequences (context parallelism: chunks from the middle), as
+        ``position_ids``; with an all-ones attention mask, else transformers would read the jumps between the
+        chunks as packed sequences and mask attention between them."""
+        named = dict(zip(self._names, inputs))
+        if positions is not None:
+            named.update(position_ids=positions, attention_mask=torch.ones_like(inputs[0]))
         with _value_checks_off():
-            out = self.hf(**dict(zip(self._names, inputs)))
+            out = self.hf(**named)
         return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 

@@ -6,6 +6,10 @@ A token file is nanoGPT's ``.bin``: a flat array of token ids (uint16, or uint32
 the file; data-parallel rank ``r`` reads only its ``micro_batch_size * num_microbatches`` of them
 (``s * B + r * per_rank ..``), which the plan's micro-batches then split. The position is a function of
 the step, so a resumed run reads what the uninterrupted run would have read.
+
+Under context parallelism (cp > 1) the cp ranks of a data-parallel rank read the same samples, whole; each
+keeps its two chunks of every sequence, their positions and their next-token targets (taken from the whole
+sequence) in ``ParallelModel.forward_backward_local`` (autopar.runtime.cp), whatever the source of the batch.
 """
 from __future__ import annotations
 

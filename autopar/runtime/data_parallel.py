@@ -9,6 +9,9 @@
   numbers, less memory.
 - ZeRO-0: DDP. With tensor parallelism, or per-layer degrees, a gradient all-reduce per parameter over
   its layer's data-parallel group (``sync_gradients``): what DDP does, on the local shards.
+
+Under context parallelism every engine's group is dp x cp (``Meshes.dp_mesh``): the cp ranks of a sample
+each hold a part of its gradient (autopar.runtime.cp).
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def _shared_parameter_groups(model: nn.Module, units: list[str]) -> list[list[st
 
 
 def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
-    return DistributedDataParallel(model, process_group=meshes.world.get_group("dp"),
+    return DistributedDataParallel(model, process_group=meshes.dp_mesh.get_group(),
                                    device_ids=[meshes.device.index] if meshes.device.type == "cuda" else None)
 
 
@@ -80,7 +83,7 @@ def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_cl
                     **kwargs: Any) -> torch.optim.Optimizer:
     """Parameters as bucket views: one broadcast per rank's bucket after the step, not one per parameter."""
     return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class, parameters_as_bucket_view=True,
-                                   process_group=meshes.world.get_group("dp"), **kwargs)
+                                   process_group=meshes.dp_mesh.get_group(), **kwargs)
 
 
 def gradient_groups(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *,
@@ -90,7 +93,7 @@ def gradient_groups(model: nn.Module, layers: list[LayerAssignment], meshes: Mes
     out: list[tuple[torch.Tensor, Any]] = []
     seen: set[int] = set(skip)
     for layer in layers:
-        group = meshes.by_tp[layer.tp].get_group("dp")
+        group = meshes.dp_group(layer.tp)
         for unit in layer.units:
             for p in model.get_submodule(unit).parameters():
                 if id(p) not in seen and p.requires_grad:

@@ -92,6 +92,9 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     """Check before torchrun starts what would otherwise fail on every rank; returns the model's layer names
     and tensor-parallel plans (captured on meta), which the ranks then reuse."""
     check_options(options)
+    from autopar.runtime.cp import check_launch, check_plan
+
+    check_plan(spec)  # what context parallelism needs of the plan (nothing when cp = 1)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():
@@ -110,6 +113,7 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     from autopar.runtime.train import model_layers
 
     layers = model_layers(spec, source)  # imports the model file: the user chose it (see model_source)
+    check_launch(spec, source)
     if options.data is not None:
         from autopar.capture import load_spec
         from autopar.runtime.data import check_data_model

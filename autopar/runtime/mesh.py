@@ -1,7 +1,9 @@
-"""Process group and device meshes for a RunPlan: Megatron rank order, tp innermost, then dp, then pp.
+"""Process group and device meshes for a RunPlan: Megatron rank order, tp innermost, then cp, dp, pp.
 
-``rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank`` — tensor-parallel groups are consecutive
-ranks (inside a node), pipeline stages the outermost blocks of ranks.
+``rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank`` — tensor-parallel groups are consecutive
+ranks (inside a node), pipeline stages the outermost blocks of ranks. With context parallelism (cp > 1) the
+world mesh is ``(pp, dp, cp, tp)`` and the data-parallel engines reduce gradients over the flattened
+``dp x cp`` dimension ("dp_cp", torchtitan's "dp_shard_cp"): the cp ranks of a sample hold the same weights.
 
 Per-layer tensor-parallel degrees: a layer with degree ``tp_l`` views the same ``dp * tp`` devices of
 its stage as a ``(dp * tp / tp_l, tp_l)`` grid in the same rank order, so every degree the plan uses
@@ -69,17 +71,28 @@ class Meshes:
     """The meshes and groups one rank needs to run a RunPlan."""
 
     device: torch.device
-    world: DeviceMesh  # (pp, dp, tp) with the plan's own degrees
+    world: DeviceMesh  # (pp, dp, tp), or (pp, dp, cp, tp) under context parallelism, with the plan's own degrees
     by_tp: dict[int, DeviceMesh]  # tp_l -> (pp, dp_l, tp_l) for every degree some layer uses
     stage_group: dist.ProcessGroup | None  # the dp * tp ranks of this rank's pipeline stage
     pp_rank: int
     dp_rank: int
     tp_rank: int
     experts: DeviceMesh | None = None  # (pp, edp, ep, etp) where experts are routed (autopar.runtime.ep)
+    cp_rank: int = 0
+    dp_cp: DeviceMesh | None = None  # the flattened (dp, cp) mesh the gradients are reduced over, when cp > 1
 
     @property
     def dp_mesh(self) -> DeviceMesh:
-        return self.world["dp"]
+        """The data-parallel engines' mesh: dp, or dp x cp under context parallelism."""
+        return self.dp_cp if self.dp_cp is not None else self.world["dp"]
+
+    def dp_group(self, tp_l: int) -> dist.ProcessGroup:
+        """The gradient group of a layer with tensor-parallel degree tp_l (under cp: the plan's one tp)."""
+        return self.dp_cp.get_group() if self.dp_cp is not None else self.by_tp[tp_l].get_group("dp")
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.world.get_group("cp")
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -98,14 +111,22 @@ def check_environment(spec: RunPlan) -> None:
     """Fail before training, with the formula, when the launch does not match the plan."""
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     if world != spec.world_size:
+        cp = f" * cp({spec.parallelism.cp})" if spec.parallelism.cp > 1 else ""
         raise AutoparError(f"plan needs world_size {spec.world_size} = pp({spec.parallelism.pp}) * "
-                           f"dp({spec.parallelism.dp}) * tp({spec.parallelism.tp}) processes, but "
+                           f"dp({spec.parallelism.dp}) * tp({spec.parallelism.tp}){cp} processes, but "
                            f"{world} were launched (torchrun --nproc-per-node {spec.world_size})")
+
+
+def stage_size(spec: RunPlan) -> int:
+    """The ranks of one pipeline stage: tp x cp x dp."""
+    return spec.stage_devices * spec.parallelism.cp
 
 
 def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
     check_environment(spec)
     p = spec.parallelism
+    if p.cp > 1:
+        return _context_parallel_meshes(spec, device)
     names = ("pp", "dp", "tp")
     world = init_device_mesh(device.type, (p.pp, p.dp, p.tp), mesh_dim_names=names)
     by_tp = {p.tp: world}
@@ -131,3 +152,13 @@ def expert_mesh(spec: RunPlan, device: torch.device) -> DeviceMesh:
     p = spec.parallelism
     ranks = torch.tensor(expert_rank_grid(p.tp, p.dp, p.pp, p.ep, p.expert_tp))
     return DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "etp"))
+
+
+def _context_parallel_meshes(spec: RunPlan, device: torch.device) -> Meshes:
+    """The (pp, dp, cp, tp) world mesh and its flattened dp x cp gradient mesh (one tp for every layer)."""
+    p = spec.parallelism
+    world = init_device_mesh(device.type, (p.pp, p.dp, p.cp, p.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    dp_cp = world["dp", "cp"]._flatten("dp_cp")
+    rank, stage = dist.get_rank(), stage_size(spec)
+    return Meshes(device, world, {p.tp: world}, None, pp_rank=rank // stage, dp_rank=(rank % stage) // (p.tp * p.cp),
+                  tp_rank=rank % p.tp, cp_rank=(rank // p.tp) % p.cp, dp_cp=dp_cp)

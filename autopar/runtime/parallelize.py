@@ -8,6 +8,8 @@ Order, and why it matters:
 3. per-layer re-layout hooks (``apply_relayout``) — after TP, so they wrap its input/output hooks;
 3b. expert parallelism (``apply_ep``) — each MoE layer's routed experts sharded over the ep group (DTensors) and
    its tokens dispatched to them, before recomputation wraps the layer and FSDP shards the experts over edp;
+3c. context parallelism (``apply_cp``) — every layer's attention over the whole sequence of its cp group,
+   inside the layer's forward, so that recomputation runs it too;
 4. activation checkpointing (``apply_ac``) — around the (now TP) layer forward, so recomputation replays the
    TP collectives too;
 5. activation offload (``apply_offload``);
@@ -47,6 +49,7 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
+from autopar.runtime.cp import ContextParallel, apply_cp, check_loss, check_plan, check_positions
 from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.mesh import Meshes, expert_mesh
@@ -78,6 +81,7 @@ class ParallelModel:
     expert_grads: list[tuple[torch.Tensor, Any]] = dataclasses.field(default_factory=list)  # over edp, not FSDP
     tied: list[TiedCopy] = dataclasses.field(default_factory=list)  # weights tied across pipeline ranks
     canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
+    cp: ContextParallel | None = None  # this rank's part of its context-parallel group (cp > 1)
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -115,7 +119,8 @@ class ParallelModel:
 
     def forward_backward_local(self, local: tuple[torch.Tensor, ...]) -> float:
         """Forward and backward of this rank's data-parallel slice of the global batch (micro_batch_size *
-        num_microbatches samples, split into the plan's micro-batches)."""
+        num_microbatches samples, split into the plan's micro-batches; under context parallelism each rank
+        keeps its chunks of every sequence: autopar.runtime.cp)."""
         p = self.spec.parallelism
         if local[0].shape[0] != p.micro_batch_size * p.num_microbatches:
             raise AutoparError(f"a data-parallel rank trains on micro_batch_size({p.micro_batch_size}) * "
@@ -123,6 +128,10 @@ class ParallelModel:
         m = p.num_microbatches
         losses: list[torch.Tensor] = []
         ctx = loss_parallel_context() if self.loss_parallel else contextlib.nullcontext()
+        if self.cp is not None:
+            if len(local) != 1:
+                raise AutoparError("context parallelism runs models with one input tensor (token ids)")
+            local = self.cp.split(local)  # tokens, positions, targets
         with ctx, self.autocast():
             if self.schedule is not None:
                 self._pipeline_step(local, losses)
@@ -135,11 +144,11 @@ class ParallelModel:
                     sync = part.no_sync() if isinstance(part, DistributedDataParallel) and k < m - 1 else \
                         contextlib.nullcontext()
                     with sync:
-                        loss = self.loss_fn(part(*micro), *micro)
+                        loss = self._loss(part, micro)
                         (loss / m).backward()
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
-            sync_gradients(self.grad_pairs, p.dp)
+            sync_gradients(self.grad_pairs, p.dp * p.cp)
         sync_gradients(self.expert_grads, p.dp)
         sync_tied_gradients(self.tied)
         return self._global_loss(losses)
@@ -157,10 +166,18 @@ class ParallelModel:
             return contextlib.nullcontext()
         return torch.autocast(self.meshes.device.type, dtype=dtype)
 
+    def _loss(self, part: nn.Module, micro: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.cp is None:
+            return self.loss_fn(part(*micro), *micro)
+        tokens, positions, targets = micro
+        return self.cp.loss(part(tokens, positions=positions), targets)
+
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
-        if len(local) != 1:
-            raise AutoparError("pipeline parallelism runs models with one input tensor (token ids) for now")
         target = local[0]
+        if self.cp is not None:  # the first stage takes tokens and positions, the loss the targets
+            local, target = local[:2], local[2]
+        elif len(local) != 1:
+            raise AutoparError("pipeline parallelism runs models with one input tensor (token ids) for now")
         if self.has_first and self.has_last:
             self.schedule.step(*local, target=target, losses=losses)
         elif self.has_first:
@@ -182,7 +199,7 @@ class ParallelModel:
         """Every parameter's full gradient (unsharded), gathered on all ranks — for tests and debugging.
         Collective: every rank must call it."""
         mine: dict[str, torch.Tensor] = {}
-        contribute = self.meshes.dp_rank == 0 and self.meshes.tp_rank == 0
+        contribute = self.meshes.dp_rank == 0 and self.meshes.tp_rank == 0 and self.meshes.cp_rank == 0
         for name, p in self.named_parameters():
             g = p.grad
             if g is None:
@@ -219,17 +236,18 @@ class _Engines:
     def of(spec: RunPlan) -> "_Engines":
         p = spec.parallelism
         zero, pipelined = p.zero_stage, spec.num_chunks > 1
+        dp = p.dp * p.cp  # the gradients' data-parallel degree: context-parallel ranks reduce theirs too
         # DDP and ZeroRedundancyOptimizer: plain tensors, all reduced over dp (experts are DTensors, over edp)
         ddp_ok = not any(layer.tp > 1 for layer in spec.layers) and p.ep == 1
         # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
         # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
         manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
         manual = manual or (zero == 0 and pipelined)
-        sharded = not manual and p.dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
-        one_device = not manual and p.dp == 1 and spec.model.dtype in COMPUTE_DTYPES and spec.world_size == 1
+        sharded = not manual and dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
+        one_device = not manual and dp == 1 and spec.model.dtype in COMPUTE_DTYPES and spec.world_size == 1
         return _Engines(fsdp=sharded or one_device, reshard=sharded and zero == 3,
-                        ddp=not manual and p.dp > 1 and not sharded, manual_sync=manual,
-                        zero1=zero == 1 and ddp_ok and p.dp > 1)
+                        ddp=not manual and dp > 1 and not sharded, manual_sync=manual,
+                        zero1=zero == 1 and ddp_ok and dp > 1)
 
 
 def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
@@ -247,6 +265,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     canonical = aliases(model)
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
         meshes.experts = expert_mesh(spec, meshes.device)
+    cp = context_parallel(model, spec, meshes, loss_fn)
     parts = apply_pp(model, spec, meshes)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
@@ -260,6 +279,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         if not spec.uniform_tp:
             apply_relayout(part, layers, p.tp, meshes.stage_group)
         experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
+        if cp is not None:
+            apply_cp(part, layers, cp)
         apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
@@ -280,11 +301,11 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
             parts[c] = apply_ddp(part, meshes)
     schedule, has_first, has_last = None, True, True
     if pipelined:
-        schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn)
+        schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn if cp is None else cp.loss)
     return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=engines.zero1, schedule=schedule,
                          has_first=has_first, has_last=has_last,
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
-                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes))
+                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
@@ -292,10 +313,22 @@ def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
 
 
 def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes) -> dict[int, nn.Module]:
-    """This rank's pipeline chunks (the whole model when the plan has one chunk)."""
+    """This rank's pipeline chunks (the whole model when the plan has one chunk); under context parallelism
+    every chunk that needs them takes the tokens' positions."""
     if spec.num_chunks == 1:
         return {0: model}
-    return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank)))
+    return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank),
+                            positions=spec.parallelism.cp > 1))
+
+
+def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: LossFn) -> ContextParallel | None:
+    """This rank's context-parallel group and split (autopar.runtime.cp), when the plan has cp > 1."""
+    if spec.parallelism.cp == 1:
+        return None
+    check_plan(spec)
+    check_positions(model)
+    check_loss(loss_fn, spec.parallelism.cp)
+    return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn)
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:

@@ -24,6 +24,7 @@ The model may be on the meta device: chunks are split before any storage exists.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -50,11 +51,13 @@ class _LayerLeafTracer(torch.fx.Tracer):
         return module_qualified_name in self.units or super().is_leaf_module(m, module_qualified_name)
 
 
-def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int]) -> dict[int, torch.fx.GraphModule]:
-    """The chunk modules with the given indices (those of this pipeline rank)."""
+def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int], *,
+                positions: bool = False) -> dict[int, torch.fx.GraphModule]:
+    """The chunk modules with the given indices (those of this pipeline rank). ``positions``: the model's forward
+    is traced taking its ``positions`` argument (context parallelism), else with it left at None."""
     unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
     try:
-        graph = _LayerLeafTracer(set(unit_layer)).trace(model)
+        graph = _trace(model, set(unit_layer), positions)
     except Exception as e:  # a user forward fx cannot follow: say where
         raise AutoparError(f"cannot split {type(model).__name__} into pipeline stages: its forward is not "
                            f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0]})")
@@ -124,6 +127,21 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
     return out
 
 
+def _trace(model: nn.Module, units: set[str], positions: bool) -> torch.fx.Graph:
+    """The top-level forward with the layers as leaves. An optional ``positions`` argument not given is fixed to
+    None, and its placeholder removed, so the chunks take only the inputs the step passes."""
+    if positions or "positions" not in inspect.signature(model.forward).parameters:
+        return _LayerLeafTracer(units).trace(model)
+    graph = _LayerLeafTracer(units).trace(model, concrete_args={"positions": None})
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is torch.fx._symbolic_trace._assert_is_none:
+            graph.erase_node(n)
+    for n in list(graph.nodes):
+        if n.op == "placeholder" and not n.users and str(n.target).startswith("positions"):
+            graph.erase_node(n)
+    return graph
+
+
 def _reaches_inputs(n: torch.fx.Node, chunk_of: dict[torch.fx.Node, int]) -> bool:
     if n.op == "placeholder":
         return True
@@ -132,11 +150,23 @@ def _reaches_inputs(n: torch.fx.Node, chunk_of: dict[torch.fx.Node, int]) -> boo
     return any(_reaches_inputs(a, chunk_of) for a in n.all_input_nodes)
 
 
+class _Stage(PipelineStage):
+    """A PipelineStage whose shape inference (its first step runs each stage's forward on uninitialised tensors of
+    the received shapes) gives integer inputs zeros: a later stage that indexes with the positions or token ids
+    it receives (RoPE rows of the context-parallel positions) then reads a valid row, not memory's garbage."""
+
+    def _to_tensor(self, arg: Any) -> torch.Tensor:
+        out = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor) and not out.is_floating_point() and not out.is_complex():
+            out = out.zero_()
+        return out
+
+
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,
                    loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
     """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""
     p = spec.parallelism
-    stages = [PipelineStage(module, c, spec.num_chunks, meshes.device, group=meshes.pp_group)
+    stages = [_Stage(module, c, spec.num_chunks, meshes.device, group=meshes.pp_group)
               for c, module in sorted(chunk_modules.items())]
     m = p.num_microbatches
     schedule: PipelineScheduleSingle | PipelineScheduleMulti

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.init import local_box, local_of
+from autopar.runtime.mesh import stage_size
 
 
 @dataclasses.dataclass
@@ -55,7 +56,7 @@ def apply_tied_sync(ties: dict[str, dict[int, str]], parts: dict[int, nn.Module]
                     fsdp: bool) -> list[TiedCopy]:
     """The embedding groups of every weight tied across pipeline ranks (``tied_across_chunks`` of the model
     before it was split; collective: every rank creates every group), and this rank's copies."""
-    pp, stage = spec.parallelism.pp, spec.stage_devices
+    pp, stage = spec.parallelism.pp, stage_size(spec)
     copies: list[TiedCopy] = []
     for name, chunks in sorted(ties.items()):
         mine = [c for c in chunks if c in parts]

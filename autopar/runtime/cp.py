@@ -1,0 +1,224 @@
+"""Context parallelism: every sequence split over the ``cp`` ranks of a context-parallel group.
+
+The split is the load-balanced causal one of Megatron-Core and TransformerEngine: the sequence in ``2 cp``
+chunks of ``c = seq_len / (2 cp)`` tokens, cp rank ``i`` holding chunks ``i`` and ``2 cp - 1 - i``, so every
+rank does the same causal attention work (an early chunk attends to few keys, its partner to many).
+
+- **Inputs** (``ContextParallel.split``): each cp rank of a data-parallel rank reads the same samples and keeps
+  its two chunks, their global positions (the model's ``positions`` argument: RoPE and learned position
+  embeddings follow the chunks) and the next-token targets taken from the whole sequence before the split.
+- **Attention**, all-gather variant (Llama 3, arXiv:2407.21783 §3.3.2): keys and values all-gathered over the
+  group in one collective with ``all_gather_single`` (PyTorch's functional collective, differentiable: their
+  gradients are reduce-scattered back; what ``torch.distributed.nn.functional.all_gather``'s deprecation
+  points to), then each local query chunk attends to the keys up to its end under the causal mask of its
+  global positions (lower-right aligned: PyTorch's ``causal_lower_right``, which flash attention runs without
+  a mask in memory). ``apply_cp`` runs every layer's forward under a ``TorchFunctionMode`` that
+  replaces its ``F.scaled_dot_product_attention`` calls with that (torchtitan's ``context_parallel`` patches
+  SDPA the same way), so the user's model is not rewritten; inside the layer's forward, so that activation
+  checkpointing's recomputation runs it too.
+- **Loss** (``ContextParallel.loss``): the model file's ``loss_fn`` on each chunk, the chunk's next token
+  appended (the sequence's last chunk has none), weighted by its number of targets: each rank's loss is
+  ``cp`` times its share of the sequence's mean, so the mean over cp ranks is the whole sequence's loss and
+  the gradients averaged over ``dp x cp`` (the data-parallel engines' group under cp) are the plan's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+from torch.overrides import TorchFunctionMode
+
+from autopar.errors import AutoparError
+from autopar.plan import LayerAssignment, RunPlan
+
+POSITIONS = "positions"  # the keyword a model's forward takes its tokens' global positions by
+
+
+def check_plan(spec: RunPlan) -> None:
+    """What the runtime cannot run in a context-parallel plan, in one line (before torchrun and on every rank)."""
+    p = spec.parallelism
+    if p.cp == 1:
+        return
+    seq = spec.model.seq_len
+    if seq % (2 * p.cp):
+        raise AutoparError(f"cp {p.cp}: seq_len {seq} is not a multiple of 2 * cp = {2 * p.cp} (the load-balanced "
+                           f"split cuts every sequence in 2 * cp equal chunks); choose a cp that divides "
+                           f"seq_len / 2 or pad the sequences")
+    if getattr(p, "cp_comm", "all_gather") != "all_gather":
+        raise AutoparError(f"cp_comm '{p.cp_comm}': the runtime runs context parallelism with the all-gather "
+                           "variant only; re-plan with cp_comm all_gather")
+    if not spec.uniform_tp:
+        raise AutoparError("per-layer tensor-parallel degrees with cp > 1 are not supported by the runtime; "
+                           "re-plan with one tp for every layer")
+    if p.ep > 1:
+        raise AutoparError("expert parallelism (ep > 1) with cp > 1 is not supported by the runtime yet; re-plan "
+                           "with ep 1 or cp 1")
+
+
+def check_launch(spec: RunPlan, source: str) -> None:
+    """Before torchrun: the model file can run the plan's cp (``check_model`` on the model built on meta)."""
+    if spec.parallelism.cp == 1:
+        return
+    from autopar.capture import load_spec
+    from autopar.runtime.init import build_meta
+
+    loaded = load_spec(source, spec.model.overrides)
+    check_model(build_meta(loaded.build), loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
+
+
+def check_model(model: nn.Module, example_inputs: Callable[[int, int], tuple], loss_fn: Callable[..., torch.Tensor],
+                cp: int) -> None:
+    """The model can run context-parallel: one token-id input, a forward taking ``positions``, and a loss that
+    the per-chunk composition reproduces (a next-token mean, as the examples' loss_fn)."""
+    inputs = example_inputs(1, 4 * cp)
+    if len(inputs) != 1 or inputs[0].dtype not in (torch.int64, torch.int32):
+        raise AutoparError(f"context parallelism splits token ids: this model takes {len(inputs)} input(s) of "
+                           f"{', '.join(str(t.dtype) for t in inputs)}; re-plan with cp 1")
+    check_positions(model)
+    check_loss(loss_fn, cp)
+
+
+def check_positions(model: nn.Module) -> None:
+    if POSITIONS not in inspect.signature(model.forward).parameters:
+        raise AutoparError(f"context parallelism: {type(model).__name__}.forward must take `{POSITIONS}` (each "
+                           "token's position in its sequence, for RoPE / position embeddings) as examples/llama.py "
+                           "does; add it or re-plan with cp 1")
+
+
+def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, vocab: int = 11, chunk: int = 3) -> None:
+    """The loss on random logits of a whole sequence against the mean over cp ranks of ``ContextParallel.loss``
+    of their chunks: equal (1e-5) for a next-token loss averaged over tokens, else the runtime refuses."""
+    gen = torch.Generator().manual_seed(0)
+    seq = 2 * cp * chunk
+    tokens = torch.randint(0, vocab, (2, seq), generator=gen)
+    logits = torch.randn(2, seq, vocab, generator=gen)
+    try:
+        whole = float(loss_fn(logits, tokens))
+        parts = []
+        for rank in range(cp):
+            run = ContextParallel(cp, rank, None, loss_fn)
+            _, positions, targets = run.split((tokens,))
+            parts.append(float(run.loss(logits[:, positions[0]], targets)))
+    except Exception as e:  # the user's loss on tensors it did not expect
+        raise AutoparError(f"context parallelism: the model's loss_fn fails on logits and token ids "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-plan with cp 1")
+    if abs(sum(parts) / cp - whole) > 1e-5 * max(1.0, abs(whole)):
+        raise AutoparError("context parallelism: the model's loss_fn is not a next-token loss averaged over tokens "
+                           "(loss_fn(logits, idx) predicting idx[:, 1:] from logits[:, :-1]), which the split "
+                           "sequence reproduces chunk by chunk; re-plan with cp 1")
+
+
+@dataclasses.dataclass
+class ContextParallel:
+    """One rank's part of a context-parallel group: its chunks, attention over the group, its loss."""
+
+    cp: int
+    rank: int  # in the cp group
+    group: dist.ProcessGroup | None  # None: only split and loss (the model-file checks)
+    loss_fn: Callable[..., torch.Tensor]
+    masks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def chunks(self) -> tuple[int, int]:
+        return self.rank, 2 * self.cp - 1 - self.rank
+
+    def split(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Whole sequences ``(B, T)`` -> this rank's tokens and their positions ``(B, T / cp)``, and its targets
+        ``(B, T / cp + 2)``: each chunk's tokens followed by the token after it (the sequence's last chunk: a
+        0 that no loss reads)."""
+        (tokens,) = batch
+        size, seq = tokens.shape
+        c = seq // (2 * self.cp)
+        for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
+            self.causal_mask(c, (j + 1) * c)
+        index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
+        padded = torch.cat([tokens, tokens.new_zeros(size, 1)], dim=1)
+        targets = torch.cat([padded[:, j * c:(j + 1) * c + 1] for j in self.chunks], dim=1)
+        return tokens[:, index], index.repeat(size, 1), targets  # contiguous: the pipeline sends positions on
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``cp`` x this rank's share of the sequence's mean loss (see the module docstring)."""
+        c = output.shape[1] // 2
+        last = 2 * self.cp - 1
+        total: torch.Tensor | float = 0.0
+        for half, j in enumerate(self.chunks):
+            out = output[:, half * c:(half + 1) * c]
+            target = targets[:, half * (c + 1):(half + 1) * (c + 1)]
+            if j == last:  # its last token predicts nothing
+                if c > 1:
+                    total = total + self.loss_fn(out, target[:, :c]) * (c - 1)
+            else:  # a dummy row after the chunk's logits: the loss drops the last row and reads the next token
+                padded = torch.cat([out, torch.zeros_like(out[:, :1])], dim=1)
+                total = total + self.loss_fn(padded, target) * c
+        return total * (self.cp / (2 * self.cp * c - 1))  # type: ignore[return-value]
+
+    def causal_mask(self, queries: int, keys: int) -> Any:
+        """Causal attention of the last ``queries`` positions of ``keys`` (PyTorch's CausalBias, lower right)."""
+        if (queries, keys) not in self.masks:
+            self.masks[queries, keys] = causal_lower_right(queries, keys)
+        return self.masks[queries, keys]
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+        """``F.scaled_dot_product_attention`` of the local queries against the whole sequence's keys and values."""
+        if attn_mask is not None:
+            raise AutoparError("context parallelism runs attention without an explicit mask (is_causal=True, or "
+                               "full attention); this model passes attn_mask to scaled_dot_product_attention")
+        c = query.shape[-2] // 2
+        kv = torch.stack((key, value))  # one collective for K and V: (2, batch, heads, 2c, head_dim) per rank
+        gathered = funcol.all_gather_single(kv, 0, self.group).view(self.cp, *kv.shape)
+        pieces = {}
+        for rank in range(self.cp):  # rank r holds chunks r and 2cp-1-r: put them in sequence order
+            pieces[rank], pieces[2 * self.cp - 1 - rank] = gathered[rank, ..., :c, :], gathered[rank, ..., c:, :]
+        keys, values = torch.cat([pieces[j] for j in range(2 * self.cp)], dim=-2).unbind(0)
+        options = dict(dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        if not is_causal:
+            return F.scaled_dot_product_attention(query, keys, values, **options)
+        outs = []
+        for half, j in enumerate(self.chunks):  # a query chunk needs the keys up to its own end only
+            end = (j + 1) * c
+            # the causal mask aligned to the last key (query a sees keys 0 .. j c + a), never materialised where
+            # a fused kernel takes it (PyTorch's CausalBias: flash attention's own lower-right causal mode)
+            outs.append(F.scaled_dot_product_attention(query[..., half * c:(half + 1) * c, :], keys[..., :end, :],
+                                                       values[..., :end, :], attn_mask=self.causal_mask(c, end),
+                                                       **options))
+        return torch.cat(outs, dim=-2)
+
+
+def apply_cp(model: nn.Module, layers: list[LayerAssignment], run: ContextParallel) -> None:
+    """Every layer's forward under ``run``'s attention (replaced on the instance, as autopar.runtime.ac does:
+    parameter names stay the user's). Before activation checkpointing wraps the same forward."""
+    for layer in layers:
+        for unit in layer.units:
+            module = model.get_submodule(unit)
+            module.forward = _attending(module.forward, run)  # type: ignore[method-assign]
+
+
+def _attending(forward: Callable, run: ContextParallel) -> Callable:
+    @functools.wraps(forward)
+    def under_cp(*args: Any, **kwargs: Any) -> Any:
+        with _ContextParallelAttention(run):
+            return forward(*args, **kwargs)
+    return under_cp
+
+
+class _ContextParallelAttention(TorchFunctionMode):
+    """Every ``F.scaled_dot_product_attention`` call while active runs ``ContextParallel.attend`` instead."""
+
+    def __init__(self, run: ContextParallel):
+        super().__init__()
+        self.run = run
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is F.scaled_dot_product_attention:
+            return self.run.attend(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
