@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["AUTOPAR_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="autopar-test-calibrations-")
 from cost_models import machine  # noqa: E402
 
-shutil.copy(Path(__file__).resolve().parents[1] / "cost_models" / "profiles" / "cpu-calibrated.json",
+shutil.copy(Path(machine.__file__).resolve().parent / "profiles" / "cpu-calibrated.json",  # the installed package's
             machine.calibration_path())
 
 
