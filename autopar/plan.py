@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autopar.errors import AutoparError
 from autopar.profile import write_atomic
 from cost_models import PRECISIONS, ConfigError
-from cost_models.config import (check_batch, check_expert_degrees, check_layer_degree, check_schedule,
-                                 check_sequence_parallel, check_world, default)
+from cost_models.config import (check_batch, check_context, check_expert_degrees, check_layer_degree,
+                                 check_schedule, check_sequence_parallel, check_world, default)
 
 PLAN_VERSION = 1
 
@@ -45,7 +45,7 @@ def _checked(rule: object, *args: object, **kwargs: object) -> None:
 
 
 class Parallelism(_Frozen):
-    """Degrees and schedule. gpus = tp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
+    """Degrees and schedule. gpus = tp × cp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
     Per-layer recomputation and tensor-parallel degrees are in Plan.layers; ``recompute`` records the
     model-wide mode the plan was made with."""
 
@@ -74,6 +74,9 @@ class Parallelism(_Frozen):
                                                                                        "over the average (none: default)")
     cp: int = Field(default=_default("cp"), ge=1, description="context-parallel degree: every sequence split over cp "
                                                                "GPUs (world = tp × cp × pp × dp)")
+    cp_comm: Literal["all_gather", "ring"] = Field(
+        default=_default("cp_comm"), description="how context-parallel attention gets the other ranks' keys and values: "
+        "all_gather (Llama 3; what autopar launch runs) or ring (passed around, overlapped: Megatron's p2p)")
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +96,7 @@ class Parallelism(_Frozen):
                  num_microbatches=self.num_microbatches)
         etp = self.etp if self.etp is not None else self.tp
         if self.ep > 1 or self.etp is not None:
-            _checked(check_expert_degrees, ep=self.ep, etp=etp, tp=self.tp, dp=self.dp)
+            _checked(check_expert_degrees, ep=self.ep, etp=etp, tp=self.tp, dp=self.dp, cp=self.cp)
         _checked(check_sequence_parallel, self.sequence_parallel, tp=self.tp)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
@@ -107,6 +110,8 @@ class Breakdown(_Frozen):
     compute: float
     tp_comm: float
     ep_comm: float = Field(default=0.0, description="expert dispatch and combine (all-to-all), mixture of experts")
+    cp_comm: float = Field(default=0.0, description="context parallelism's key/value exchange, what compute does not "
+                                                    "hide")
     dp_comm: float
     pp_comm: float
     bubble: float
@@ -136,6 +141,7 @@ class StagePrediction(_Frozen):
     bwd_s: float = Field(description="backward compute of one micro-batch, recomputation included")
     tp_comm_s: float
     ep_comm_s: float = Field(default=0.0, description="expert dispatch and combine of one micro-batch")
+    cp_comm_s: float = Field(default=0.0, description="context-parallel key/value exchange of one micro-batch, exposed")
     pp_comm_s: float
     time_per_microbatch_s: float
     microbatches_in_flight: float
@@ -262,7 +268,7 @@ class SolverInfo(_Frozen):
 
 class RunPlan(_Frozen):
     """What the runtime executes: degrees, the model, every layer's chunk, degree and recomputation. Rank
-    order is Megatron's (tp innermost, then dp, then pp), so world_size = pp × dp × tp."""
+    order is Megatron's (tp innermost, then cp, dp, pp), so world_size = pp × dp × cp × tp."""
 
     world_size: int = Field(ge=1)
     model: ModelRef
@@ -283,6 +289,7 @@ class RunPlan(_Frozen):
     def _rules(self) -> "RunPlan":
         par = self.parallelism
         _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
+        _checked(check_context, par.cp, seq_len=self.model.seq_len, cp_comm=par.cp_comm)
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("a layer appears twice in plan.layers: every layer must be assigned exactly once")
@@ -299,7 +306,7 @@ class RunPlan(_Frozen):
                                  "needs at least one layer")
             previous = layer.stage
             _checked(check_layer_degree, layer.name, layer.tp, tp=par.tp, dp=par.dp, micro_batch=par.micro_batch_size,
-                     zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel)
+                     zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel, cp=par.cp)
             if layer.tp * layer.dp != self.stage_devices:
                 raise ValueError(f"layer {layer.name}: tp({layer.tp}) * dp({layer.dp}) != the stage's "
                                  f"{self.stage_devices} devices")

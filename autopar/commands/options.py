@@ -21,6 +21,7 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 ZERO = (0, 1, 2, 3)
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_KERNELS = ("fused", "unfused")
+CP_COMMS = ("all_gather", "ring")
 
 
 def one_of(flag: str, choices: tuple) -> Callable[[Any], Any]:
@@ -124,6 +125,11 @@ _PARALLELISM: dict[str, dict[str, Any]] = {
                            help="model chunks per pipeline stage (interleaved schedule)"),
     "sequence_parallel": dict(flags=("--sequence-parallel",), help="Megatron sequence parallelism (needs tp > 1)"),
     "offload": dict(flags=("--offload",), help="keep activations in host memory between forward and backward"),
+    "cp": dict(callback=at_least(1), metavar="C",
+               help="context-parallel degree: every sequence split over C GPUs (2·C chunks; long context)"),
+    "cp_comm": dict(metavar=_choices(CP_COMMS), callback=one_of("--cp-comm", CP_COMMS),
+                    help="how context-parallel attention gets the other chunks' keys and values: all_gather "
+                         "(default; what autopar launch runs) or ring (overlapped with attention)"),
     "ep": dict(callback=at_least(1), metavar="E",
                help="expert-parallel degree: a stage's routed experts sharded over E GPUs (mixture of experts)"),
     "etp": dict(callback=at_least(1), metavar="T", help="the experts' tensor-parallel degree: tp (default) or 1"),
