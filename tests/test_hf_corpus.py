@@ -37,6 +37,7 @@ SEQ = 128
 CORPUS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2LMHeadModel", "dense decoder, learned positions"),
     "llama-3-8b": ("LlamaForCausalLM", "dense decoder, GQA"),
+    "llama-3-70b": ("LlamaForCausalLM", "dense decoder, GQA (the long-context example)"),
     "mistral-7b-v0.1": ("MistralForCausalLM", "dense decoder, GQA, sliding window"),
     "qwen2-0.5b": ("Qwen2ForCausalLM", "dense decoder, GQA, tied embeddings"),
     "qwen2-72b": ("Qwen2ForCausalLM", "dense decoder, GQA"),

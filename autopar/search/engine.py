@@ -28,7 +28,8 @@ from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
 from autopar.search.space import Pins, choice_key, context_families, family_templates, outer_choices
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
-from cost_models.partition import stage_layer_counts
+from cost_models.composition import device_chunks
+from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
 @dataclasses.dataclass
@@ -72,13 +73,45 @@ def _greedy_incumbent(cost: CostModel, queue: "_Queue", modes: tuple[str, ...], 
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
             plan = replace(cfg, stage_layers=counts, layer_recompute=per_layer)
             est = cost.evaluate(plan)
+            if est.fits and mode != modes[0] and modes[0] == "none":  # recompute only the blocks memory needs
+                plan, est = _fewest_recomputed(cost, plan, est, mode)
             if est.fits and (best is None or est.step_time_s < best.estimate.step_time_s):
-                best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts, per_layer))
+                best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts,
+                                                            plan.layer_recompute or per_layer))
             if est.fits:
                 break
     for item in seen:
         queue.push(item)
     return best
+
+
+def _fewest_recomputed(cost: CostModel, plan: ParallelConfig, fits: StepEstimate,
+                       mode: str) -> tuple[ParallelConfig, StepEstimate]:
+    """``plan`` (every block recomputing in ``mode``, and fitting) with only as many of each device's blocks
+    recomputing as its memory needs, the rest none: a bisection per device, all devices at once (a device's
+    recomputation changes only its own memory). An incumbent, so it need not be optimal: it only has to fit."""
+    layers = cost.model.layers
+    ranges = chunk_ranges(plan.stage_layers or ())
+    blocks = [[i for c in device_chunks(d, plan.pp, plan.chunks) for i in ranges[c] if layers[i].kind == "block"]
+              for d in range(plan.pp)]
+    lo, hi = [0] * plan.pp, [len(b) for b in blocks]
+    best_plan, best = plan, fits
+    while any(a < b for a, b in zip(lo, hi)):
+        mid = [(a + b) // 2 for a, b in zip(lo, hi)]
+        modes = ["none"] * len(layers)
+        for d, k in enumerate(mid):
+            for i in blocks[d][:k]:
+                modes[i] = mode
+        trial = replace(plan, layer_recompute=tuple(modes))
+        est = cost.evaluate(trial)
+        for d, dev in enumerate(est.devices):
+            if dev.memory.total <= est.memory_capacity_bytes:
+                hi[d] = mid[d]
+            else:
+                lo[d] = mid[d] + 1
+        if est.fits and est.step_time_s < best.step_time_s:
+            best_plan, best = trial, est
+    return best_plan, best
 
 
 @dataclasses.dataclass
