@@ -72,6 +72,20 @@ def kv_bytes(layer: LayerLike, *, b: float, seq_len: int, tp: int, dtype_bytes: 
     return k * scale, v * scale
 
 
+def traffic_bytes(layer: LayerLike, *, b: int, seq_len: int, tp: int, cp: int, cp_comm: str, recompute: str,
+                  dtype_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes one GPU receives for the layer's exchange per micro-batch (module docstring):
+    all-gather, (cp − 1)/cp of the full-length K and V forward, and again backward with their gradients'
+    reduce-scatter; ring, cp − 1 chunks forward and 2·(cp − 1) backward (K/V, then dK/dV). Recomputation
+    repeats the forward's."""
+    if cp <= 1:
+        return 0.0, 0.0
+    k, v = kv_bytes(layer, b=b, seq_len=seq_len, tp=tp, dtype_bytes=dtype_bytes)
+    fwd = (cp - 1) / cp * (k + v)
+    bwd = 2 * fwd  # all-gather: gathered again + dK, dV reduce-scattered; ring: 2·(cp − 1) chunks of (k + v)/cp
+    return fwd, bwd + (fwd if recompute in ("selective", "full") else 0.0)
+
+
 def p2p_link(hw: HardwareProfile, cp: int, tp: int, gpus_per_node: int) -> comm.Link:
     """The link of a ring step: the network (one GPU's NIC) when the group spans nodes, else NVLink."""
     if comm.group_link(hw, cp, tp, gpus_per_node).inter_node:

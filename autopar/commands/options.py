@@ -78,6 +78,16 @@ SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
 SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,
                        help="sequence length (default: the model's)")
+def _lengths(value: str | None) -> str | None:
+    """--seq-len S,S,...: every part a whole number of at least 1 (parsed again by the sweep)."""
+    for part in (value or "").split(","):
+        if part.strip().lstrip("-").isdigit() and int(part) < 1:
+            raise OptionError(f"--seq-len {part.strip()}: must be at least 1")
+    return value
+
+
+SEQ_LENS = typer.Option("--seq-len", metavar="S,S,...", show_default=False, callback=_lengths,
+                        help="sequence lengths, comma-separated: 8192,32768,131072 (default: the model's)")
 DTYPE = typer.Option(metavar=_choices(DTYPES), callback=one_of("--dtype", DTYPES), help="training dtype")
 
 # -- the cluster ----------------------------------------------------------------------------------------------
