@@ -42,7 +42,7 @@ def configuration(plan: Plan) -> str:
     experts = (f"experts: ep {par.ep} · etp {par.etp if par.etp is not None else par.tp}\n"
                if par.ep > 1 or plan.model.experts is not None else "")
     context = (f"context: cp {par.cp} · {par.cp_comm.replace('_', '-')} exchange of keys and values · "
-               f"{plan.model.seq_len // par.cp:,} tokens per GPU\n" if par.cp > 1 else "")
+               f"{plan.model.seq_len // par.cp:,} tokens of each sequence per GPU\n" if par.cp > 1 else "")
     cp = f"cp {par.cp} · " if par.cp > 1 else ""
     return (f"tp {par.tp} · {cp}pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
             f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}"
