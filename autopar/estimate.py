@@ -22,7 +22,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
              schedule: str = "1f1b", virtual_stages: int = 1, offload_activations: bool = False,
              attention_kernel: str = "fused", attention_dropout: bool = False,
              overrides: Mapping[str, str] | None = None, dtype: str = "bf16", ep: int = 1, etp: int | None = None,
-             moe_imbalance: float | None = None, engine: str = DEFAULT_ENGINE) -> Plan:
+             moe_imbalance: float | None = None, engine: str = DEFAULT_ENGINE, cp: int = 1,
+             cp_comm: str = "all_gather") -> Plan:
     """Predict step time and memory of one configuration under ``engine`` (cost_models/engines.py), with its
     range over the hardware profile's uncertainties; raises AutoparError if it cannot run.
 
@@ -34,12 +35,14 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
     try:
         profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)
-        batch = global_batch if global_batch is not None else (profile.global_batch or micro_batch * gpus // (tp * pp))
+        batch = global_batch if global_batch is not None else \
+            (profile.global_batch or micro_batch * gpus // (tp * cp * pp))
         cfg = make_config(gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=batch, zero_stage=zero,
                           recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                           virtual_stages=virtual_stages, offload_activations=offload_activations,
                           gpus_per_node=gpus_per_node, attention_kernel=pricing_kernel(profile, attention_kernel),
-                          attention_dropout=attention_dropout, ep=ep, etp=etp, moe_imbalance=moe_imbalance)
+                          attention_dropout=attention_dropout, ep=ep, etp=etp, moe_imbalance=moe_imbalance, cp=cp,
+                          cp_comm=cp_comm)
         result = CostModel(profile, hw).evaluate(cfg)
         spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, 0.0)
     except ConfigError as err:

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autopar.errors import AutoparError
 from autopar.profile import write_atomic
 from cost_models import PRECISIONS, ConfigError
-from cost_models.config import (check_batch, check_expert_degrees, check_layer_degree, check_schedule,
-                                 check_sequence_parallel, check_world, default)
+from cost_models.config import (check_batch, check_context, check_expert_degrees, check_layer_degree,
+                                 check_schedule, check_sequence_parallel, check_world, default)
 
 PLAN_VERSION = 1
 
@@ -45,7 +45,7 @@ def _checked(rule: object, *args: object, **kwargs: object) -> None:
 
 
 class Parallelism(_Frozen):
-    """Degrees and schedule. gpus = tp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
+    """Degrees and schedule. gpus = tp × cp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
     Per-layer recomputation and tensor-parallel degrees are in Plan.layers; ``recompute`` records the
     model-wide mode the plan was made with."""
 
@@ -74,6 +74,9 @@ class Parallelism(_Frozen):
                                                                                        "over the average (none: default)")
     cp: int = Field(default=_default("cp"), ge=1, description="context-parallel degree: every sequence split over cp "
                                                                "GPUs (world = tp × cp × pp × dp)")
+    cp_comm: Literal["all_gather", "ring"] = Field(
+        default=_default("cp_comm"), description="how context-parallel attention gets the other ranks' keys and values: "
+        "all_gather (Llama 3; what autopar launch runs) or ring (passed around, overlapped: Megatron's p2p)")
 
     @model_validator(mode="before")
     @classmethod
@@ -92,7 +95,7 @@ class Parallelism(_Frozen):
         _checked(check_schedule, self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                  num_microbatches=self.num_microbatches)
         if self.ep > 1 or self.etp is not None:
-            _checked(check_expert_degrees, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp)
+            _checked(check_expert_degrees, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp, cp=self.cp)
         _checked(check_sequence_parallel, self.sequence_parallel, tp=self.tp)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
@@ -111,6 +114,8 @@ class Breakdown(_Frozen):
     compute: float
     tp_comm: float
     ep_comm: float = Field(default=0.0, description="expert dispatch and combine (all-to-all), mixture of experts")
+    cp_comm: float = Field(default=0.0, description="context parallelism's key/value exchange, what compute does not "
+                                                    "hide")
     dp_comm: float
     pp_comm: float
     bubble: float
@@ -140,6 +145,7 @@ class StagePrediction(_Frozen):
     bwd_s: float = Field(description="backward compute of one micro-batch, recomputation included")
     tp_comm_s: float
     ep_comm_s: float = Field(default=0.0, description="expert dispatch and combine of one micro-batch")
+    cp_comm_s: float = Field(default=0.0, description="context-parallel key/value exchange of one micro-batch, exposed")
     pp_comm_s: float
     time_per_microbatch_s: float
     microbatches_in_flight: float
@@ -214,14 +220,16 @@ def _numbers(model: BaseModel, where: str = "") -> list[tuple[str, float]]:
     return out
 
 
-def expert_rank_grid(tp: int, dp: int, pp: int, ep: int, etp: int) -> list[list[list[list[int]]]]:
+def expert_rank_grid(tp: int, dp: int, pp: int, ep: int, etp: int, cp: int = 1) -> list[list[list[list[int]]]]:
     """The experts' view of the ranks, ``grid[pp_rank][edp_rank][ep_rank][etp_rank]``: Megatron-Core's expert
     rank order (megatron/core/parallel_state.py, core_v0.16.1: the expert ``RankGenerator`` over
     etp × ep × edp × pp in the order tp-ep-dp-pp). Within a pipeline stage's tp·dp consecutive ranks the
     experts' tensor-parallel rank is fastest, then the expert-parallel rank, then the expert data-parallel
-    rank: rank = pp_rank·(tp·dp) + edp_rank·(ep·etp) + ep_rank·etp + etp_rank, edp = tp·dp / (ep·etp)."""
-    edp = tp * dp // (ep * etp)
-    return [[[[p * tp * dp + d * ep * etp + e * etp + t for t in range(etp)] for e in range(ep)]
+    rank (context parallelism folds into it): rank = pp_rank·(tp·cp·dp) + edp_rank·(ep·etp) + ep_rank·etp +
+    etp_rank, edp = tp·cp·dp / (ep·etp)."""
+    stage = tp * cp * dp
+    edp = stage // (ep * etp)
+    return [[[[p * stage + d * ep * etp + e * etp + t for t in range(etp)] for e in range(ep)]
               for d in range(edp)] for p in range(pp)]
 
 
@@ -277,7 +285,7 @@ class SolverInfo(_Frozen):
 
 class RunPlan(_Frozen):
     """What the runtime executes: degrees, the model, every layer's chunk, degree and recomputation. Rank
-    order is Megatron's (tp innermost, then dp, then pp), so world_size = pp × dp × tp."""
+    order is Megatron's (tp innermost, then cp, dp, pp), so world_size = pp × dp × cp × tp."""
 
     world_size: int = Field(ge=1)
     model: ModelRef
@@ -298,6 +306,7 @@ class RunPlan(_Frozen):
     def _rules(self) -> "RunPlan":
         par = self.parallelism
         _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
+        _checked(check_context, par.cp, seq_len=self.model.seq_len, cp_comm=par.cp_comm)
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("a layer appears twice in plan.layers: every layer must be assigned exactly once")
@@ -314,7 +323,7 @@ class RunPlan(_Frozen):
                                  "needs at least one layer")
             previous = layer.stage
             _checked(check_layer_degree, layer.name, layer.tp, tp=par.tp, dp=par.dp, micro_batch=par.micro_batch_size,
-                     zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel)
+                     zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel, cp=par.cp)
             if layer.tp * layer.dp != self.stage_devices:
                 raise ValueError(f"layer {layer.name}: tp({layer.tp}) * dp({layer.dp}) != the stage's "
                                  f"{self.stage_devices} devices")

@@ -57,7 +57,7 @@ def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
         attention_dropout=par.attention_dropout, stage_layers=plan.stage_layers,
         layer_recompute=tuple(layer.recompute for layer in plan.layers),
         layer_tp=degrees if any(t != par.tp for t in degrees) else None, ep=par.ep, etp=par.etp,
-        moe_imbalance=par.moe_imbalance, cp=par.cp)
+        moe_imbalance=par.moe_imbalance, cp=par.cp, cp_comm=par.cp_comm)
 
 
 def experts_of(profile: ModelProfile) -> ExpertsRef | None:
@@ -78,7 +78,8 @@ def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
         sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule,  # type: ignore[arg-type]
         virtual_stages=cfg.virtual_stages, offload_activations=cfg.offload_activations,
         attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,  # type: ignore[arg-type]
-        precision=precision, ep=cfg.ep, etp=cfg.etp, moe_imbalance=cfg.moe_imbalance, cp=cfg.cp)
+        precision=precision, ep=cfg.ep, etp=cfg.etp, moe_imbalance=cfg.moe_imbalance, cp=cfg.cp,
+        cp_comm=cfg.cp_comm)  # type: ignore[arg-type]
 
 
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
@@ -92,7 +93,8 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         stages.append(StagePrediction(
             stage=dev.stage, first_layer=profile.layers[indices[0]].name, last_layer=profile.layers[indices[-1]].name,
             num_layers=len(indices), params_per_gpu=round(dev.params_per_gpu), fwd_s=dev.fwd_s, bwd_s=dev.bwd_s,
-            tp_comm_s=dev.tp_comm_s, ep_comm_s=dev.ep_comm_s, pp_comm_s=dev.pp_comm_s, time_per_microbatch_s=dev.time_per_microbatch_s,
+            tp_comm_s=dev.tp_comm_s, ep_comm_s=dev.ep_comm_s, cp_comm_s=dev.cp_comm_s, pp_comm_s=dev.pp_comm_s,
+            time_per_microbatch_s=dev.time_per_microbatch_s,
             microbatches_in_flight=dev.microbatches_in_flight,
             memory=MemoryBreakdown(params_gib=mem.params / GIB, grads_gib=mem.grads / GIB,
                                    optimizer_gib=mem.optimizer / GIB, activations_gib=mem.activations / GIB,

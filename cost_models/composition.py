@@ -5,10 +5,11 @@ calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model ter
 construction. Every term of the step is defined here and nowhere else:
 
   leaves (per device, summed over its layers: ``layer_row``; or the largest: ``LARGEST``)
-      fwd, bwd, tp, a2a, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer, z3_edge;
-      p2p (per pipeline cut the device sends across)
+      fwd, bwd, tp, a2a, cp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer,
+      cp_buffer, z3_edge; p2p (per pipeline cut the device sends across)
   device d, per micro-batch
-      T_d      = fwd + bwd + tp + a2a + p2p + offload + zero3       (a2a: expert dispatch and combine, unhidden)
+      T_d      = fwd + bwd + tp + a2a + cp + p2p + offload + zero3
+                 (a2a: expert dispatch and combine; cp: the context-parallel K/V exchange's exposed part)
       offload  = max(0, kept/host_bw − fwd) + max(0, kept/host_bw − bwd)
       zero3    = max(0, z3 − z3_edge − overlap₃·(fwd + bwd)) + z3_edge + z3_sync
                  (z3_edge: the first all-gather and the last reduce-scatter, which nothing hides; z3_sync: what never
@@ -16,7 +17,8 @@ construction. Every term of the step is defined here and nowhere else:
   device d, per step
       dp_tail  = max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,  last = min(dpo, one bucket)
       end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier)
-      memory_d = state + (in_flight_d·kept + remat + gather_buffer)·(1 + fragmentation) + reserve ≤ capacity
+      memory_d = state + (in_flight_d·kept + remat + gather_buffer + cp_buffer)·(1 + fragmentation) + reserve
+                 ≤ capacity
   step
       pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
       tail     = max(0, max_d end_d)
@@ -24,7 +26,8 @@ construction. Every term of the step is defined here and nowhere else:
 
 Sources of each term: pipeline.py (schedules), comm.py (collectives, data parallelism, ZeRO), memory.py
 (model states, activations in flight, offload), lockstep.py (sync and dispatch costs), experts.py (routed
-experts under expert parallelism), step.py (how a layer's costs are computed).
+experts under expert parallelism), context.py (context parallelism's K/V exchange), step.py (how a layer's costs
+are computed).
 """
 from __future__ import annotations
 
@@ -72,18 +75,25 @@ class LayerCost:
     a2a_fwd_s: float = 0.0         # expert-parallel dispatch and combine (experts.py), forward
     a2a_bwd_s: float = 0.0         # and backward (recomputation included)
     expert_params_per_gpu: float = 0.0  # of params_per_gpu, the routed experts' (sharded over ep, reduced over edp)
+    cp_fwd_s: float = 0.0          # context parallelism's K/V exchange (context.py), exposed, forward
+    cp_bwd_s: float = 0.0          # and backward (recomputation included)
+    cp_buffer_bytes: float = 0.0   # its gathered or received K/V (and their gradients) while the layer runs
 
 
 # The leaves a device sums over its layers, with their unit.
 SUMMED: dict[str, str] = {
-    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
+    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
     "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
     "tied_sync": TIME,
 }
 # The leaves that are the largest over a device's layers: the one layer rematerialised at a time in
-# backward (memory.remat_peak_bytes), the ZeRO-3 gather buffers sized by the largest layer.
-LARGEST: dict[str, str] = {"remat": SIZE, "gather_buffer": SIZE,
+# backward (memory.remat_peak_bytes), the ZeRO-3 gather buffers sized by the largest layer, the K/V a
+# context-parallel attention gathers while it runs.
+LARGEST: dict[str, str] = {"remat": SIZE, "gather_buffer": SIZE, "cp_buffer": SIZE,
                            "z3_edge": TIME}  # a device's first all-gather and last reduce-scatter, bounded by its largest
+# The traffic a device waits for in full, per micro-batch: tensor-parallel collectives, the experts' all-to-all,
+# the exposed part of the context-parallel exchange (nothing hides them: they lie between a layer's kernels).
+UNHIDDEN = ("tp", "a2a", "cp")
 
 
 # The unit of every named term of a step (named_terms): leaves, device terms, step terms.
@@ -100,7 +110,7 @@ def layer_row(c: LayerCost, copy: bool) -> dict[str, float]:
     k = 1.0 if copy else 0.0
     return {
         "fwd": c.fwd_s, "bwd": c.bwd_s, "tp": c.tp_fwd_s + c.tp_bwd_s, "a2a": c.a2a_fwd_s + c.a2a_bwd_s,
-        "kept": c.kept_bytes,
+        "cp": c.cp_fwd_s + c.cp_bwd_s, "kept": c.kept_bytes,
         "params": c.params_per_gpu + k * c.tied_params_per_gpu,
         "state_params": c.state_bytes[0] + k * c.state_tied_bytes[0],
         "state_grads": c.state_bytes[1] + k * c.state_tied_bytes[1],
@@ -128,7 +138,8 @@ def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
 
 
 def layer_largest(c: LayerCost) -> dict[str, float]:
-    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes, "z3_edge": c.zero3_edge_s}
+    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes, "cp_buffer": c.cp_buffer_bytes,
+            "z3_edge": c.zero3_edge_s}
 
 
 @dataclass(frozen=True)
@@ -151,11 +162,12 @@ class StepShape:
 def memory(A: Algebra, q: Mapping[str, Any], in_flight: float, reserve: float,
            fragmentation: float = 0.0) -> dict[str, Any]:
     """Bytes on one GPU of a stage at its peak (memory.py): model state, activations of the micro-batches
-    in flight plus one layer rematerialised, ZeRO-3 gather buffers, what the allocator loses to fragmentation
+    in flight plus one layer rematerialised, ZeRO-3 gather buffers, a context-parallel attention's K/V buffers
+    (context.py), what the allocator loses to fragmentation
     of those step-time allocations (hardware.allocator_fragmentation; 0 for the lower bound, which only
     loosens it), the reserve."""
     activations = q["kept"] * in_flight + q["remat"]
-    dynamic = activations + q["gather_buffer"]
+    dynamic = activations + q["gather_buffer"] + q["cp_buffer"]
     lost = dynamic * fragmentation if fragmentation else 0
     total = q["state_params"] + q["state_grads"] + q["state_optimizer"] + dynamic + lost + A.size(reserve)
     return {"activations": activations, "fragmentation": lost, "memory": total}
@@ -171,7 +183,10 @@ def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> d
     zero3: Any = 0
     if shape.zero3_overlap is not None:
         zero3 = zero3_time(A, q, shape, d, compute)
-    time = A.let(compute + q["tp"] + q["a2a"] + q["p2p"] + offload + zero3, f"T_{d}")
+    traffic = q[UNHIDDEN[0]]
+    for name in UNHIDDEN[1:]:
+        traffic = traffic + q[name]
+    time = A.let(compute + traffic + q["p2p"] + offload + zero3, f"T_{d}")
     return {"time": time, "compute": compute, "offload": offload, "zero3": zero3}
 
 

@@ -99,6 +99,32 @@ def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) 
     return replicated + (total - replicated) / tp
 
 
+def _matmul_split(layer: LayerLike, b: float, seq_len: int, split: int,
+                  hw: HardwareProfile) -> tuple[float, float, float, float, float]:
+    """(attention core FLOPs, of them priced by the calibrated attention kernel, GEMM FLOPs, GEMM FLOPs per token,
+    rows) of one forward on one GPU. A calibrated attention kernel prices its FLOPs apart; otherwise they are
+    GEMM work like the rest."""
+    matmul = fwd_matmul_flops(layer, b) / split  # type: ignore[arg-type]
+    rows = b * seq_len
+    core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
+    attention = min(core, matmul) if hw.kernels.attention else 0.0
+    gemm = matmul - attention
+    return core, attention, gemm, gemm / max(1, rows), rows
+
+
+def attention_core_times(layer: LayerLike, *, b: float, seq_len: int, tp: int, hw: HardwareProfile,
+                         dtype: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core (QKᵀ and AV) of ``b`` samples on one GPU, as
+    layer_compute prices them: the calibrated kernel, else its share of the layer's GEMM time."""
+    split = tp if is_tp_sharded(layer, tp) else 1
+    core, attention, gemm, per_token, rows = _matmul_split(layer, b, seq_len, split, hw)
+    if attention:
+        fwd = attention_time(attention, hw, dtype)
+        return fwd, hw.kernels.attention_backward * fwd
+    fwd = gemm_time(min(core, gemm), per_token, rows, hw, dtype)  # type: ignore[arg-type]
+    return fwd, BACKWARD_FACTOR * fwd
+
+
 def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_parallel: bool,
                   recompute: str, hw: HardwareProfile, dtype: str, attention_kernel: str = "fused",
                   attention_dropout: bool = False) -> LayerCompute:
@@ -110,13 +136,7 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
     An unfused attention kernel adds the S×S score traffic (model.unfused_attention_traffic_per_score),
     split by tp with the heads; capture traces the fused kernel, which never writes the scores."""
     split = tp if is_tp_sharded(layer, tp) else 1
-    matmul = fwd_matmul_flops(layer, b) / split
-    rows = b * seq_len
-    core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
-    # A calibrated attention kernel prices its FLOPs apart; otherwise they are GEMM work like the rest.
-    attention = min(core, matmul) if hw.kernels.attention else 0.0
-    gemm = matmul - attention
-    per_token = gemm / max(1, rows)
+    core, attention, gemm, per_token, rows = _matmul_split(layer, b, seq_len, split, hw)
     t_matmul = gemm_time(gemm, per_token, rows, hw, dtype)
     t_attention = attention_time(attention, hw, dtype)
     t_memory, t_memory_bwd = memory_times(tp_memory_bytes(layer, b, tp, sequence_parallel), hw, heavy_mix(layer, b))

@@ -1,8 +1,8 @@
 """One parallel configuration (degrees, batch, ZeRO, recomputation, schedule) and the precision recipe
 that fixes bytes per parameter. Validation raises ConfigError with a one-line reason.
 
-Megatron's conventions (Narayanan et al. 2021; Megatron-LM ``initialize_model_parallel``): ``N = dp × pp × tp``,
-``dp = N / (pp × tp)``; global batch ``B = micro_batch × dp × num_microbatches`` (NVIDIA BioNeMo / NeMo
+Megatron's conventions (Narayanan et al. 2021; Megatron-LM ``initialize_model_parallel``): ``N = dp × cp × pp × tp``,
+``dp = N / (pp × cp × tp)``; global batch ``B = micro_batch × dp × num_microbatches`` (NVIDIA BioNeMo / NeMo
 "Training Parallelism" documentation); under pipelining the micro-batches are the gradient-accumulation steps.
 Each rule is a function here, called by ParallelConfig, make_config and autopar's Plan: written once.
 """
@@ -17,8 +17,10 @@ from cost_models.partition import chunk_blocks, interleaved_balance
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
+CpComm = Literal["all_gather", "ring"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
+CP_COMMS: tuple[str, ...] = ("all_gather", "ring")  # how attention gets the other ranks' keys and values (context.py)
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,29 @@ def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:
                           f"group) but tp is {tp}; drop --sequence-parallel or raise --tp")
 
 
+def check_context(cp: int, *, seq_len: int, cp_comm: str = "all_gather") -> None:
+    """Context parallelism splits every sequence into 2·cp chunks, rank i holding chunks i and 2·cp − 1 − i so
+    that causal attention's work is even (Megatron-LM: "seq-length should be a multiple of 2 *
+    context-parallel-size")."""
+    if cp < 1:
+        raise ConfigError(f"cp must be at least 1 (got {cp})")
+    if cp_comm not in CP_COMMS:
+        raise ConfigError(f"cp_comm '{cp_comm}': choose all_gather or ring")
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(f"cp {cp} needs the sequence length ({seq_len}) to be a multiple of 2 × cp = {2 * cp} "
+                          "(each rank holds two of 2·cp chunks); pick a cp that divides it")
+
+
 def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch: int, zero_stage: int,
-                       sequence_parallel: bool) -> None:
+                       sequence_parallel: bool, cp: int = 1) -> None:
     """A layer at its own tensor-parallel degree t views the stage's tp·dp devices as t × (tp·dp / t): t must
-    divide them and keep every replica's micro-batch whole; the runtime runs it without ZeRO and SP."""
+    divide them and keep every replica's micro-batch whole; the runtime runs it without ZeRO, SP and context
+    parallelism."""
     if t == tp:
         return
+    if cp > 1:
+        raise ConfigError(f"layer {name}: per-layer tp degrees run without context parallelism; use one tp for "
+                          "every layer or cp 1")
     if zero_stage or sequence_parallel:
         raise ConfigError(f"layer {name}: per-layer tp degrees run without ZeRO and sequence parallelism; use one "
                           "tp for every layer or zero_stage 0 without sequence parallelism")
@@ -193,9 +212,11 @@ class ParallelConfig:
     ep: int = 1
     etp: int | None = None
     moe_imbalance: float | None = None
-    # Context parallelism: every sequence split over ``cp`` GPUs (Megatron-Core's --context-parallel-size); a
-    # stage's GPUs are tp·cp·dp, in Megatron's rank order tp, cp, dp, pp (tp fastest).
+    # Context parallelism (context.py): every sequence split over ``cp`` GPUs (Megatron-Core's
+    # --context-parallel-size); a stage's GPUs are tp·cp·dp, in Megatron's rank order tp, cp, dp, pp (tp fastest);
+    # gradients are reduced over dp·cp. ``cp_comm``: how attention gets the keys and values of the other chunks.
     cp: int = 1
+    cp_comm: CpComm = "all_gather"
 
     @property
     def expert_tp(self) -> int:
@@ -203,8 +224,14 @@ class ParallelConfig:
 
     @property
     def expert_dp(self) -> int:
-        """GPUs of a stage holding the same experts: tp·dp / (etp·ep)."""
-        return self.tp * self.dp // (self.expert_tp * self.ep)
+        """GPUs of a stage holding the same experts: tp·cp·dp / (etp·ep) (Megatron-Core folds ep over cp·dp)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
+    @property
+    def grad_replicas(self) -> int:
+        """GPUs of a stage that hold the same (dense) parameters and reduce their gradients: dp·cp (Megatron-Core's
+        data-parallel group with context parallelism, over which the distributed optimizer shards too)."""
+        return self.dp * self.cp
 
     @property
     def gpus(self) -> int:
@@ -230,7 +257,7 @@ class ParallelConfig:
 
     def _validate_experts(self, model: ModelLike) -> None:
         experts, ffn = model_experts(model)
-        check_experts(experts, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp, expert_ffn=ffn)
+        check_experts(experts, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp, expert_ffn=ffn, cp=self.cp)
         if self.moe_imbalance is not None and not 1.0 <= self.moe_imbalance <= 8.0:
             raise ConfigError(f"moe_imbalance {self.moe_imbalance} must lie in [1, 8]")
 
@@ -250,8 +277,7 @@ class ParallelConfig:
         check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
                        num_microbatches=self.num_microbatches)
         check_sequence_parallel(self.sequence_parallel, tp=self.tp)
-        if self.cp > 1:  # the plan, runtime and exporters carry cp; its cost terms come with the search's choice
-            raise ConfigError(f"cp {self.cp}: context parallelism is not priced yet; use cp 1")
+        check_context(self.cp, seq_len=model.seq_len, cp_comm=self.cp_comm)
         n_layers = len(model.layers)
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "
@@ -287,7 +313,7 @@ class ParallelConfig:
                     raise ConfigError(f"layer {layer.name} is a mixture of experts: its experts take the expert "
                                       "tensor-parallel degree (etp), not a per-layer tp")
                 check_layer_degree(layer.name, t, tp=self.tp, dp=self.dp, micro_batch=self.micro_batch,
-                                   zero_stage=self.zero_stage, sequence_parallel=self.sequence_parallel)
+                                   zero_stage=self.zero_stage, sequence_parallel=self.sequence_parallel, cp=self.cp)
                 if t > 1 and not all(dv % t == 0 for dv in layer.tp.divisors):
                     raise ConfigError(f"layer {layer.name}: tp {t} does not divide {list(layer.tp.divisors)}")
         self._validate_experts(model)
@@ -301,26 +327,29 @@ class ParallelConfig:
                                       f"use a tp among {', '.join(map(str, ok))}")
 
 
-def check_expert_degrees(*, ep: int, etp: int, tp: int, dp: int) -> None:
-    """The experts' degrees on their own: etp is tp or 1, and etp·ep divides the stage's tp·dp GPUs."""
+def check_expert_degrees(*, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> None:
+    """The experts' degrees on their own: etp is tp or 1, and etp·ep divides the stage's tp·cp·dp GPUs
+    (Megatron-Core folds expert parallelism over the cp·dp ranks)."""
     if ep < 1:
         raise ConfigError(f"ep must be at least 1 (got {ep})")
     if etp not in (1, tp):
         raise ConfigError(f"expert tensor parallelism etp {etp} must be the stage's tp ({tp}) or 1")
-    if (tp * dp) % (etp * ep):
-        raise ConfigError(f"ep({ep}) * etp({etp}) = {ep * etp} does not divide the stage's tp({tp}) * dp({dp}) = "
-                          f"{tp * dp} GPUs; pick an ep that divides {tp * dp // etp}")
+    gpus = tp * cp * dp
+    if gpus % (etp * ep):
+        what = f"tp({tp}) * dp({dp})" if cp == 1 else f"tp({tp}) * cp({cp}) * dp({dp})"
+        raise ConfigError(f"ep({ep}) * etp({etp}) = {ep * etp} does not divide the stage's {what} = "
+                          f"{gpus} GPUs; pick an ep that divides {gpus // etp}")
 
 
 def check_experts(num_experts: int | None, *, ep: int, etp: int, tp: int, dp: int,
-                  expert_ffn: int | None = None) -> None:
-    """Expert parallelism (Megatron-Core): ep·etp divides the stage's tp·dp GPUs, etp is the stage's tp or
+                  expert_ffn: int | None = None, cp: int = 1) -> None:
+    """Expert parallelism (Megatron-Core): ep·etp divides the stage's tp·cp·dp GPUs, etp is the stage's tp or
     1, ep divides the routed experts (and etp their FFN width); a model without experts runs ep = 1."""
     if num_experts is None:
         if ep != 1:
             raise ConfigError(f"--ep {ep}: the model has no mixture-of-experts layer; use ep 1")
         return
-    check_expert_degrees(ep=ep, etp=etp, tp=tp, dp=dp)
+    check_expert_degrees(ep=ep, etp=etp, tp=tp, dp=dp, cp=cp)
     if num_experts % ep:
         raise ConfigError(f"ep({ep}) does not divide the model's {num_experts} routed experts; "
                           f"pick an ep that divides {num_experts}")

@@ -136,6 +136,18 @@ def attention_core_fwd_flops_per_sample(layer: LayerLike, seq_len: int) -> float
     return total
 
 
+def key_value_features(layer: LayerLike) -> tuple[float, float]:
+    """(K, V) features per token of the layer's attention, summed over its attention pairs: kv_heads·head_dim
+    and kv_heads·v_head_dim (what context parallelism exchanges; grouped-query attention shares them)."""
+    k = v = 0.0
+    for pair in layer.tp.pairs:
+        if pair.kind == "attention" and pair.heads:
+            q_features, v_features = _query_value_features(pair)
+            share = (pair.kv_heads or pair.heads) / pair.heads
+            k, v = k + q_features * share, v + v_features * share
+    return k, v
+
+
 def attention_core_saved_bytes_per_sample(layer: LayerLike, seq_len: int, dtype_bytes: int) -> int:
     """What a fused (flash) attention kernel itself saves beyond its q, k, v inputs: the output
     (S·heads·v_head_dim elements) and the fp32 log-sum-exp (S·heads). Selective recomputation

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, replace
 
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
+from cost_models.context import context_cost
 from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, compose, device_chunks, device_cuts,
                                      layer_largest, layer_row, named_terms)
-from cost_models.compute import layer_compute, memory_time, optimizer_time_per_param
+from cost_models.compute import attention_core_times, layer_compute, memory_time, optimizer_time_per_param
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
@@ -39,6 +40,7 @@ class DeviceEstimate:
     compute_s: float
     tp_comm_s: float
     ep_comm_s: float                       # expert dispatch and combine (all-to-all)
+    cp_comm_s: float                       # context parallelism's K/V exchange, exposed (context.py)
     pp_comm_s: float
     offload_s: float
     zero3_comm_s: float
@@ -115,27 +117,36 @@ class CostModel:
 
     # -- one layer -------------------------------------------------------------------------------
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
-                   tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False) -> LayerCost:
+                   tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
+                   cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None) -> LayerCost:
+        """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
+        group: it runs 1/cp of every sample's tokens, context.py)."""
         mode = recompute if layer.kind == "block" else "none"
+        gpn = gpus_per_node or self.hw.gpus_per_node
         attn = (attention_kernel, attention_dropout)
+        context = (cp, cp_comm, gpn) if cp > 1 else ()
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
-               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout)
+               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
-                                                       sequence_parallel, mode, tp_link, attn)
+                                                       sequence_parallel, mode, tp_link, attn, context)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
-                    attn: tuple[str, bool]) -> LayerCost:
-        """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those)."""
+                    attn: tuple[str, bool], context: tuple = ()) -> LayerCost:
+        """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
+        context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
+        every per-token figure and 1/cp of the attention (context.py)."""
         seq, hw = self.model.seq_len, self.hw
+        cp = context[0] if context else 1
+        share = b / cp if cp > 1 else b  # samples' worth of tokens on this GPU
         if getattr(layer, "moe", None):
             layer = DenseView(layer, seq)  # type: ignore[assignment]
-        c = layer_compute(layer, b=b, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,
+        c = layer_compute(layer, b=share, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,  # type: ignore[arg-type]
                           dtype=self.model.dtype, attention_kernel=attn[0], attention_dropout=attn[1])
-        tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=b, seq_len=seq, tp=tp, link=link, hw=hw,
+        tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=share, seq_len=seq, tp=tp, link=link, hw=hw,  # type: ignore[arg-type]
                                             sequence_parallel=sp)
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
                                                   hw=hw)
@@ -143,12 +154,18 @@ class CostModel:
         if mode == "full":
             tp_bwd += tp_fwd  # the recomputed forward repeats its all-reduces (Megatron)
         split = tp if is_tp_sharded(layer, tp) else 1
-        kw = dict(b=b, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
+        kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
                   attention_kernel=attn[0], attention_dropout=attn[1])
+        exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1], recompute=mode,
+                                attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
+                                                                 dtype=self.model.dtype),
+                                gpus_per_node=context[2], hw=hw, dtype_bytes=self.dtype_bytes) if context else None
         return LayerCost(fwd_s=c.fwd_s, bwd_s=c.bwd_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
                          executed_flops=c.executed_flops * split, model_flops=3.0 * c.fwd_flops * split,
                          kept_bytes=kept_activation_bytes(layer, **kw), remat_bytes=remat_peak_bytes(layer, **kw),
-                         params_per_gpu=layer.params / split, tied_params_per_gpu=layer.tied_params / split)
+                         params_per_gpu=layer.params / split, tied_params_per_gpu=layer.tied_params / split,
+                         cp_fwd_s=exchange.fwd_s if exchange else 0.0, cp_bwd_s=exchange.bwd_s if exchange else 0.0,
+                         cp_buffer_bytes=exchange.buffer_bytes if exchange else 0.0)
 
     def layer_costs(self, cfg: ParallelConfig, tp_link: comm.Link, dp_link: comm.Link, pp_link: comm.Link,
                     precision: Precision, modes: list[str] | None = None,
@@ -170,14 +187,15 @@ class CostModel:
         tp·dp/t-way data parallel, so each replica runs b·t/tp samples of the micro-batch. It converts its
         input from the stage's layout (tp-way) and its output back: one all-gather of the activation over
         the max/min degree ratio for each (forward or backward, whichever direction gathers). Conversions
-        are charged per layer, so neighbours at the same degree pay them too (an upper bound)."""
+        are charged per layer, so neighbours at the same degree pay them too (an upper bound). Under context
+        parallelism (cp > 1: every layer at the stage's degree) the gradients are reduced over dp·cp GPUs."""
         tp_link, dp_link, pp_link = links
         out = []
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
-        devices = cfg.tp * cfg.dp
+        devices = cfg.tp * cfg.grad_replicas
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
                    cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
-                   cfg.moe_imbalance, cfg.zero3_overlap)
+                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -191,7 +209,8 @@ class CostModel:
             link_dp = dp_link if t == cfg.tp else comm.group_link(self.hw, dp_l, t, gpn)
             c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                                 tp_link=link_t, attention_kernel=cfg.attention_kernel,
-                                attention_dropout=cfg.attention_dropout)
+                                attention_dropout=cfg.attention_dropout, cp=cfg.cp, cp_comm=cfg.cp_comm,
+                                gpus_per_node=gpn)
             if t != cfg.tp:
                 enter, leave = self.conversion_times(layer, cfg, t)
                 share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
@@ -208,11 +227,12 @@ class CostModel:
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         imbalance = imbalance_of(layer.moe, cfg.moe_imbalance)  # type: ignore[attr-defined]
         key = (layer.block_id, cfg.micro_batch, cfg.tp, cfg.expert_tp, cfg.ep, cfg.sequence_parallel, mode, imbalance,
-               gpn)
+               gpn, cfg.cp)
         e = self._experts.get(key)
-        if e is None:
+        if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             e = self._experts[key] = expert_cost(
-                self._representative[layer.block_id], b=cfg.micro_batch, seq_len=self.model.seq_len, tp=cfg.tp,
+                self._representative[layer.block_id], b=cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch,  # type: ignore[arg-type]
+                seq_len=self.model.seq_len, tp=cfg.tp,
                 etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance, gpus_per_node=gpn, hw=self.hw, dtype=self.model.dtype,
                 dtype_bytes=self.dtype_bytes)
@@ -221,7 +241,8 @@ class CostModel:
                          c.executed_flops + e.executed_flops, c.model_flops + e.model_flops,
                          c.kept_bytes + e.kept_bytes, c.remat_bytes + e.remat_bytes,
                          c.params_per_gpu + e.params_per_gpu, c.tied_params_per_gpu, a2a_fwd_s=e.a2a_fwd_s,
-                         a2a_bwd_s=e.a2a_bwd_s, expert_params_per_gpu=e.params_per_gpu)
+                         a2a_bwd_s=e.a2a_bwd_s, expert_params_per_gpu=e.params_per_gpu, cp_fwd_s=c.cp_fwd_s,
+                         cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
                         precision: Precision) -> LayerCost:
@@ -258,7 +279,8 @@ class CostModel:
             tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
             zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, zero3_edge_s=edge, tied_sync_s=tied,
             gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0,
-            a2a_fwd_s=c.a2a_fwd_s, a2a_bwd_s=c.a2a_bwd_s, expert_params_per_gpu=experts)
+            a2a_fwd_s=c.a2a_fwd_s, a2a_bwd_s=c.a2a_bwd_s, expert_params_per_gpu=experts, cp_fwd_s=c.cp_fwd_s,
+            cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
 
     def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
                       link_dp: comm.Link) -> tuple:
@@ -305,27 +327,29 @@ class CostModel:
     def last_bucket_s(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> float:
         """Seconds of one full gradient bucket's sync (ZeRO-0/1/2): the last bucket fills only when the
         backward ends, so min(this, the stage's overlappable sync) never hides behind it."""
-        if cfg.zero_stage == 3 or cfg.dp <= 1:
+        if cfg.zero_stage == 3 or cfg.grad_replicas <= 1:
             return 0.0
-        over, _ = comm.dp_step_rates(dp=cfg.dp, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
+        over, _ = comm.dp_step_rates(dp=cfg.grad_replicas, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
                                      grad_bytes=precision.grad_bytes, link=dp_link, hw=self.hw)
         return over * comm.GRAD_BUCKET_BYTES / precision.grad_bytes
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
         """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient
         backward). Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then
-        all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split."""
-        nbytes = cut_bytes(self.model.layers[index], cfg.micro_batch)
+        all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split. A
+        context-parallel rank sends its 1/cp of the tokens."""
+        nbytes = cut_bytes(self.model.layers[index], cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch)  # type: ignore[arg-type]
         t = comm.p2p_time(nbytes / cfg.tp, pp_link, self.hw)
         if cfg.tp > 1 and not cfg.sequence_parallel:
             t += comm.all_gather_time(nbytes, cfg.tp, tp_link, self.hw)
         return t
 
     def links(self, cfg: ParallelConfig) -> tuple[comm.Link, comm.Link, comm.Link]:
-        """(tp, dp, pp) links in Megatron rank order: tp innermost, then dp, then pp."""
+        """(tp, dp, pp) links in Megatron rank order: tp innermost, then cp, dp, pp; the gradient sync's group
+        is dp·cp GPUs spaced tp apart."""
         hw = self.hw
         gpn = cfg.gpus_per_node or hw.gpus_per_node
-        key = (cfg.tp, cfg.dp, cfg.pp, gpn)
+        key = (cfg.tp, cfg.dp, cfg.pp, gpn, cfg.cp)
         if key not in self._links:
             self._links[key] = self._group_links(cfg, gpn)
         return self._links[key]
@@ -333,16 +357,16 @@ class CostModel:
     def _group_links(self, cfg: ParallelConfig, gpn: int) -> tuple[comm.Link, comm.Link, comm.Link]:
         hw = self.hw
         tp_link = comm.group_link(hw, cfg.tp, 1, gpn)
-        dp_link = comm.group_link(hw, cfg.dp, cfg.tp, gpn)
+        dp_link = comm.group_link(hw, cfg.grad_replicas, cfg.tp, gpn)
         pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
-                   if cfg.tp * cfg.dp * cfg.pp > gpn else
+                   if cfg.gpus > gpn else
                    comm.intra_node_link(hw))
         return tp_link, dp_link, pp_link
 
     def step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
         """The composition's constants for ``cfg`` on this hardware (cached: the search asks often)."""
         key = (cfg.tp, cfg.dp, cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages, cfg.zero_stage,
-               cfg.offload_activations, cfg.dp_overlap, cfg.zero3_overlap, precision, dp_link)
+               cfg.offload_activations, cfg.dp_overlap, cfg.zero3_overlap, precision, dp_link, cfg.cp)
         if key not in self._shapes:
             self._shapes[key] = self._step_shape(cfg, precision, dp_link)
         return self._shapes[key]
@@ -387,8 +411,9 @@ class CostModel:
                         for d in range(cfg.pp))
         pipe = pipeline_time([dev.time_per_microbatch_s for dev in devices], num_microbatches=cfg.num_microbatches,
                              schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
-        executed = cfg.dp * cfg.num_microbatches * sum(c.executed_flops for c in costs)
-        model_flops = cfg.dp * cfg.num_microbatches * sum(c.model_flops for c in costs)
+        replicas = cfg.grad_replicas * cfg.num_microbatches  # each layer cost is one tp group's (1/cp of a sample)
+        executed = replicas * sum(c.executed_flops for c in costs)
+        model_flops = replicas * sum(c.model_flops for c in costs)
         return StepEstimate(config=cfg, hardware=hw.name, precision=precision, step_time_s=step["step"],
                             breakdown_s=_breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
                             devices=devices, executed_flops=executed, model_flops=model_flops,
@@ -421,6 +446,7 @@ def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[s
     return DeviceEstimate(
         stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
         fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], ep_comm_s=q["a2a"],
+        cp_comm_s=q["cp"],
         pp_comm_s=q["p2p"],
         offload_s=terms["offload"], zero3_comm_s=terms["zero3"], time_per_microbatch_s=terms["time"],
         dp_comm_tail_s=terms["dp_tail"], optimizer_s=q["optimizer"], params_per_gpu=q["params"],
@@ -436,6 +462,7 @@ def _breakdown(devices: tuple[DeviceEstimate, ...], step: dict, pipe: PipelineTi
     tail = step["tail"]
     optimizer = min(tail, devices[last].optimizer_s)
     return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "ep_comm": m * slow.ep_comm_s,
+            "cp_comm": m * slow.cp_comm_s,
             "pp_comm": m * slow.pp_comm_s,
             "offload": m * slow.offload_s, "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),
             "bubble": pipe.bubble_s, "optimizer": optimizer}

@@ -82,11 +82,12 @@ def test_seq_len_zero_names_seq_len_only(command: list[str]) -> None:
 
 def test_a_gpu_count_no_split_can_use_says_which_rule(profile: str) -> None:
     line = one_line_error("solve", profile, "--gpus", "100000", "--global-batch", "512")
-    assert "no split of 100000 GPUs into tp × pp × dp has a data-parallel degree dividing the global batch " \
+    assert "no split of 100000 GPUs into tp × cp × pp × dp has a data-parallel degree dividing the global batch " \
            "512" in line
-    # tp ≤ 4 (4 heads) and pp ≤ 8 (8 layers) leave dp ≥ 100000 / 32 = 3125, and 3125 is the smallest batch ≥ 512
-    # that a possible dp (3125, 5000, ...) divides
-    assert "dp is one of 3125, 5000, 6250" in line and "--global-batch 3125 (a multiple of dp 3125)" in line
+    # tp·cp ≤ 32 (tp ≤ 4 with 4 heads; 2·cp divides the 64 tokens; 100000 = 2⁵·5⁵) and pp ≤ 8 (the model's layers:
+    # a whole divisor, so 5 at most) leave dp = 100000 / (tp·cp·pp) ≥ 625, and 625 is the smallest batch ≥ 512
+    # that a possible dp (625, 1250, ...) divides
+    assert "dp is one of 625, 1250, 2500" in line and "--global-batch 625 (a multiple of dp 625)" in line
     assert "pin" not in line  # no pins were given
     pinned = one_line_error("solve", profile, "--gpus", "64", "--tp", "4", "--pp", "4", "--dp", "4",
                             "--micro-batch", "3", "--global-batch", "512")

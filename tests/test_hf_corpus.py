@@ -37,6 +37,7 @@ SEQ = 128
 CORPUS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2LMHeadModel", "dense decoder, learned positions"),
     "llama-3-8b": ("LlamaForCausalLM", "dense decoder, GQA"),
+    "llama-3-70b": ("LlamaForCausalLM", "dense decoder, GQA (the long-context example)"),
     "mistral-7b-v0.1": ("MistralForCausalLM", "dense decoder, GQA, sliding window"),
     "qwen2-0.5b": ("Qwen2ForCausalLM", "dense decoder, GQA, tied embeddings"),
     "qwen2-72b": ("Qwen2ForCausalLM", "dense decoder, GQA"),
@@ -45,6 +46,7 @@ CORPUS: dict[str, tuple[str, str]] = {
     "pythia-1.4b": ("GPTNeoXForCausalLM", "dense decoder, partial rotary, parallel residual"),
     "gemma-2-2b": ("Gemma2ForCausalLM", "dense decoder, eager attention (logit soft-capping)"),
     "mixtral-8x7b-v0.1": ("MixtralForCausalLM", "MoE, no shared experts"),
+    "mixtral-8x22b-v0.1": ("MixtralForCausalLM", "MoE, no shared experts (the MoE search benchmark)"),
     "qwen1.5-moe-a2.7b": ("Qwen2MoeForCausalLM", "MoE with a gated shared expert"),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "MoE, 128 experts, per-head q/k norms"),
     "deepseek-v2-lite": ("DeepseekV2ForCausalLM", "MoE with shared experts, MLA, first layer dense"),
@@ -131,7 +133,7 @@ def test_every_block_has_its_tensor_parallel_pairs(name: str) -> None:
 
 
 # (routed experts, top-k, shared experts, expert FFN width) as the configs state them
-MOE = {"mixtral-8x7b-v0.1": (8, 2, 0, 14336), "qwen1.5-moe-a2.7b": (60, 4, 1, 1408), "qwen3-30b-a3b": (128, 8, 0, 768),
+MOE = {"mixtral-8x7b-v0.1": (8, 2, 0, 14336), "mixtral-8x22b-v0.1": (8, 2, 0, 16384), "qwen1.5-moe-a2.7b": (60, 4, 1, 1408), "qwen3-30b-a3b": (128, 8, 0, 768),
        "deepseek-v2-lite": (64, 6, 2, 1408), "deepseek-v3": (256, 8, 1, 2048)}
 
 

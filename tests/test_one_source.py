@@ -2,7 +2,8 @@
 
 Point-wise, not only at the optimum: random configurations with every flag (ZeRO 0-3, sequence parallelism,
 activation offload, GPipe / 1F1B / interleaved, tied weights across stages, per-layer tp degrees and
-recomputation, mixture-of-experts layers under expert parallelism, lock-step costs, partial overlap) have their cuts and per-layer options fixed in the solver by
+recomputation, mixture-of-experts layers under expert parallelism, context parallelism with either exchange, lock-step
+costs, partial overlap) have their cuts and per-layer options fixed in the solver by
 constraint; the solver's value of every term must equal the cost model's evaluation of that configuration.
 """
 from __future__ import annotations
@@ -88,15 +89,19 @@ def random_config(rng: random.Random, profile: ModelProfile) -> ParallelConfig:
     for i in blocks:
         modes[i] = rng.choice(MODES)
         degrees[i] = rng.choice(choices)
+    layer_tp = tuple(degrees) if any(t != tp for t in degrees) else None
+    # context parallelism (drawn last, so the draws above are those of every seed before it): per-layer degrees
+    # run without it; the experts' ep, dividing tp·dp, divides tp·cp·dp too
+    cp = rng.choice([1, 2, 4]) if layer_tp is None else 1
     counts = random_counts(rng, L, cfg.chunks)
+    cp_comm = rng.choice(["all_gather", "ring"])
     balance = interleaved_balance(profile.layers, cfg.chunks) if cfg.schedule == "interleaved" else None
     if balance is not None:  # a layout the interleaved schedule allows (cost_models/partition.py)
         allowed = [c for c in compositions(L, cfg.chunks)
                    if balance[0] <= min(chunk_blocks(profile.layers, c)) <= max(chunk_blocks(profile.layers, c))
                    <= balance[1]]
         counts = rng.choice(allowed)
-    return replace(cfg, stage_layers=counts, layer_recompute=tuple(modes),
-                   layer_tp=tuple(degrees) if any(t != tp for t in degrees) else None)
+    return replace(cfg, stage_layers=counts, layer_recompute=tuple(modes), layer_tp=layer_tp, cp=cp, cp_comm=cp_comm)
 
 
 def random_hardware(rng: random.Random, fits: bool):  # noqa: ANN201

@@ -217,9 +217,9 @@ def test_loading_a_plan_validates_it(tmp_path) -> None:  # noqa: ANN001
 
 def test_random_optima_use_every_decision() -> None:
     """The random instances are not degenerate: their optima use non-uniform cuts, mixed recomputation,
-    per-layer tensor-parallel degrees and expert parallelism (so the brute-force agreement above covers all
-    four)."""
-    seen = {"cuts": 0, "recompute": 0, "layer_tp": 0, "expert_parallel": 0}
+    per-layer tensor-parallel degrees, expert and context parallelism (so the brute-force agreement above covers
+    all five)."""
+    seen = {"cuts": 0, "recompute": 0, "layer_tp": 0, "expert_parallel": 0, "context_parallel": 0}
     for seed in range(200):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         try:
@@ -232,4 +232,5 @@ def test_random_optima_use_every_decision() -> None:
             seen["recompute"] += len(set(cfg.layer_recompute or ())) > 1
             seen["layer_tp"] += cfg.layer_tp is not None
             seen["expert_parallel"] += cfg.ep > 1
+            seen["context_parallel"] += cfg.cp > 1
     assert all(count >= 3 for count in seen.values()), seen

@@ -31,6 +31,8 @@ def estimate_command(
     schedule: Annotated[str, given("schedule")] = "1f1b",
     virtual_stages: Annotated[int, given("virtual_stages")] = 1,
     offload: Annotated[bool, given("offload")] = False,
+    cp: Annotated[int, given("cp")] = 1,
+    cp_comm: Annotated[str, given("cp_comm")] = "all_gather",
     ep: Annotated[int, given("ep")] = 1,
     etp: Annotated[Optional[int], given("etp")] = None,
     moe_imbalance: Annotated[Optional[float], given("moe_imbalance")] = None,
@@ -58,7 +60,7 @@ def estimate_command(
                         zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
                         virtual_stages=virtual_stages, offload_activations=offload,
                         attention_kernel=attention_kernel, overrides=overrides, dtype=dtype, ep=ep, etp=etp,
-                        moe_imbalance=moe_imbalance, engine=engine)
+                        moe_imbalance=moe_imbalance, engine=engine, cp=cp, cp_comm=cp_comm)
     except AutoparError as err:
         raise fail(str(err))
     if json_:

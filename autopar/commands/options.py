@@ -21,6 +21,7 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 ZERO = (0, 1, 2, 3)
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_KERNELS = ("fused", "unfused")
+CP_COMMS = ("all_gather", "ring")
 
 
 def one_of(flag: str, choices: tuple) -> Callable[[Any], Any]:
@@ -77,6 +78,16 @@ SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
 SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,
                        help="sequence length (default: the model's)")
+def _lengths(value: str | None) -> str | None:
+    """--seq-len S,S,...: every part a whole number of at least 1 (parsed again by the sweep)."""
+    for part in (value or "").split(","):
+        if part.strip().lstrip("-").isdigit() and int(part) < 1:
+            raise OptionError(f"--seq-len {part.strip()}: must be at least 1")
+    return value
+
+
+SEQ_LENS = typer.Option("--seq-len", metavar="S,S,...", show_default=False, callback=_lengths,
+                        help="sequence lengths, comma-separated: 8192,32768,131072 (default: the model's)")
 DTYPE = typer.Option(metavar=_choices(DTYPES), callback=one_of("--dtype", DTYPES), help="training dtype")
 
 # -- the cluster ----------------------------------------------------------------------------------------------
@@ -124,6 +135,11 @@ _PARALLELISM: dict[str, dict[str, Any]] = {
                            help="model chunks per pipeline stage (interleaved schedule)"),
     "sequence_parallel": dict(flags=("--sequence-parallel",), help="Megatron sequence parallelism (needs tp > 1)"),
     "offload": dict(flags=("--offload",), help="keep activations in host memory between forward and backward"),
+    "cp": dict(callback=at_least(1), metavar="C",
+               help="context-parallel degree: every sequence split over C GPUs (2·C chunks; long context)"),
+    "cp_comm": dict(metavar=_choices(CP_COMMS), callback=one_of("--cp-comm", CP_COMMS),
+                    help="how context-parallel attention gets the other chunks' keys and values: all_gather "
+                         "(default; what autopar launch runs) or ring (overlapped with attention)"),
     "ep": dict(callback=at_least(1), metavar="E",
                help="expert-parallel degree: a stage's routed experts sharded over E GPUs (mixture of experts)"),
     "etp": dict(callback=at_least(1), metavar="T", help="the experts' tensor-parallel degree: tp (default) or 1"),

@@ -35,6 +35,8 @@ def solve_command(
     schedule: Annotated[Optional[str], pinned("schedule")] = None,
     virtual_stages: Annotated[Optional[int], pinned("virtual_stages")] = None,
     offload: Annotated[Optional[bool], pinned("offload")] = None,
+    cp: Annotated[Optional[int], pinned("cp")] = None,
+    cp_comm: Annotated[Optional[str], given("cp_comm")] = None,
     ep: Annotated[Optional[int], pinned("ep")] = None,
     etp: Annotated[Optional[int], pinned("etp")] = None,
     moe_imbalance: Annotated[Optional[float], given("moe_imbalance")] = None,
@@ -59,7 +61,7 @@ def solve_command(
             check_sequence_parallel(True, tp=tp)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                     sequence_parallel=sequence_parallel, schedule=schedule, virtual_stages=virtual_stages,
-                    offload=offload, ep=ep, etp=etp, moe_imbalance=moe_imbalance)
+                    offload=offload, ep=ep, etp=etp, moe_imbalance=moe_imbalance, cp=cp, cp_comm=cp_comm)
         with search_progress(f"tracing {Path(model).name}", f"CP-SAT on {gpus} GPUs") as show:
             plans = solve_top_k(model, gpus=gpus, k=top_k, gpus_per_node=gpus_per_node, gpu=gpu,
                                 hardware_file=hardware, global_batch=global_batch, seq_len=seq_len,

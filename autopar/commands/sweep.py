@@ -1,4 +1,4 @@
-"""`autopar sweep`: the best plan for each GPU count, its throughput and scaling efficiency."""
+"""`autopar sweep`: the best plan for each GPU count and sequence length, its throughput and scaling efficiency."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ def sweep_command(
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
     global_batch: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
-    seq_len: Annotated[Optional[int], options.SEQ_LEN] = None,
+    seq_len: Annotated[Optional[str], options.SEQ_LENS] = None,
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
@@ -30,23 +30,29 @@ def sweep_command(
                                                      "(.png, .svg, .pdf)")] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
-    """Solve MODEL for each of --gpus GPU counts: the best plan's degrees, throughput and scaling efficiency
-    (--time-limit is per count)."""
+    """Solve MODEL for each of --gpus GPU counts and --seq-len sequence lengths: the best plan's degrees, throughput
+    and scaling efficiency, and how the plan changes with the context (--time-limit is per solve)."""
     from autopar.report.progress import activity
-    from autopar.report.sweep import parse_gpus, print_sweep, sweep
+    from autopar.report.sweep import parse_gpus, parse_seq_lens, print_sweep, sweep
 
     try:
         counts = parse_gpus(gpus)
+        lengths = parse_seq_lens(seq_len) if seq_len is not None else None
+        total = len(counts) * (len(lengths) if lengths else 1)
+        solved: list[int] = []
         overrides = None
         if set_:
             from autopar.profile import parse_set
 
             overrides = parse_set(set_)
         with activity(f"tracing {Path(model).name}") as say:
+            def progress(n: int, seq: int) -> None:
+                solved.append(n)
+                say(f"CP-SAT on {n} GPUs at seq {seq} ({len(solved)} of {total})")
+
             rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware,
-                         global_batch=global_batch, seq_len=seq_len, time_limit_s=time_limit, threads=threads,
-                         overrides=overrides, dtype=dtype,
-                         progress=lambda n: say(f"CP-SAT on {n} GPUs ({counts.index(n) + 1} of {len(counts)})"))
+                         global_batch=global_batch, seq_len=lengths, time_limit_s=time_limit, threads=threads,
+                         overrides=overrides, dtype=dtype, progress=progress)
     except AutoparError as err:
         raise fail(str(err))
     if json_:

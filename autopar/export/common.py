@@ -70,14 +70,15 @@ def chunk_layer_names(plan: Plan) -> list[list[str]]:
 # names with model_degrees(); a new degree is one more entry here (and in degree_of) and in the mappings, and a
 # target without a name for it warns when the plan uses it. The expert degrees (mixture of experts) apply only to
 # a model with experts: ep, the expert-parallel degree, and etp, the experts' tensor-parallel degree (the plan's
-# etp, or its tp where it leaves etp out: Megatron-Core's default).
-MODEL_DEGREES = ("tp", "pp", "ep", "etp")
+# etp, or its tp where it leaves etp out: Megatron-Core's default). cp, the context-parallel degree, is left out at 1.
+MODEL_DEGREES = ("tp", "pp", "cp", "ep", "etp")
 EXPERT_DEGREES = ("ep", "etp")
 _DEGREE_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert", "etp": "expert tensor"}
 # What a run without the degree does instead of the plan (the warning's consequence).
 _DROPPED = {"ep": "every GPU holds all the routed experts and no tokens are exchanged: more memory per GPU than "
                   "planned",
-            "etp": "each GPU holds whole experts, not 1/{value} of each: more expert memory per GPU than planned"}
+            "etp": "each GPU holds whole experts, not 1/{value} of each: more expert memory per GPU than planned",
+            "cp": "each GPU holds whole sequences: {value}× the activation memory per micro-batch planned"}
 
 
 def has_experts(plan: Plan) -> bool:
@@ -86,8 +87,11 @@ def has_experts(plan: Plan) -> bool:
 
 
 def degree_of(plan: Plan, degree: str) -> int | None:
-    """The plan's value of one of MODEL_DEGREES; None for the expert degrees of a model without experts."""
+    """The plan's value of one of MODEL_DEGREES; None for the expert degrees of a model without experts and for
+    cp 1 (every target's default: its flag is left out, as before context parallelism was planned)."""
     par = plan.parallelism
+    if degree == "cp" and par.cp == 1:
+        return None
     if degree in EXPERT_DEGREES:
         if not has_experts(plan):
             return None
@@ -172,6 +176,25 @@ def fold_pipeline(plan: Plan, target: str) -> Folded:
         f"{target} has no pipeline parallelism; the plan's {par.pp} pipeline stages are folded into data "
         f"parallelism: dp {dp}, {accumulate} accumulated batches{changed}, every GPU holds the whole model "
         "(more memory per GPU than planned)"))
+
+
+def fold_context(plan: Plan, target: str, folded: Folded) -> Folded:
+    """``folded`` (the plan's batch split, its pipeline already folded where the target needs it) with the plan's
+    context-parallel groups folded into data parallelism too, for targets without context parallelism: each GPU
+    of a cp group becomes a data-parallel rank holding whole sequences, and the accumulated batches shrink by cp
+    (rounded, at least one), which may change the global batch; a warning when the plan has cp > 1."""
+    cp = plan.parallelism.cp
+    if cp == 1:
+        return folded
+    dp = folded.dp * cp
+    accumulate = max(1, round(folded.accumulate / cp))
+    global_batch = plan.parallelism.micro_batch_size * dp * accumulate
+    changed = "" if global_batch == plan.parallelism.global_batch_size else \
+        f" (global batch {global_batch}, not {plan.parallelism.global_batch_size})"
+    return Folded(dp, accumulate, global_batch, (
+        f"{target} has no context parallelism; the plan's cp {cp} is folded into data parallelism: dp {dp}, "
+        f"{accumulate} accumulated batches{changed}, each GPU holds whole sequences of {plan.model.seq_len} tokens "
+        f"({cp}× the activation memory per micro-batch planned: it may not fit)"))
 
 
 def precision(plan: Plan) -> str:
@@ -269,7 +292,8 @@ def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
 def summary(plan: Plan) -> str:
     """One line describing the plan, for the comment header of each export."""
     par = plan.parallelism
-    parts = [f"tp {par.tp} × pp {par.pp} × dp {par.dp}", f"micro-batch {par.micro_batch_size} × "
+    cp = f" × cp {par.cp} ({par.cp_comm.replace('_', '-')})" if par.cp > 1 else ""
+    parts = [f"tp {par.tp}{cp} × pp {par.pp} × dp {par.dp}", f"micro-batch {par.micro_batch_size} × "
              f"{par.num_microbatches} micro-batches = global batch {par.global_batch_size}",
              f"ZeRO-{par.zero_stage}", f"recompute {par.recompute}"]
     if has_experts(plan):

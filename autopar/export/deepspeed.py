@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autopar.export.common import Export, degree_of, fp32_grads, precision, summary, tp_warning, uniform_recompute
+from autopar.export.common import (Export, Folded, degree_of, fold_context, fp32_grads, precision, summary, tp_warning,
+                                   uniform_recompute)
 from autopar.export.experts import dropless_warning
 from autopar.plan import Plan
 
@@ -41,15 +42,19 @@ def export(plan: Plan, dialect: str = "0.19") -> Export:
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
+    folded = fold_context(plan, TARGET, Folded(par.dp, par.num_microbatches, par.global_batch_size, None))
+    if folded.warning is not None:  # DeepSpeed's sequence_parallel_size is Ulysses: heads, not the sequence, split
+        warnings.append(folded.warning + " (ds_config's sequence_parallel_size is DeepSpeed-Ulysses, which splits "
+                        "attention heads over an all-to-all instead: a different exchange than planned)")
     config: dict[str, Any] = {
-        "train_batch_size": par.global_batch_size,
+        "train_batch_size": folded.global_batch,
         "train_micro_batch_size_per_gpu": par.micro_batch_size,
-        "gradient_accumulation_steps": par.num_microbatches,
+        "gradient_accumulation_steps": folded.accumulate,
     }
     zero = par.zero_stage
     if par.pp > 1:
         warnings.append(f"ds_config cannot set pipeline parallelism: build the model as PipelineModule(layers, "
-                        f"topology=PipeModelDataParallelTopology(num_pp={par.pp}, num_mp={par.tp}, num_dp={par.dp})) "
+                        f"topology=PipeModelDataParallelTopology(num_pp={par.pp}, num_mp={par.tp}, num_dp={folded.dp})) "
                         f"with the plan's stage cut (see the plan's layers){_schedule(plan)}")
         if zero >= 2:
             warnings.append(f"DeepSpeed's pipeline engine supports ZeRO-0/1 only; the plan's ZeRO-{zero} is "

@@ -17,8 +17,8 @@ explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the pl
 """
 from __future__ import annotations
 
-from autopar.export.common import (Export, fold_pipeline, fp32_grads, header, model_degrees, nodes, precision,
-                                   tp_warning, uniform_recompute)
+from autopar.export.common import (Export, fold_context, fold_pipeline, fp32_grads, header, model_degrees, nodes,
+                                   precision, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "Lightning"
@@ -32,11 +32,11 @@ def export(plan: Plan, dialect: str = "2.6") -> Export:
     warnings: list[str] = []
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
-    model_degrees(plan, {}, TARGET, warnings, handled=("tp", "pp"))  # tp: the strategy; pp: folded below
-    folded = fold_pipeline(plan, TARGET)
+    model_degrees(plan, {}, TARGET, warnings, handled=("tp", "pp", "cp"))  # tp: the strategy; pp, cp: folded below
+    piped = fold_pipeline(plan, TARGET)
+    folded = fold_context(plan, TARGET, piped)
     dp, accumulate, global_batch = folded.dp, folded.accumulate, folded.global_batch
-    if folded.warning is not None:
-        warnings.append(folded.warning)
+    warnings += [w for w in (piped.warning, folded.warning if folded is not piped else None) if w is not None]
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
         warnings.append(node_warning)

@@ -1,8 +1,12 @@
 """Megatron-LM / Megatron-Core command-line arguments, as a bash array ready for ``pretrain_gpt.py``.
 
-Megatron derives data parallelism from the launch: dp = world / (tp × pp) (Megatron-LM arguments.py: data_parallel_size = world_size // (tp × pp)), so the export
-also sets NNODES and GPUS_PER_NODE for torchrun. Micro-batches are gradient accumulation:
-num_microbatches = global / (micro × dp).
+Megatron derives data parallelism from the launch: dp = world / (tp × cp × pp) (Megatron-LM arguments.py:
+data_parallel_size = world_size // (tp × pp × cp)), so the export also sets NNODES and GPUS_PER_NODE for torchrun.
+Micro-batches are gradient accumulation: num_microbatches = global / (micro × dp).
+
+Context parallelism: ``--context-parallel-size`` and ``--cp-comm-type`` (the plan's exchange: ``all_gather``,
+TransformerEngine's AttnFuncWithCPAndKVAllGather, or ``p2p``, its ring; Megatron-Core TransformerConfig.cp_comm_type);
+validate_args requires the sequence to be a multiple of 2 × cp, as the plan's rules do.
 
 Stage cuts: Megatron splits the transformer layers evenly over the pp × v model chunks, or with
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` gives the first and last
@@ -41,7 +45,10 @@ from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
 _DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-            "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
+            "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+            "etp": "--expert-tensor-parallel-size"}
+# The plan's exchange of keys and values as Megatron-Core's cp_comm_type.
+CP_COMM_TYPES = {"all_gather": "all_gather", "ring": "p2p"}
 VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: parse_args + validate_args)"}
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -91,6 +98,8 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     par = plan.parallelism
     warnings: list[str] = []
     args: list[tuple[str, object]] = list(model_degrees(plan, _DEGREES, TARGET, warnings).items())
+    if par.cp > 1:
+        args.append(("--cp-comm-type", CP_COMM_TYPES[par.cp_comm]))
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     layers = num_blocks(plan)
@@ -123,11 +132,12 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     if node_warning:
         warnings.append(node_warning)
     lines = header(plan, VERSIONS[dialect], warnings)
-    lines[1:1] = ["# data parallelism = world / (tp × pp); launch with:",
+    lines[1:1] = ["# data parallelism = world / (tp × cp × pp); launch with:",
                   '#   torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" pretrain_gpt.py '
                   '"${MEGATRON_ARGS[@]}" <model and data arguments>']
     lines += [f"NNODES={n_nodes}", f"GPUS_PER_NODE={per_node}"]
-    if par.tp > 1 and par.zero_stage < 2:  # validate_args: TP needs it (before Blackwell), Megatron-FSDP forbids it
+    # validate_args: TP and CP need it (before Blackwell), Megatron-FSDP forbids it
+    if (par.tp > 1 or par.cp > 1) and par.zero_stage < 2:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append("MEGATRON_ARGS=(")
     lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]

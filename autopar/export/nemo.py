@@ -15,6 +15,10 @@ num_layers`` (Megatron's semantics, see megatron.py); activation offload → Meg
 ``cpu_offloading`` (all layers but the last, which Megatron-Core requires; not with pipeline parallelism or
 recomputation). NeMo splits the transformer layers evenly over the pipeline chunks.
 
+Context parallelism: ``context_parallel_size`` (NeMo's model-parallel setup, initialize_model_parallel_for_nemo) and
+``cp_comm_type`` (a TransformerConfig field, which NeMo's build_transformer_config takes from the model config:
+``all_gather`` or ``p2p``, the plan's ring); the data-parallel size is world / (tp × pp × cp).
+
 Mixture of experts: ``expert_model_parallel_size`` and the experts as the TransformerConfig fields NeMo passes
 through from the model config (``num_moe_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``,
 ``moe_layer_freq``, ... : export/experts.py); the experts' tensor-parallel degree is the model's tp in this
@@ -33,7 +37,8 @@ from autopar.plan import Plan
 
 TARGET = "NeMo"
 _DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-            "ep": "expert_model_parallel_size"}
+            "cp": "context_parallel_size", "ep": "expert_model_parallel_size"}
+_CP_COMM_TYPES = {"all_gather": "all_gather", "ring": "p2p"}  # Megatron-Core's names for the plan's exchange
 # Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
 VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
@@ -71,6 +76,8 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
         "virtual_pipeline_model_parallel_size": virtual, "sequence_parallel": sequence_parallel,
         "encoder_seq_length": plan.model.seq_len, **megatron_core_moe(plan, TARGET, warnings),
     }
+    if par.cp > 1:
+        model["cp_comm_type"] = _CP_COMM_TYPES[par.cp_comm]
     warnings += [w for w in (sp_warning, _expert_tp_warning(plan)) if w]
     _pipeline_warnings(plan, warnings)
     recompute = megatron_recompute(plan, TARGET)
@@ -98,7 +105,8 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
         model.update(_offload(plan, warnings))
     lines = header(plan, version, warnings)
     lines[1:1] = ["# global_batch_size = micro_batch_size * devices * num_nodes * accumulate_grad_batches"
-                  " / (tensor_model_parallel_size * pipeline_model_parallel_size)" if bionemo else
+                  " / (tensor_model_parallel_size * pipeline_model_parallel_size"
+                  + (" * context_parallel_size)" if par.cp > 1 else ")") if bionemo else
                   "# micro-batches per step = global_batch_size / (micro_batch_size * data-parallel size), "
                   "accumulated in training_step"]
     body = yaml.safe_dump({"trainer": trainer, "model": model}, sort_keys=False, default_flow_style=False)

@@ -12,7 +12,10 @@ Dialects (``--to sagemaker@v2`` is the default):
   ``hybrid_shard_degree`` (ZeRO-3: the data-parallel size), ``sm_activation_offloading``; each further
   degree the plan may carry is one more entry of ``_V2_DEGREES`` (a degree smp v2 cannot take is a
   warning). smp v2 has no pipeline parallelism: the pipeline ranks fold into data parallelism, with a
-  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup. ``expert_parallel_degree``
+  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup. ``context_parallel_degree``
+  (smp 2.4+, Transformer Engine's context parallelism on the Hugging Face models smp converts: GPT-NeoX, Llama,
+  Mistral), its exchange the script's ``torch.sagemaker.transform(..., cp_comm_type=...)`` (smp 2.6+); smp v1 has
+  none: its cp ranks fold into data parallelism, with a warning. ``expert_parallel_degree``
   (smp 2.3+) is exported where the plan has no tensor parallelism, with which smp's expert parallelism is not
   compatible (then ep is warned).
 - **smp v1** (``mpi`` launch; ``pipeline_parallel_degree``, ``microbatches``, ``ddp``,
@@ -32,8 +35,8 @@ import json
 from typing import Any
 
 from autopar.errors import AutoparError
-from autopar.export.common import (Export, fold_pipeline, fp32_grads, model_degrees, nodes, precision, summary,
-                                   tp_warning, uniform_recompute)
+from autopar.export.common import (Export, Folded, fold_context, fold_pipeline, fp32_grads, model_degrees, nodes,
+                                   precision, summary, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "SageMaker model parallelism"
@@ -46,7 +49,7 @@ _INSTANCES = {"v100-32gb": "ml.p3dn.24xlarge", "a100-40gb": "ml.p4d.24xlarge", "
               "h100-80gb": "ml.p5.48xlarge", "h200-141gb": "ml.p5e.48xlarge"}
 # smp's parameter for each plan degree beyond data parallelism (common.MODEL_DEGREES); smp v2 has no pipeline
 # parallelism: the export folds it into data parallelism.
-_V2_DEGREES = {"tp": "tensor_parallel_degree", "ep": "expert_parallel_degree"}
+_V2_DEGREES = {"tp": "tensor_parallel_degree", "cp": "context_parallel_degree", "ep": "expert_parallel_degree"}
 _V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
@@ -61,7 +64,11 @@ def export(plan: Plan, dialect: str = "v2") -> Export:
     if dialect == "v1":
         distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": _v1(plan, warnings)}},
                         "mpi": {"enabled": True, "processes_per_host": per_node}}
-        batch = _batch(plan, plan.parallelism.num_microbatches, plan.parallelism.global_batch_size)
+        par = plan.parallelism
+        folded = fold_context(plan, "smp v1", Folded(par.dp, par.num_microbatches, par.global_batch_size, None))
+        if folded.warning is not None:
+            warnings.append(folded.warning)
+        batch = _batch(plan, folded.accumulate, folded.global_batch)
     else:
         params, folded = _v2(plan, warnings)
         distribution = {"torch_distributed": {"enabled": True},
@@ -109,6 +116,11 @@ def _v2(plan: Plan, warnings: list[str]):
         warnings.append(f"smp v2 shards parameters (hybrid_shard_degree) only: wrap the model in FSDP with "
                         f"sharding_strategy={strategy} in the training script for the plan's "
                         f"ZeRO-{par.zero_stage}{extra}")
+    if par.cp > 1:
+        warnings.append(f"smp v2 takes the context-parallel exchange in the training script: "
+                        f"torch.sagemaker.transform(model, cp_comm_type=\"{'p2p' if par.cp_comm == 'ring' else 'all_gather'}\") "
+                        "(smp 2.6+); its context parallelism runs on the Hugging Face models it converts (GPT-NeoX, "
+                        "Llama, Mistral)")
     if par.tp > 1:
         warnings.append(f"smp v2 has no sequence-parallel parameter: its Transformer Engine tensor parallelism "
                         f"decides how norms and dropout are split (the plan: sequence parallelism "
@@ -141,7 +153,8 @@ def _v2_degrees(plan: Plan, warnings: list[str]) -> dict[str, Any]:
 def _v1(plan: Plan, warnings: list[str]) -> dict[str, Any]:
     par = plan.parallelism
     params: dict[str, Any] = {
-        **model_degrees(plan, _V1_DEGREES, "smp v1", warnings), "microbatches": par.num_microbatches,
+        **model_degrees(plan, _V1_DEGREES, "smp v1", warnings, handled=("cp",)),  # cp: folded (export)
+        "microbatches": par.num_microbatches,
         "pipeline": "simple" if par.schedule == "gpipe" else "interleaved", "placement_strategy": "cluster",
         "optimize": "memory" if par.sequence_parallel else "speed", "ddp": True,
     }

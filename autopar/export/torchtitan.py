@@ -24,6 +24,12 @@ Recomputation (0.2): all blocks full → ``mode = "full"``; full on a fraction 1
 "selective"`` with ``selective_ac_option = "n"`` (every n-th layer); Megatron's selective (attention-core)
 recomputation has no exact counterpart: torchtitan's per-op policy is the closest, in both dialects.
 
+Context parallelism: ``context_parallel_degree`` (torch's experimental context_parallel; torchtitan's default
+"headtail" load balancer is the 2·cp-chunk split the plan prices). torchtitan 0.2 names the exchange,
+``context_parallel_rotate_method``: "allgather" (the plan's all-gather) or "alltoall" (the K/V shards passed round:
+the plan's ring); 0.3 has no such field and runs torch's default, all-gather. torchtitan folds the cp ranks into
+FSDP's shard dimension (its dp_shard_cp mesh), so parameters are sharded over them even at ZeRO-0.
+
 Mixture of experts: ``expert_parallel_degree``; 0.2 also ``expert_tensor_parallel_degree`` (1 or tp, as the
 plan's etp), while 0.3 runs the experts without tensor parallelism (its expert-parallel ranks come from FSDP
 and TP: a plan with etp = tp > 1 is warned). Both place an expert-parallel group on neighbouring ranks (etp
@@ -45,7 +51,9 @@ TARGET = "torchtitan"
 VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
             "0.2": "torchtitan 0.2.2 (ConfigManager.parse_args --job.config_file)"}
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
-_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "ep": "expert_parallel_degree"}
+_DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
+            "ep": "expert_parallel_degree"}
+_ROTATE = {"all_gather": "allgather", "ring": "alltoall"}  # 0.2's context_parallel_rotate_method
 # 0.2 also sets the experts' tensor-parallel degree (1 or tp); 0.3 always runs them without (ep borrows tp ranks)
 _DEGREES_0_2 = {**_DEGREES, "etp": "expert_tensor_parallel_degree"}
 
@@ -89,6 +97,7 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
     names = _DEGREES_0_2 if dialect == "0.2" else _DEGREES
     parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
     sections = {"training": training, "parallelism": parallelism}
+    _context(plan, dialect, parallelism, warnings)
     if dialect == "0.2":
         parallelism["enable_async_tensor_parallel"] = False
         if par.tp > 1 and not par.sequence_parallel:
@@ -109,6 +118,23 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
                         "gradients and optimizer state instead); exported without it (activations stay on the "
                         "GPU: more memory than planned)")
     return sections
+
+
+def _context(plan: Plan, dialect: str, parallelism: dict[str, Any], warnings: list[str]) -> None:
+    """The exchange of a context-parallel plan (module docstring)."""
+    par = plan.parallelism
+    if par.cp == 1:
+        return
+    if dialect == "0.2":
+        parallelism["context_parallel_rotate_method"] = _ROTATE[par.cp_comm]
+    elif par.cp_comm == "ring":
+        warnings.append("torchtitan 0.3 has no setting for the context-parallel exchange and runs torch's default, "
+                        "all-gather; the plan's ring (keys and values passed round, overlapped with attention) is "
+                        "exported as all-gather (its exchange is not hidden: slower than planned)")
+    if par.zero_stage == 0:
+        warnings.append(f"torchtitan shards parameters over the context-parallel ranks (FSDP over dp_shard × cp); the "
+                        f"plan's ZeRO-0 runs sharded over cp {par.cp} (less memory, more parameter traffic than "
+                        "planned)")
 
 
 def _data_parallel(plan: Plan, names: dict[str, str], warnings: list[str]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 MoE layer and the experts' memory per GPU.
 
 Groups are Megatron-Core's (autopar.plan.expert_rank_grid, which the runtime's expert mesh is built from): within
-a pipeline stage's tp·dp consecutive ranks the experts' tensor-parallel rank is fastest, then the expert-parallel
-rank, then the expert data-parallel rank. An expert-parallel group exchanges tokens
+a pipeline stage's tp·cp·dp consecutive ranks the experts' tensor-parallel rank is fastest, then the
+expert-parallel rank, then the expert data-parallel rank (context parallelism folds into it). An expert-parallel
+group exchanges tokens
 (dispatch and combine, all-to-all); an expert data-parallel group reduces the gradients of the same experts.
 
 The per-layer figures come from the cost model: the plan's model is loaded again (its ``model.source`` and
@@ -27,10 +28,10 @@ from cost_models.memory import model_state_bytes
 GIB = 2**30
 
 
-def expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int) -> dict[str, list[list[int]]]:
+def expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int, cp: int = 1) -> dict[str, list[list[int]]]:
     """The ranks of every expert-parallel ("ep"), expert tensor-parallel ("etp") and expert data-parallel
     ("edp") group, in Megatron-Core's expert rank order (autopar.plan.expert_rank_grid)."""
-    grid = expert_rank_grid(tp, dp, pp, ep, etp)
+    grid = expert_rank_grid(tp, dp, pp, ep, etp, cp)
     edp = len(grid[0])
     stages = range(pp)
     return {"ep": [[grid[p][d][e][t] for e in range(ep)] for p in stages for d in range(edp) for t in range(etp)],
@@ -84,19 +85,20 @@ def price_experts(plan: Plan) -> list[StageExperts]:
 def print_expert_groups(plan: Plan, console: Console) -> None:
     par, gpn = plan.parallelism, plan.cluster.gpus_per_node
     etp = par.expert_tp
-    edp = par.tp * par.dp // (par.ep * etp)
-    table = Table(title=f"experts: each stage's {par.tp * par.dp} GPUs = edp {edp} × ep {par.ep} × etp {etp} "
-                        f"(rank = pp_rank·{par.tp * par.dp} + edp_rank·{par.ep * etp} + ep_rank·{etp} + etp_rank)",
+    stage = par.tp * par.cp * par.dp
+    edp = stage // (par.ep * etp)
+    table = Table(title=f"experts: each stage's {stage} GPUs = edp {edp} × ep {par.ep} × etp {etp} "
+                        f"(rank = pp_rank·{stage} + edp_rank·{par.ep * etp} + ep_rank·{etp} + etp_rank)",
                   title_justify="left")
     for col in ("group", "degree", "groups", "ranks", "spans nodes"):
         table.add_column(col, justify="right" if col in ("degree", "groups") else "left")
     what = {"ep": "ep (all-to-all)", "etp": "etp", "edp": "edp (expert grads)"}
-    for kind, groups in expert_groups(par.tp, par.dp, par.pp, par.ep, etp).items():
+    for kind, groups in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp).items():
         most = max(nodes_spanned(g, gpn) for g in groups)
         span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
         table.add_row(what[kind], str(len(groups[0])), str(len(groups)), _groups(groups), span)
     console.print(table)
-    crossing = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp)["ep"])
+    crossing = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"])
     if crossing > 1:
         console.print(f"[yellow]the expert-parallel groups span {crossing} nodes[/]: dispatch and combine cross the "
                       f"inter-node network; ep × etp ≤ {gpn} (one node) keeps them on the intra-node links")

@@ -2,7 +2,8 @@
 where the step's time goes, the bottleneck and what would relieve it (derived from the plan's numbers),
 and the solver's status.
 
-Ranks follow Megatron's order (autopar/runtime/mesh.py): rank = pp_rank·(dp·tp) + dp_rank·tp + tp_rank.
+Ranks follow Megatron's order (tp, cp, dp, pp; autopar/runtime/mesh.py):
+rank = pp_rank·(dp·cp·tp) + dp_rank·(cp·tp) + cp_rank·tp + tp_rank.
 """
 from __future__ import annotations
 
@@ -24,14 +25,20 @@ SIGNIFICANT = 0.10        # share of the step above which a part gets its own su
 BUBBLE_TARGET = 0.05      # bubble share the micro-batch suggestion aims for
 
 
-def mesh_groups(tp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
-    """The ranks of every tensor-, data- and pipeline-parallel group."""
-    def rank(p: int, d: int, t: int) -> int:
-        return p * dp * tp + d * tp + t
+def mesh_groups(tp: int, dp: int, pp: int, cp: int = 1) -> dict[str, list[list[int]]]:
+    """The ranks of every tensor-, context- (when cp > 1), data- and pipeline-parallel group (Megatron-Core's
+    RankGenerator, order tp-cp-dp-pp)."""
+    def rank(p: int, d: int, c: int, t: int) -> int:
+        return p * dp * cp * tp + d * cp * tp + c * tp + t
 
-    return {"tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+    every = [(p, d, c, t) for p in range(pp) for d in range(dp) for c in range(cp) for t in range(tp)]
+    groups = {"tp": [[rank(p, d, c, t) for t in range(tp)] for p, d, c, t in every if t == 0],
+              "cp": [[rank(p, d, c, t) for c in range(cp)] for p, d, c, t in every if c == 0],
+              "dp": [[rank(p, d, c, t) for d in range(dp)] for p, d, c, t in every if d == 0],
+              "pp": [[rank(p, d, c, t) for p in range(pp)] for p, d, c, t in every if p == 0]}
+    if cp == 1:
+        del groups["cp"]
+    return groups
 
 
 def nodes_spanned(group: list[int], gpus_per_node: int) -> int:
@@ -57,13 +64,15 @@ def _groups(groups: list[list[int]]) -> str:
 def print_mesh(plan: Plan, console: Console) -> None:
     par, gpn = plan.parallelism, plan.cluster.gpus_per_node
     nodes = -(-plan.world_size // gpn)
-    mesh = table(f"device mesh: {plan.world_size} GPUs = pp {par.pp} × dp {par.dp} × tp {par.tp} on {nodes} "
-                 f"node{'s' if nodes > 1 else ''} of {gpn} (rank = pp_rank·{par.dp * par.tp} + dp_rank·{par.tp} "
-                 "+ tp_rank)")
+    cp = f" × cp {par.cp}" if par.cp > 1 else ""
+    order = (f"pp_rank·{par.dp * par.cp * par.tp} + dp_rank·{par.cp * par.tp} + cp_rank·{par.tp}" if par.cp > 1 else
+             f"pp_rank·{par.dp * par.tp} + dp_rank·{par.tp}")
+    mesh = table(f"device mesh: {plan.world_size} GPUs = pp {par.pp} × dp {par.dp}{cp} × tp {par.tp} on {nodes} "
+                 f"node{'s' if nodes > 1 else ''} of {gpn} (rank = {order} + tp_rank)")
     text(mesh, "group")
     numbers(mesh, "degree", "groups")
     text(mesh, "ranks", "spans nodes")
-    for kind, groups in mesh_groups(par.tp, par.dp, par.pp).items():
+    for kind, groups in mesh_groups(par.tp, par.dp, par.pp, par.cp).items():
         most = max(nodes_spanned(g, gpn) for g in groups)
         span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
         mesh.add_row(kind, str(len(groups[0])), str(len(groups)), _groups(groups), span)
@@ -83,18 +92,21 @@ def print_stages(plan: Plan, console: Console) -> None:
                   f"chunks of {chunks}" if par.virtual_stages > 1 else ""))
     numbers(times, "stage")
     text(times, "layers", min_width=12)
-    experts = any(s.ep_comm_s > 0 for s in pred.stages)  # mixture of experts: the all-to-all gets a column
-    numbers(times, "fwd", "bwd", "tp\ncomm", *(("ep\ncomm",) if experts else ()), "pp\ncomm", "other", "total",
-            "vs\nslowest", "recomp.\nlayers")
+    # the all-to-all of experts and the exchange of context parallelism get a column (one between them: 80 columns)
+    extra = [(name, part) for name, part in (("ep", "ep_comm_s"), ("cp", "cp_comm_s"))
+             if any(getattr(s, part) > 0 for s in pred.stages)]
+    compare = par.pp > 1  # one stage is always 100% of the slowest
+    numbers(times, "fwd", "bwd", "tp\ncomm", *((f"{'+'.join(n for n, _ in extra)}\ncomm",) if extra else ()),
+            "pp\ncomm", "other", "total", *(("vs\nslowest",) if compare else ()), "recomp.\nlayers")
     for s in pred.stages:
-        other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s - s.ep_comm_s
+        other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s - s.ep_comm_s - s.cp_comm_s
         other = other if other > 1e-9 * s.time_per_microbatch_s else 0.0  # float noise of the subtraction
         recomputed = sum(layer.recompute != "none" for layer in plan.layers if layer.stage % par.pp == s.stage)
         times.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
                       f"{s.fwd_s * MS:.4g}", f"{s.bwd_s * MS:.4g}", f"{s.tp_comm_s * MS:.3g}",
-                      *((f"{s.ep_comm_s * MS:.3g}",) if experts else ()),
+                      *((f"{sum(getattr(s, part) for _, part in extra) * MS:.3g}",) if extra else ()),
                       f"{s.pp_comm_s * MS:.3g}", f"{other * MS:.3g}", f"{s.time_per_microbatch_s * MS:.4g}",
-                      f"{100 * s.time_per_microbatch_s / slowest:.0f}%", str(recomputed))
+                      *((f"{100 * s.time_per_microbatch_s / slowest:.0f}%",) if compare else ()), str(recomputed))
     console.print(times)
     console.print("bwd includes recomputation (recomp. layers: the stage's layers recomputing, full or selective); "
                   "other = activation offload and ZeRO-3 gathers not hidden by compute")
@@ -127,9 +139,11 @@ def print_step(plan: Plan, console: Console) -> None:
             ("bubble", "idle", b.bubble), ("optimizer", "optimizer step", b.optimizer)]
     if b.ep_comm > 0:  # mixture of experts: dispatch and combine
         rows.insert(2, ("ep (all-to-all)", "communication", b.ep_comm))
+    if b.cp_comm > 0:  # context parallelism: what the exchange of keys and values exposes
+        rows.insert(2, ("cp (keys, values)", "communication", b.cp_comm))
     for name, kind, seconds in rows:
         parts.add_row(name, kind, f"{seconds:.4g}", f"{100 * seconds / step:.1f}%")
-    comm = b.tp_comm + b.ep_comm + b.dp_comm + b.pp_comm + b.offload
+    comm = b.tp_comm + b.ep_comm + b.cp_comm + b.dp_comm + b.pp_comm + b.offload
     parts.add_row("[bold]all communication[/]", "", f"[bold]{comm:.4g}[/]", f"[bold]{100 * comm / step:.1f}%[/]")
     console.print(parts)
     ideal = ideal_bubble_fraction(par.pp, par.num_microbatches, par.virtual_stages)
@@ -198,7 +212,7 @@ def _compute(f: _Facts) -> list[str]:
 
 def _tp_comm(f: _Facts) -> list[str]:
     par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
-    if max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp)["tp"]) > 1:
+    if max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["tp"]) > 1:
         return [f"{f.share('tp_comm')} and tp {par.tp} spans nodes: keep tensor parallelism within {gpn} GPUs"]
     return [f"{f.share('tp_comm')} at tp {par.tp}: a lower tensor-parallel degree (tp {max(1, par.tp // 2)}) with "
             "more pipeline or data parallelism"
@@ -215,9 +229,11 @@ def _dp_comm(f: _Facts) -> list[str]:
                     "stage)")
     tips.append(f"the gradient sync overlaps only the last backward: more micro-batches per step (now "
                 f"{par.num_microbatches}) or a larger micro-batch (now {par.micro_batch_size}) amortise it")
-    dp_nodes = max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp)["dp"])
+    dp_nodes = max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["dp"])
     if dp_nodes > 1:
         tips.append(f"the dp {par.dp} groups span {dp_nodes} nodes (inter-node bandwidth)")
+    if par.cp > 1:
+        tips.append(f"gradients are reduced over dp × cp = {par.dp * par.cp} GPUs")
     return [f"{f.share('dp_comm')}: " + "; ".join(tips)]
 
 
@@ -226,7 +242,7 @@ def _ep_comm(f: _Facts) -> list[str]:
 
     par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
     etp = par.etp if par.etp is not None else par.tp
-    nodes = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp)["ep"])
+    nodes = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"])
     if nodes > 1:
         tip = (f"the ep {par.ep} groups span {nodes} nodes: an ep whose groups stay within {gpn} GPUs keeps the "
                "dispatch and combine on the node's links")
@@ -301,8 +317,14 @@ def _memory(f: _Facts) -> list[str]:
             f"largest part ({biggest[1]:.1f} GiB): {fix}"]
 
 
-_RELIEF = {"compute": _compute, "tp_comm": _tp_comm, "ep_comm": _ep_comm, "dp_comm": _dp_comm, "pp_comm": _pp_comm,
-           "bubble": _bubble, "optimizer": _optimizer, "offload": _offload}
+def _cp_comm(f: _Facts) -> list[str]:
+    from autopar.report.context import relief  # it builds on this module
+
+    return [f"{f.share('cp_comm')} (keys and values between context-parallel ranks): {relief(f.plan)}"]
+
+
+_RELIEF = {"compute": _compute, "tp_comm": _tp_comm, "ep_comm": _ep_comm, "cp_comm": _cp_comm, "dp_comm": _dp_comm,
+           "pp_comm": _pp_comm, "bubble": _bubble, "optimizer": _optimizer, "offload": _offload}
 
 
 def suggestions(plan: Plan) -> list[str]:
@@ -337,7 +359,9 @@ def explain(plan: Plan, console: Console | None = None) -> None:
                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")
     console.print(configuration(plan) + f" · {par.precision}")
     print_mesh(plan, console)
-    from autopar.report.experts import print_experts  # the MoE section (that module imports this one)
+    from autopar.report.context import print_context  # the long-context section (that module imports this one)
+    from autopar.report.experts import print_experts  # the MoE section (likewise)
+    print_context(plan, console)
     print_experts(plan, console)
     print_stages(plan, console)
     print_step(plan, console)

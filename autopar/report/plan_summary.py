@@ -15,6 +15,7 @@ _RELIEF = {
     "compute": "more GPUs, or less recomputation if memory allows",
     "tp_comm": "a lower tensor-parallel degree, or keeping tp inside a node",
     "ep_comm": "an expert-parallel degree whose groups stay inside a node, or a lower one",
+    "cp_comm": "the ring exchange (--cp-comm ring), a lower cp, or cp groups inside a node (a lower tp)",
     "dp_comm": "a larger micro-batch or more gradient accumulation (fewer, larger syncs), or a lower ZeRO stage",
     "pp_comm": "fewer pipeline stages or virtual stages",
     "bubble": "more micro-batches (a larger global batch) or interleaved virtual stages",
@@ -40,8 +41,11 @@ def configuration(plan: Plan) -> str:
     par = plan.parallelism
     experts = (f"experts: ep {par.ep} · etp {par.etp if par.etp is not None else par.tp}\n"
                if par.ep > 1 or plan.model.experts is not None else "")
-    return (f"tp {par.tp} · pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
-            f"{par.num_microbatches} = global batch {par.global_batch_size}\n{experts}"
+    context = (f"context: cp {par.cp} · {par.cp_comm.replace('_', '-')} exchange of keys and values · "
+               f"{plan.model.seq_len // par.cp:,} tokens of each sequence per GPU\n" if par.cp > 1 else "")
+    cp = f"cp {par.cp} · " if par.cp > 1 else ""
+    return (f"tp {par.tp} · {cp}pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
+            f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}"
             f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
             f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}")
 
@@ -53,7 +57,8 @@ def layer_range(first: str, last: str, count: int) -> str:
 
 def plan_cell(par: Parallelism) -> str:
     """A plan's decisions in a table cell (header PLAN_HEADER); wraps between its parts."""
-    return (f"{par.tp}·{par.pp}·{par.dp}, {par.micro_batch_size}×{par.num_microbatches}, ZeRO-{par.zero_stage}"
+    return (f"{par.tp}·{par.pp}·{par.dp}" + (f", cp {par.cp}" if par.cp > 1 else "")
+            + f", {par.micro_batch_size}×{par.num_microbatches}, ZeRO-{par.zero_stage}"
             + (", SP" if par.sequence_parallel else "") + (f", ep {par.ep}" if par.ep > 1 else "")
             + f", {schedule_text(par)}")
 

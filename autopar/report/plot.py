@@ -125,7 +125,10 @@ def _draw_memory(ax, plan: Plan) -> None:  # type: ignore[no-untyped-def]
 
 
 def sweep_figure(rows: Sequence["SweepRow"]) -> Figure:
-    """Throughput (with ideal linear scaling from the first count that fits) and scaling efficiency."""
+    """Throughput (with ideal linear scaling from the first count that fits) and scaling efficiency; for a sweep
+    over sequence lengths, how the best plan changes with the context (context_figure)."""
+    if len({r.seq_len for r in rows}) > 1:
+        return context_figure(rows)
     fitted = [r for r in rows if r.plan is not None]
     if not fitted:
         raise AutoparError("nothing to plot: no GPU count of the sweep has a plan that fits")
@@ -165,6 +168,67 @@ def sweep_figure(rows: Sequence["SweepRow"]) -> Figure:
     eff.set_title("(b) scaling efficiency", fontsize=10, loc="left")
     first: Plan = fitted[0].plan  # type: ignore[assignment]
     fig.suptitle(f"{first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}", fontsize=12)
+    return fig
+
+
+DEGREES = (("tp", "#4C72B0", "s--"), ("cp", "#C44E52", "o-"), ("pp", "#55A868", "^:"), ("dp", "#8172B3", "D-."))
+
+
+def _degrees(plan: Plan) -> str:
+    par = plan.parallelism
+    return f"tp{par.tp} cp{par.cp} pp{par.pp} dp{par.dp}"
+
+
+def context_figure(rows: Sequence["SweepRow"]) -> Figure:
+    """(a) tokens/s per GPU of the best plan against the sequence length, one line per GPU count, each point
+    labelled with its degrees; (b) the degrees of the best plan (one GPU count: tp, cp, pp, dp; several: cp)."""
+    fitted = [r for r in rows if r.plan is not None]
+    if not fitted:
+        raise AutoparError("nothing to plot: no sequence length of the sweep has a plan that fits")
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    speed, shape = fig.subplots(1, 2)
+    counts = sorted({r.gpus for r in rows})
+    for n in counts:
+        mine = [r for r in fitted if r.gpus == n]
+        per_gpu = [r.plan.prediction.tokens_per_s / n for r in mine]  # type: ignore[union-attr]
+        speed.plot([r.seq_len for r in mine], per_gpu, "o-", label=f"{n} GPUs")
+        for r, y in zip(mine, per_gpu):
+            speed.annotate(_degrees(r.plan), (r.seq_len, y), textcoords="offset points", xytext=(4, 5),  # type: ignore[arg-type]
+                           fontsize=7)
+    single = len(counts) == 1
+    top = 1
+    for name, color, style in DEGREES if single else (("cp", None, "o-"),):
+        for n in counts:
+            mine = [r for r in fitted if r.gpus == n]
+            values = [getattr(r.plan.parallelism, name) for r in mine]  # type: ignore[union-attr]
+            top = max(top, *values)
+            shape.plot([r.seq_len for r in mine], values, style, color=color, alpha=0.8, markersize=7 if single else 6,
+                       label=name if single else f"cp on {n} GPUs")
+    lengths = sorted({r.seq_len for r in rows})
+    for ax in (speed, shape):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in lengths])
+        ax.set_xlim(min(lengths) / 1.3, max(lengths) * 1.3)
+        for r in rows:
+            if r.plan is None:
+                ax.axvline(r.seq_len, color="#C44E52", linestyle=":", linewidth=1)
+                ax.text(r.seq_len, 0.5, f" {r.gpus} GPUs: {r.status}", transform=ax.get_xaxis_transform(),
+                        rotation=90, color="#C44E52", fontsize=8, va="center")
+        ax.minorticks_off()
+        ax.set_xlabel("sequence length (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    speed.set_ylabel("tokens/s per GPU")
+    speed.set_ylim(0, max(r.plan.prediction.tokens_per_s / r.gpus for r in fitted) * 1.2)  # type: ignore[union-attr]
+    speed.set_title("(a) throughput of the best plan (labels: its degrees)", fontsize=10, loc="left")
+    shape.set_yscale("log", base=2)
+    ticks = [2 ** k for k in range(top.bit_length())]
+    shape.set_yticks(ticks, [str(t) for t in ticks])
+    shape.set_ylabel("degree")
+    shape.set_title("(b) degrees of the best plan", fontsize=10, loc="left")
+    first: Plan = fitted[0].plan  # type: ignore[assignment]
+    fig.suptitle(f"{first.model.name} on {', '.join(map(str, counts))}× {first.cluster.hardware}: the best plan by "
+                 "sequence length", fontsize=12)
     return fig
 
 

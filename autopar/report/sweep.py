@@ -1,12 +1,13 @@
-"""`autopar sweep`: the best plan for each of several GPU counts, and how well throughput scales.
+"""`autopar sweep`: the best plan for each of several GPU counts and sequence lengths, how well throughput
+scales, and how the plan changes with the context length (context parallelism takes over as it grows).
 
-The model is captured once; every count is solved from the same ModelProfile. A count where nothing
-fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU relative
-to the smallest count that has a plan (1.0 there; linear scaling keeps it at 1.0).
+The model is captured once per sequence length; every count is solved from that ModelProfile. A count where
+nothing fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU relative
+to the smallest count that has a plan at the same sequence length (1.0 there; linear scaling keeps it at 1.0).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -24,15 +25,16 @@ class SweepRow:
     gpus: int
     plan: Plan | None                 # None: no plan (status and reason say why)
     reason: str = ""
-    efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan
+    efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan at this seq_len
     status: str = "fits"              # or NO_SPLIT (no valid configuration) or DOES_NOT_FIT (memory)
+    seq_len: int = 0                  # the sequence length solved at
 
     def as_dict(self) -> dict:
-        row: dict = {"gpus": self.gpus, "fits": self.plan is not None, "status": self.status, "reason": self.reason,
-                     "scaling_efficiency": self.efficiency}
+        row: dict = {"gpus": self.gpus, "seq_len": self.seq_len, "fits": self.plan is not None, "status": self.status,
+                     "reason": self.reason, "scaling_efficiency": self.efficiency}
         if self.plan is not None:
             par, pred = self.plan.parallelism, self.plan.prediction
-            row.update(tp=par.tp, pp=par.pp, dp=par.dp, micro_batch_size=par.micro_batch_size,
+            row.update(tp=par.tp, cp=par.cp, cp_comm=par.cp_comm, pp=par.pp, dp=par.dp, micro_batch_size=par.micro_batch_size,
                        num_microbatches=par.num_microbatches, global_batch_size=par.global_batch_size,
                        zero_stage=par.zero_stage, schedule=par.schedule, virtual_stages=par.virtual_stages,
                        step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s,
@@ -46,23 +48,30 @@ NO_SPLIT = "no valid split"
 DOES_NOT_FIT = "does not fit"
 
 
-def parse_gpus(text: str) -> list[int]:
+def parse_gpus(text: str, flag: str = "--gpus", what: str = "GPU counts", example: str = "8,16,32") -> list[int]:
     """'8,16,32' → [8, 16, 32] (sorted, without repeats); raises AutoparError on anything else."""
     counts = []
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
-            raise AutoparError(f"--gpus {text!r}: give positive whole GPU counts separated by commas, e.g. 8,16,32")
+            raise AutoparError(f"{flag} {text!r}: give positive whole {what} separated by commas, e.g. {example}")
         counts.append(int(part))
     return sorted(set(counts))
 
 
+def parse_seq_lens(text: str) -> list[int]:
+    """'8192,32768' → [8192, 32768]; raises AutoparError on anything else."""
+    return parse_gpus(text, "--seq-len", "sequence lengths", "8192,32768,131072")
+
+
 def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = DEFAULT_HARDWARE,
-          hardware_file: str | Path | None = None, global_batch: int | None = None, seq_len: int | None = None,
-          time_limit_s: float = 60.0, threads: int = 2, overrides: Mapping[str, str] | None = None,
-          dtype: str = "bf16", progress: Callable[[int], None] | None = None) -> list[SweepRow]:
-    """Solve MODEL for every count. Counts that are not whole nodes are rejected up front (bad input);
-    a count where no plan fits becomes a row with the reason."""
+          hardware_file: str | Path | None = None, global_batch: int | None = None,
+          seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int = 2,
+          overrides: Mapping[str, str] | None = None, dtype: str = "bf16",
+          progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
+    """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's).
+    Counts that are not whole nodes are rejected up front (bad input); a count where no plan fits becomes a row
+    with the reason."""
     from autopar.pricing import priced_hardware
     from autopar.profile import load_profile
     from autopar.search import solve
@@ -74,58 +83,71 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
             raise AutoparError(f"--gpus {n} is not a whole number of {gpus_per_node}-GPU nodes; "
                                "use multiples of --gpus-per-node above one node")
     priced_hardware(gpu, hardware_file, dtype=dtype)  # a profile that cannot price this dtype fails here, once
-    profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)  # captured once
+    lengths = [seq_len] if seq_len is None or isinstance(seq_len, int) else sorted(set(seq_len))
     rows = []
-    for n in sorted(gpu_counts):
-        if progress is not None:
-            progress(n)
-        try:
-            plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
-                         global_batch=global_batch, time_limit_s=time_limit_s, threads=threads,
-                         regret=False)  # the sweep compares counts: no corner solves
-            rows.append(SweepRow(n, plan))
-        except NoValidConfiguration as err:
-            rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT))
-        except DoesNotFit as err:
-            rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT))
+    for length in lengths:
+        profile = load_profile(model, overrides=overrides, seq_len=length, dtype=dtype)  # captured once per length
+        for n in sorted(gpu_counts):
+            if progress is not None:
+                progress(n, profile.seq_len)
+            row = dict(seq_len=profile.seq_len)
+            try:
+                plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
+                             global_batch=global_batch, time_limit_s=time_limit_s, threads=threads,
+                             regret=False)  # the sweep compares counts: no corner solves
+                rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
+            except NoValidConfiguration as err:
+                rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
+            except DoesNotFit as err:
+                rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
     return with_efficiency(rows)
 
 
 def with_efficiency(rows: Sequence[SweepRow]) -> list[SweepRow]:
-    fitted = [r for r in rows if r.plan is not None]
-    if not fitted:
-        return list(rows)
-    base = fitted[0].plan.prediction.tokens_per_s / fitted[0].gpus  # type: ignore[union-attr]
-    return [SweepRow(r.gpus, r.plan, r.reason, r.plan.prediction.tokens_per_s / r.gpus / base, r.status)
+    """Each row's scaling efficiency against the smallest count with a plan at its sequence length."""
+    base: dict[int, float] = {}
+    for r in rows:
+        if r.plan is not None:
+            base.setdefault(r.seq_len, r.plan.prediction.tokens_per_s / r.gpus)
+    return [replace(r, efficiency=r.plan.prediction.tokens_per_s / r.gpus / base[r.seq_len])
             if r.plan is not None else r for r in rows]
 
 
 def print_sweep(rows: Sequence[SweepRow], console: Console | None = None) -> None:
+    """One row per (sequence length, GPU count); the sequence column only when several lengths were swept, the
+    scaling column only when several counts were."""
     console = console or wide_console()
     first = next((r.plan for r in rows if r.plan is not None), None)
-    title = "best plan per GPU count"
+    lengths, counts = sorted({r.seq_len for r in rows}), sorted({r.gpus for r in rows})
+    several, scaling = len(lengths) > 1, len(counts) > 1
+    title = "best plan per " + ("sequence length" if several and not scaling else
+                                "sequence length and GPU count" if several else "GPU count")
     if first is not None:
-        title += f": {first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}"
+        title += f": {first.model.name}{'' if several else f' (seq {first.model.seq_len})'} on {first.cluster.hardware}"
     out = table(title)
-    numbers(out, "GPUs")
+    numbers(out, *(("seq",) if several else ()), "GPUs")
     text(out, PLAN_HEADER, min_width=12)
-    numbers(out, "step s", "tokens/s", "MFU", "scaling", "GiB")
+    numbers(out, "step s", "tokens/s", "MFU", *(("scaling",) if scaling else ()), "GiB")
     text(out, "solver", min_width=8)
     for r in rows:
+        lead = (str(r.seq_len),) if several else ()
         if r.plan is None:
-            out.add_row(str(r.gpus), f"[red]{r.status}[/]", *[""] * 5, "")
+            out.add_row(*lead, str(r.gpus), f"[red]{r.status}[/]", *[""] * (5 if scaling else 4), "")
             continue
         pred, solver = r.plan.prediction, r.plan.solver
         status = "-" if solver is None else solver.status if solver.status == "OPTIMAL" else \
             f"gap {100 * solver.gap:.1f}%"
-        out.add_row(str(r.gpus), plan_cell(r.plan.parallelism), f"{pred.step_time_s:.4g}", count(pred.tokens_per_s),
-                    f"{100 * pred.mfu:.1f}%", f"{r.efficiency:.3f}",
+        out.add_row(*lead, str(r.gpus), plan_cell(r.plan.parallelism), f"{pred.step_time_s:.4g}",
+                    count(pred.tokens_per_s), f"{100 * pred.mfu:.1f}%", *((f"{r.efficiency:.3f}",) if scaling else ()),
                     f"{pred.peak_memory_gib:.1f}", status)
     console.print(out)
     batches = sorted({r.plan.parallelism.global_batch_size for r in rows if r.plan is not None})
     if batches:
-        console.print(f"global batch {', '.join(map(str, batches))} samples; scaling: tokens/s per GPU relative to "
-                      "the smallest count with a plan; solver: OPTIMAL or the gap to its proven bound")
+        console.print(f"global batch {', '.join(map(str, batches))} samples"
+                      + ("; scaling: tokens/s per GPU relative to the smallest count with a plan" if scaling else "")
+                      + ("; cp: context parallelism" if any(r.plan and r.plan.parallelism.cp > 1 for r in rows) else "")
+                      + "; solver: OPTIMAL or the gap to its proven bound")
     for r in rows:
         if r.plan is None:
-            console.print(f"[red]{r.gpus} GPU{'s' if r.gpus > 1 else ''}: {r.status}[/] — {r.reason}")
+            at = f" at seq {r.seq_len}" if several else ""
+            console.print(f"[red]{r.gpus} GPU{'s' if r.gpus > 1 else ''}{at}: {r.status}[/] — {r.reason}")

@@ -43,8 +43,8 @@ def text(t: Table, *headers: str, min_width: int | None = None) -> None:
 def count(n: float) -> str:
     """A count in at most 7 characters: exact with thousands separators below a million, else 4 significant
     digits and a prefix (131.1 M, 5.933 G, 1.727 T)."""
-    if abs(n) < 1e6:
-        return f"{n:,.0f}" if float(n).is_integer() else f"{n:,.4g}"
+    if abs(n) < 1e6:  # whole above a thousand (4 significant digits would print 4.891e+05)
+        return f"{n:,.0f}" if float(n).is_integer() or abs(n) >= 1e3 else f"{n:,.4g}"
     for scale, prefix in _PREFIXES:
         if abs(n) >= scale:
             return f"{n / scale:.4g} {prefix}"

@@ -38,6 +38,8 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
+from cost_models import ConfigError
+from cost_models.config import check_context
 
 POSITIONS = "positions"  # the keyword a model's forward takes its tokens' global positions by
 
@@ -47,12 +49,11 @@ def check_plan(spec: RunPlan) -> None:
     p = spec.parallelism
     if p.cp == 1:
         return
-    seq = spec.model.seq_len
-    if seq % (2 * p.cp):
-        raise AutoparError(f"cp {p.cp}: seq_len {seq} is not a multiple of 2 * cp = {2 * p.cp} (the load-balanced "
-                           f"split cuts every sequence in 2 * cp equal chunks); choose a cp that divides "
-                           f"seq_len / 2 or pad the sequences")
-    if getattr(p, "cp_comm", "all_gather") != "all_gather":
+    try:  # the plan's rule (a plan parsed by autopar.plan has passed it already; a spec built in code may not)
+        check_context(p.cp, seq_len=spec.model.seq_len, cp_comm=p.cp_comm)
+    except ConfigError as err:
+        raise AutoparError(str(err)) from None
+    if p.cp_comm != "all_gather":
         raise AutoparError(f"cp_comm '{p.cp_comm}': the runtime runs context parallelism with the all-gather "
                            "variant only; re-plan with cp_comm all_gather")
     if not spec.uniform_tp:

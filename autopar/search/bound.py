@@ -18,7 +18,7 @@ from typing import Callable
 from autopar.search.cpsat import block_degrees
 from cost_models import CostModel, ParallelConfig
 from cost_models.algebra import FloatAlgebra
-from cost_models.composition import StepShape, device_time, layer_row, memory
+from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_time, layer_row, memory
 from cost_models.config import default_precision
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
@@ -34,11 +34,11 @@ class Option:
     def __init__(self, row: dict[str, float], fragmentation: float = 0.0):
         self.row = row
         self._alone: dict[tuple, float] = {}
-        self.busy = row["fwd"] + row["bwd"] + row["tp"] + row["a2a"]  # compute, TP and EP traffic: nothing hides
+        self.busy = row["fwd"] + row["bwd"] + unhidden(row)  # compute and the traffic nothing hides
         # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
         # flight, and what each micro-batch in flight adds (the formula is linear in them), the allocator's
         # fragmentation of those activations included (it only grows with the rematerialised and gathered bytes)
-        leaves = {**row, "remat": 0.0, "gather_buffer": 0.0}
+        leaves = {**row, **dict.fromkeys(LARGEST, 0.0)}
         self.memory_fixed = memory(FLOAT, leaves, 0.0, 0.0, fragmentation)["memory"]
         self.memory_per_microbatch = memory(FLOAT, leaves, 1.0, 0.0, fragmentation)["memory"] - self.memory_fixed
 
@@ -103,7 +103,7 @@ class LowerBound:
         return opts
 
     def _degrees(self, cfg: ParallelConfig) -> list[int]:
-        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel)
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel, cfg.cp)
         if key not in self._block_degrees:
             self._block_degrees[key] = block_degrees(self.cost, cfg, self.gpus_per_node)
         return self._block_degrees[key]
@@ -114,7 +114,7 @@ class LowerBound:
         first stage does not hold)."""
         return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
                 cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
-                cfg.ep, cfg.expert_tp, cfg.moe_imbalance)
+                cfg.cp, cfg.cp_comm, cfg.ep, cfg.expert_tp, cfg.moe_imbalance)
 
     def _memory_limits(self, cfg: ParallelConfig) -> tuple[tuple[float, float], tuple[float, float]]:
         """Two necessary conditions on the layers' memory, each a knapsack (micro-batches in flight, capacity).
@@ -151,7 +151,7 @@ class LowerBound:
             if busy is None:
                 busy = self._knapsack[vkey] = max(_knapsack_busy(
                     entry.options, f, cap, weight=lambda o: lam * o.row["fwd"] + mu * o.row["bwd"] +
-                    (2 - lam - mu) * k * o.row["kept"] + o.row["tp"] + o.row["a2a"])
+                    (2 - lam - mu) * k * o.row["kept"] + unhidden(o.row))
                     for f, cap in zip(in_flight, caps))
             return entry.busy_bound(flat, busy, p2p)
 
@@ -175,7 +175,7 @@ class LowerBound:
     def _transfers(self, cfg: ParallelConfig) -> tuple[float, float]:
         """(least, most) time of one pipeline transfer of this choice."""
         gpn = cfg.gpus_per_node or self.cost.hw.gpus_per_node
-        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, gpn, cfg.gpus > gpn)  # what the tp and pp links follow
+        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, gpn, cfg.gpus > gpn, cfg.cp)  # what the transfers follow
         if key not in self._p2p:
             cost = self.cost
             tp_link, _, pp_link = cost.links(cfg)
@@ -199,6 +199,18 @@ class LowerBound:
         total = entry.busy_bound(shape, entry.fastest, 2 * (cfg.chunks - 1) * self._transfers(cfg)[0])
         heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
         return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
+
+    def family(self, templates: list[ParallelConfig], global_batch: int) -> float:
+        """A lower bound on every choice of a (tp, cp) family, from ``templates`` (space.family_templates: one per
+        micro-batch b, SP and expert degrees its choices may take). A choice of b, dp, pp runs m = B/(b·dp)
+        micro-batches, so step ≥ m·max_d T_d ≥ m·Σ_d T_d/pp ≥ B/(b·dp·pp)·Σ_layers busy(b) (T_d is at least its
+        layers' busy time, pipeline_total at least m·max_d T_d, the tail at least 0), and dp·pp = GPUs/(tp·cp); the
+        busy time of a layer does not depend on dp, pp or the ZeRO stage but for ZeRO-3's copy-out, which only adds."""
+        least = math.inf
+        for cfg in templates:
+            per_sample = sum(n * min(o.busy for o in opts) for n, opts in self.options(cfg)) / cfg.micro_batch
+            least = min(least, global_batch * per_sample * cfg.tp * cfg.cp / cfg.gpus)
+        return least
 
     def strong(self, cfg: ParallelConfig) -> float:
         """The lower bound with every necessary condition: both memory knapsacks, offload transfers and
@@ -274,7 +286,7 @@ class _Entry:
     def __init__(self, options: list[tuple[int, list[Option]]]):
         self.options = options
         self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
-        self.floor = sum(n * min(o.row["tp"] + o.row["a2a"] + o.row["z3"] for o in opts) for n, opts in options)
+        self.floor = sum(n * min(unhidden(o.row) + o.row["z3"] for o in opts) for n, opts in options)
         self.fastest = sum(n * min(o.busy for o in opts) for n, opts in options)  # the knapsack without memory
         self._heaviest: dict[tuple, float] = {}
         self._items: dict[tuple, list[list[tuple]]] = {}
@@ -284,8 +296,8 @@ class _Entry:
         compute c and TP time t, c + t + max(0, traffic − ov·c) ≥ the same at c = busy, t = 0 whenever
         c + t ≥ busy (it grows with c). Also ≥ TP + traffic + transfers + sync, as compute hides no more
         ZeRO-3 traffic than itself."""
-        leaves = {"fwd": busy, "bwd": 0.0, "tp": 0.0, "a2a": 0.0, "kept": 0.0, "p2p": p2p, "z3": self.least["z3"],
-                  "z3_sync": self.least["z3_sync"]}
+        leaves = {"fwd": busy, "bwd": 0.0, **dict.fromkeys(UNHIDDEN, 0.0), "kept": 0.0, "p2p": p2p,
+                  "z3": self.least["z3"], "z3_sync": self.least["z3_sync"]}
         return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
 
     def tail_items(self, dp_overlap: float, v: int, blocks: list[str], first: str) -> list[list[tuple]]:
@@ -331,6 +343,11 @@ def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, 
     points.update(w / busy for w in _cover_breakpoints(items))
     return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) +
                _least_cost_cover(items, x * busy) for x in points if 0.0 <= x <= 1.0)
+
+
+def unhidden(row: dict[str, float]) -> float:
+    """A row's traffic that adds to a device's time in full (composition.UNHIDDEN)."""
+    return sum(row[name] for name in UNHIDDEN)
 
 
 def _golden_max(f: Callable[[float], float], iterations: int = 12) -> float:

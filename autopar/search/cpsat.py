@@ -44,9 +44,9 @@ class InnerResult:
 def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> list[int]:
     """Tensor-parallel degrees a block may take besides the stage's own: divisors of the stage's tp·dp
     devices inside a node that keep the local micro-batch whole and that every block's pattern admits.
-    Only without ZeRO and sequence parallelism (what the runtime runs with per-layer degrees)."""
+    Only without ZeRO, sequence and context parallelism (what the runtime runs with per-layer degrees)."""
     blocks = list({lp.block_id: lp for lp in cost.model.layers if lp.kind == "block"}.values())  # one per kind
-    if cfg.zero_stage or cfg.sequence_parallel or any(getattr(lp, "moe", None) for lp in blocks):
+    if cfg.zero_stage or cfg.sequence_parallel or cfg.cp > 1 or any(getattr(lp, "moe", None) for lp in blocks):
         return [cfg.tp]  # a MoE model's experts take their own degree (etp) instead
     devices = cfg.tp * cfg.dp
     return [t for t in range(1, min(devices, gpus_per_node) + 1)

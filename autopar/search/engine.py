@@ -17,6 +17,7 @@ import heapq
 import math
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Iterator
 
 from autopar.errors import NoValidConfiguration
@@ -25,9 +26,10 @@ from autopar.search.bound import LowerBound
 from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
-from autopar.search.space import Pins, choice_key, outer_choices
+from autopar.search.space import Pins, choice_key, context_families, family_templates, outer_choices
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
-from cost_models.partition import stage_layer_counts
+from cost_models.composition import device_chunks
+from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
 @dataclasses.dataclass
@@ -71,13 +73,45 @@ def _greedy_incumbent(cost: CostModel, queue: "_Queue", modes: tuple[str, ...], 
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
             plan = replace(cfg, stage_layers=counts, layer_recompute=per_layer)
             est = cost.evaluate(plan)
+            if est.fits and mode != modes[0] and modes[0] == "none":  # recompute only the blocks memory needs
+                plan, est = _fewest_recomputed(cost, plan, est, mode)
             if est.fits and (best is None or est.step_time_s < best.estimate.step_time_s):
-                best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts, per_layer))
+                best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts,
+                                                            plan.layer_recompute or per_layer))
             if est.fits:
                 break
     for item in seen:
         queue.push(item)
     return best
+
+
+def _fewest_recomputed(cost: CostModel, plan: ParallelConfig, fits: StepEstimate,
+                       mode: str) -> tuple[ParallelConfig, StepEstimate]:
+    """``plan`` (every block recomputing in ``mode``, and fitting) with only as many of each device's blocks
+    recomputing as its memory needs, the rest none: a bisection per device, all devices at once (a device's
+    recomputation changes only its own memory). An incumbent, so it need not be optimal: it only has to fit."""
+    layers = cost.model.layers
+    ranges = chunk_ranges(plan.stage_layers or ())
+    blocks = [[i for c in device_chunks(d, plan.pp, plan.chunks) for i in ranges[c] if layers[i].kind == "block"]
+              for d in range(plan.pp)]
+    lo, hi = [0] * plan.pp, [len(b) for b in blocks]
+    best_plan, best = plan, fits
+    while any(a < b for a, b in zip(lo, hi)):
+        mid = [(a + b) // 2 for a, b in zip(lo, hi)]
+        modes = ["none"] * len(layers)
+        for d, k in enumerate(mid):
+            for i in blocks[d][:k]:
+                modes[i] = mode
+        trial = replace(plan, layer_recompute=tuple(modes))
+        est = cost.evaluate(trial)
+        for d, dev in enumerate(est.devices):
+            if dev.memory.total <= est.memory_capacity_bytes:
+                hi[d] = mid[d]
+            else:
+                lo[d] = mid[d] + 1
+        if est.fits and est.step_time_s < best.step_time_s:
+            best_plan, best = trial, est
+    return best_plan, best
 
 
 @dataclasses.dataclass
@@ -167,27 +201,41 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
 class _Queue:
     """The outer choices by lower bound, refined lazily: each enters with the cheap bound (no memory
     knapsack, LowerBound.cheap) and gets the quick bound only when it reaches the front, so the many
-    choices the incumbent closes are never refined (best-first search with lazy evaluation)."""
+    choices the incumbent closes are never refined (best-first search with lazy evaluation). A deferred family
+    of choices (space.context_families) enters with one bound on all of them and is enumerated when it reaches
+    the front."""
 
-    def __init__(self, bound: LowerBound, choices: Iterator[ParallelConfig]):
+    FAMILY, CHEAP, QUICK = 0, 1, 2  # what an entry's bound is
+
+    def __init__(self, bound: LowerBound, choices: Iterator[ParallelConfig],
+                 families: list[tuple[float, Callable[[], Iterator[ParallelConfig]]]] = ()):  # type: ignore[assignment]
         self.bound = bound
-        self.heap = [(bound.cheap(cfg), n, False, cfg) for n, cfg in enumerate(choices)]
-        heapq.heapify(self.heap)
+        self.heap: list[tuple] = [(bound.cheap(cfg), n, self.CHEAP, cfg) for n, cfg in enumerate(choices)]
         self.total = len(self.heap)
+        self.heap += [(lb, self.total + k, self.FAMILY, expand) for k, (lb, expand) in enumerate(families)
+                      if lb < math.inf]
+        self.counter = len(self.heap)
+        heapq.heapify(self.heap)
 
     def pop(self) -> tuple[float, int, ParallelConfig] | None:
         """The choice of least quick bound, with that bound (None: no choice left that can fit)."""
         while self.heap:
-            lb, n, refined, cfg = heapq.heappop(self.heap)
-            if refined:
-                return lb, n, cfg
-            quick = self.bound(cfg)
+            lb, n, kind, item = heapq.heappop(self.heap)
+            if kind == self.QUICK:
+                return lb, n, item
+            if kind == self.FAMILY:
+                for cfg in item():
+                    self.total += 1
+                    self.counter += 1
+                    heapq.heappush(self.heap, (max(lb, self.bound.cheap(cfg)), self.counter, self.CHEAP, cfg))
+                continue
+            quick = self.bound(item)
             if quick < math.inf:  # else it cannot fit
-                heapq.heappush(self.heap, (max(lb, quick), n, True, cfg))
+                heapq.heappush(self.heap, (max(lb, quick), n, self.QUICK, item))
         return None
 
     def push(self, item: tuple[float, int, ParallelConfig]) -> None:
-        heapq.heappush(self.heap, (item[0], item[1], True, item[2]))
+        heapq.heappush(self.heap, (item[0], item[1], self.QUICK, item[2]))
 
     def least(self) -> float:
         return self.heap[0][0] if self.heap else math.inf
@@ -200,10 +248,14 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k)
-    queue = _Queue(state.lower_bound, outer_choices(profile, gpus=gpus, gpus_per_node=gpus_per_node,
-                                                    global_batch=global_batch, pins=pins,
-                                                    allow_cross_node_tp=allow_cross_node_tp))
-    if not queue.total:
+    space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+                 allow_cross_node_tp=allow_cross_node_tp)
+    families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch),  # type: ignore[arg-type]
+                 partial(outer_choices, profile, family=family, **space))
+                for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
+                                               allow_cross_node_tp=allow_cross_node_tp)]
+    queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, **space), families)  # type: ignore[arg-type]
+    if not queue.heap:
         raise NoValidConfiguration(explain_no_configuration(
             profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
             allow_cross_node_tp=allow_cross_node_tp))

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from autopar.errors import DoesNotFit, NoValidConfiguration
 from autopar.profile import ModelProfile
-from autopar.search.space import Pins, divisors, outer_choices, tp_degrees
+from autopar.search.space import Pins, degrees, outer_choices
 from cost_models import ConfigError, CostModel, HardwareProfile
 
 GIB = 2**30
@@ -25,7 +25,7 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
     frugal = replace(pins, recompute=pins.recompute or "full")
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
                              global_batch=global_batch, pins=frugal):
-        if cfg.zero_stage != (3 if cfg.dp > 1 else 0) and pins.zero is None:
+        if cfg.zero_stage != (3 if cfg.grad_replicas > 1 else 0) and pins.zero is None:
             continue
         if cfg.micro_batch != 1 and pins.micro_batch is None:
             continue
@@ -34,7 +34,7 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
         except ConfigError:
             continue
         if best is None or est.peak_memory_bytes < best[0]:
-            best = (est.peak_memory_bytes, f"tp {cfg.tp} pp {cfg.pp} dp {cfg.dp}")
+            best = (est.peak_memory_bytes, f"tp {cfg.tp}{f' cp {cfg.cp}' if cfg.cp > 1 else ''} pp {cfg.pp} dp {cfg.dp}")
     return best
 
 
@@ -72,18 +72,19 @@ def _pins_text(pins: Pins) -> str:
 def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
                              allow_cross_node_tp: bool = False) -> str:
     """Why no outer choice exists: the data-parallel degrees the GPU count allows (tp inside a node and dividing
-    the model's heads, pp at most its layers) all fail to divide the global batch, or the pins rule out the rest.
-    Pins are named only when some were given."""
+    the model's heads, cp splitting the sequence into 2·cp chunks, pp at most its layers) all fail to divide the
+    global batch, or the pins rule out the rest. Pins are named only when some were given."""
     n_layers = len(profile.layers)
-    tps = tp_degrees(profile, gpus, min(gpus_per_node, gpus), allow_cross_node_tp)
-    dps = sorted({gpus // (t * p) for t in tps for p in divisors(gpus // t) if p <= n_layers})
-    if not any(global_batch % dp == 0 for dp in dps):
+    splits = list(degrees(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), pins=Pins(),
+                          allow_cross_node_tp=allow_cross_node_tp))
+    dps = sorted({dp for _, _, _, dp in splits})
+    if dps and not any(global_batch % dp == 0 for dp in dps):
         batch, dp = min((-(-global_batch // dp) * dp, dp) for dp in dps)
         shown = ", ".join(map(str, dps[:6])) + (", ..." if len(dps) > 6 else "")
-        return (f"no split of {gpus} GPUs into tp × pp × dp has a data-parallel degree dividing the global batch "
-                f"{global_batch}: with tp at most {max(tps)} (inside a node, dividing the heads) and pp at most "
-                f"{n_layers} (the model's layers), dp is one of {shown}; use --global-batch {batch} (a multiple of "
-                f"dp {dp}) or fewer GPUs")
+        return (f"no split of {gpus} GPUs into tp × cp × pp × dp has a data-parallel degree dividing the global batch "
+                f"{global_batch}: with tp at most {max(t for t, *_ in splits)} (inside a node, dividing the heads), "
+                f"cp splitting the sequence and pp at most {n_layers} (the model's layers), dp is one of {shown}; use "
+                f"--global-batch {batch} (a multiple of dp {dp}) or fewer GPUs")
     pinned = _pins_text(pins)
     if pinned:
         return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch} "

@@ -1,4 +1,5 @@
-"""The outer search space: degrees, batch split, ZeRO, sequence parallelism, schedule, offload.
+"""The outer search space: degrees (tp, cp, pp, dp, ep), batch split, ZeRO, sequence parallelism, schedule,
+offload.
 
 Every choice here is enumerated; for each, the inner CP-SAT model (cpsat.py) places the stage cuts and
 the per-layer recomputation exactly. Choices are visited in order of a valid lower bound on their step
@@ -7,11 +8,17 @@ time, so most are pruned without a solve (branch and bound over the outer choice
 Dominated choices left out unless pinned, because the cost model can never prefer them:
 - GPipe: the same pipeline time as 1F1B (cost_models.pipeline) with at least as many micro-batches in
   flight (cost_models.memory), so never faster and never smaller;
-- activation offload when the same choice without it fits: offload only adds transfer time.
+- activation offload when the same choice without it fits: offload only adds transfer time;
+- a context-parallel degree sharing a factor g with the micro-batch: the same choice at cp/g, dp·g and micro-batch
+  b/g runs the same tokens on every GPU (b/cp samples' worth), reduces gradients over the same dp·cp GPUs and
+  exchanges keys and values over a group of fewer ranks at the same stride (no larger chunk, buffer, step count
+  or node count: cost_models.context; fewer bytes, which never take longer on any profile's tables), so it is
+  never slower and never bigger (tests/test_solver_context.py checks it against brute force).
 """
 from __future__ import annotations
 
 import dataclasses
+from math import gcd
 from typing import Iterator
 
 from autopar.errors import AutoparError
@@ -38,6 +45,8 @@ class Pins:
     schedule: str | None = None
     virtual_stages: int | None = None
     offload: bool | None = None
+    cp: int | None = None                 # context parallelism
+    cp_comm: str | None = None            # not searched: its exchange (None: all_gather, what autopar launch runs)
     ep: int | None = None                 # expert parallelism (mixture-of-experts models)
     etp: int | None = None                # the experts' tensor-parallel degree: tp or 1
     moe_imbalance: float | None = None    # not searched: the load the plan assumes (None: the default)
@@ -60,11 +69,20 @@ def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross
     return out
 
 
-def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
-                  allow_cross_node_tp: bool = False) -> Iterator[ParallelConfig]:
-    """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
-    model: Megatron's even split, no recomputation), with the attention kernel the model runs."""
-    kernel = attention_kernel(profile)
+def cp_degrees(profile: ModelProfile, gpus: int, pins: Pins) -> list[int]:
+    """Context-parallel degrees for ``gpus`` GPUs (those tp leaves): divisors whose 2·cp chunks split the
+    sequence evenly (cost_models.config.check_context); only cp 1 for a model without attention, which has
+    nothing to gain from it but smaller pieces of the same work."""
+    if pins.cp is not None:
+        return [pins.cp] if gpus % pins.cp == 0 else []
+    if not any(pair.kind == "attention" for lp in profile.layers for pair in lp.tp.pairs):
+        return [1]
+    return [c for c in divisors(gpus) if c == 1 or profile.seq_len % (2 * c) == 0]
+
+
+def degrees(profile: ModelProfile, *, gpus: int, gpus_per_node: int, pins: Pins,
+            allow_cross_node_tp: bool = False) -> Iterator[tuple[int, int, int, int]]:
+    """Every (tp, cp, pp, dp) with tp × cp × pp × dp = gpus that the model and the pins allow."""
     n_layers = len(profile.layers)
     tps = tp_degrees(profile, gpus, gpus_per_node, allow_cross_node_tp)
     if pins.tp is not None:
@@ -72,36 +90,86 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
             raise AutoparError(f"--tp {pins.tp} does not divide --gpus {gpus}")
         tps = [pins.tp]
     for tp in tps:
-        for pp in divisors(gpus // tp):
-            if pp > n_layers or (pins.pp is not None and pp != pins.pp):
-                continue
-            dp = gpus // (tp * pp)
-            if pins.dp is not None and dp != pins.dp:
-                continue
-            for b in divisors(global_batch):
-                if global_batch % (b * dp) or (pins.micro_batch is not None and b != pins.micro_batch):
+        for cp in cp_degrees(profile, gpus // tp, pins):
+            for pp in divisors(gpus // (tp * cp)):
+                dp = gpus // (tp * cp * pp)
+                if pp <= n_layers and pins.pp in (None, pp) and pins.dp in (None, dp):
+                    yield tp, cp, pp, dp
+
+
+def _micro_batches(global_batch: int, tp: int, cp: int, dp: int, pins: Pins) -> list[int]:
+    """Micro-batch sizes of a split: dividing the batch over dp, and (free) sharing no factor with cp."""
+    free = pins.cp is None and pins.dp is None and pins.micro_batch is None  # the dominating choice is open
+    return [b for b in divisors(global_batch) if global_batch % (b * dp) == 0 and pins.micro_batch in (None, b)
+            and not (free and gcd(cp, b) > 1)]
+
+
+def context_families(profile: ModelProfile, *, gpus: int, gpus_per_node: int, pins: Pins,
+                     allow_cross_node_tp: bool = False) -> list[tuple[int, int]]:
+    """The (tp, cp > 1) families the search defers: each enters it with one lower bound on all its choices
+    (bound.LowerBound.family) and is enumerated only if that bound reaches the front; none when cp is pinned."""
+    if pins.cp is not None:
+        return []
+    return sorted({(tp, cp) for tp, cp, _, _ in degrees(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
+                                                      allow_cross_node_tp=allow_cross_node_tp) if cp > 1})
+
+
+def family_templates(profile: ModelProfile, family: tuple[int, int], *, gpus: int, gpus_per_node: int,
+                     global_batch: int, pins: Pins, allow_cross_node_tp: bool = False) -> list[ParallelConfig]:
+    """One configuration (pp 1, the family's largest dp, no ZeRO) per micro-batch, sequence parallelism and
+    expert degrees that a (tp, cp) family's choices may take: what LowerBound.family prices its work by."""
+    tp, cp = family
+    dps = {dp for t, c, _, dp in degrees(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
+                                         allow_cross_node_tp=allow_cross_node_tp) if (t, c) == family}
+    widest = gpus // (tp * cp)
+    sizes = sorted({b for dp in dps for b in _micro_batches(global_batch, tp, cp, dp, pins)})
+    return [ParallelConfig(tp=tp, pp=1, dp=widest, micro_batch=b, num_microbatches=1, recompute="none",
+                           sequence_parallel=sp, gpus_per_node=gpus_per_node, attention_kernel=attention_kernel(profile),  # type: ignore[arg-type]
+                           ep=ep, etp=etp, moe_imbalance=pins.moe_imbalance, cp=cp,
+                           cp_comm=pins.cp_comm or "all_gather")  # type: ignore[arg-type]
+            for b in sizes for sp in _sp_choices(tp, pins)
+            for ep, etp in expert_choices(profile, tp=tp, dp=widest, pins=pins, cp=cp)]
+
+
+def _sp_choices(tp: int, pins: Pins) -> list[bool]:
+    return [sp for sp in ((False, True) if tp > 1 else (False,)) if pins.sequence_parallel in (None, sp)]
+
+
+def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
+                  allow_cross_node_tp: bool = False, family: tuple[int, int] | None = None,
+                  defer_families: bool = False) -> Iterator[ParallelConfig]:
+    """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
+    model: Megatron's even split, no recomputation), with the attention kernel the model runs. ``family``: only
+    that (tp, cp) family's; ``defer_families``: leave out the families context_families names."""
+    kernel = attention_kernel(profile)
+    n_layers = len(profile.layers)
+    deferred = set(context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
+                                    allow_cross_node_tp=allow_cross_node_tp)) if defer_families else set()
+    for tp, cp, pp, dp in degrees(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
+                                  allow_cross_node_tp=allow_cross_node_tp):
+        if (family is not None and (tp, cp) != family) or (family is None and (tp, cp) in deferred):
+            continue
+        cp_comm = (pins.cp_comm or "all_gather") if cp > 1 else "all_gather"
+        for b in _micro_batches(global_batch, tp, cp, dp, pins):
+            m = global_batch // (b * dp)
+            for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
+                if pins.zero is not None and zero != pins.zero:
                     continue
-                m = global_batch // (b * dp)
-                for zero in ZERO_STAGES if dp > 1 else (0,):
-                    if pins.zero is not None and zero != pins.zero:
-                        continue
-                    for sp in ((False, True) if tp > 1 else (False,)):
-                        if pins.sequence_parallel is not None and sp != pins.sequence_parallel:
-                            continue
-                        for schedule, v in _schedules(pp, m, n_layers, pins):
-                            for offload in ((False, True) if pins.offload is None else (pins.offload,)):
-                                for ep, etp in expert_choices(profile, tp=tp, dp=dp, pins=pins):
-                                    yield ParallelConfig(
-                                        tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
-                                        recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
-                                        virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
-                                        attention_kernel=kernel, ep=ep, etp=etp,  # type: ignore[arg-type]
-                                        moe_imbalance=pins.moe_imbalance)
+                for sp in _sp_choices(tp, pins):
+                    for schedule, v in _schedules(pp, m, n_layers, pins):
+                        for offload in ((False, True) if pins.offload is None else (pins.offload,)):
+                            for ep, etp in expert_choices(profile, tp=tp, dp=dp, pins=pins, cp=cp):
+                                yield ParallelConfig(
+                                    tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
+                                    recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
+                                    virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
+                                    attention_kernel=kernel, ep=ep, etp=etp,  # type: ignore[arg-type]
+                                    moe_imbalance=pins.moe_imbalance, cp=cp, cp_comm=cp_comm)  # type: ignore[arg-type]
 
 
-def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins) -> list[tuple[int, int | None]]:
-    """(ep, etp) a stage of tp·dp GPUs may run the experts at (etp None: the stage's tp): every ep dividing the
-    routed experts and tp·dp/etp (cost_models.config.check_experts); (1, None) for a model without experts."""
+def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins, cp: int = 1) -> list[tuple[int, int | None]]:
+    """(ep, etp) a stage of tp·cp·dp GPUs may run the experts at (etp None: the stage's tp): every ep dividing the
+    routed experts and tp·cp·dp/etp (cost_models.config.check_experts); (1, None) for a model without experts."""
     experts, ffn = model_experts(profile)
     if experts is None:
         return [(1, None)]
@@ -109,7 +177,7 @@ def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins) -> li
     for etp in ([tp, 1] if tp > 1 else [1]):
         if (pins.etp is not None and etp != pins.etp) or (ffn is not None and ffn % etp):
             continue
-        for ep in divisors(tp * dp // etp):
+        for ep in divisors(tp * cp * dp // etp):
             if experts % ep == 0 and (pins.ep is None or ep == pins.ep):
                 out.append((ep, None if etp == tp else etp))
     return out
@@ -118,7 +186,7 @@ def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins) -> li
 def choice_key(cfg: ParallelConfig) -> tuple:
     """An outer choice's decisions, for a deterministic order among equally fast plans."""
     return (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.num_microbatches, cfg.zero_stage, cfg.sequence_parallel,
-            cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp)
+            cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp, cfg.cp, cfg.cp_comm)
 
 
 def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str, int]]:

@@ -1,0 +1,155 @@
+"""`autopar explain` for a context-parallel plan: the cp groups (which ranks, whether they cross nodes), the
+gradient groups over dp × cp, and each attention layer's exchange of keys and values.
+
+Groups are Megatron-Core's (megatron/core/parallel_state.py ``RankGenerator``, order tp-cp-dp-pp): a cp group
+is cp ranks spaced tp apart, so tp × cp ≤ the node's GPUs keeps it on the node's links. The per-layer figures
+come from the cost model (cost_models/context.py): the plan's model is loaded again (its ``model.source`` and
+overrides, as ``autopar validate`` does) and priced under the plan; the other exchange (all-gather or ring) is
+priced too, for comparison. Where the model cannot be loaded, the section shows the groups and each stage's
+exchange from the plan, and says why the rest is missing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rich.console import Console
+
+from autopar.errors import AutoparError
+from autopar.plan import Plan
+from autopar.report.explain import MS, _groups, mesh_groups, nodes_spanned
+from autopar.report.tables import numbers, table, text
+from cost_models import ConfigError
+
+MIB = 2**20
+OTHER = {"all_gather": "ring", "ring": "all_gather"}
+
+
+def _exchange(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def group_span(plan: Plan) -> int:
+    """The most nodes any cp group spans."""
+    par = plan.parallelism
+    return max(nodes_spanned(g, plan.cluster.gpus_per_node) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["cp"])
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """One pipeline stage's attention layers, one GPU, one micro-batch (the cost model's figures)."""
+
+    stage: int
+    layers: int                   # layers that exchange keys and values
+    received: tuple[float, float]  # bytes one GPU receives per layer, forward and backward
+    exposed: tuple[float, float]   # seconds per layer the exchange adds, forward and backward
+    buffer: float                 # bytes of gathered or received K/V (and gradients) while a layer runs
+
+
+def price_context(plan: Plan) -> tuple[list[StageContext], float]:
+    """Each stage's attention layers priced again from the plan's model, and the plan's step time under the other
+    exchange (raises AutoparError if the model cannot be loaded)."""
+    from autopar.pricing import config_of
+    from autopar.profile import load_profile
+    from cost_models import CostModel, load_hardware
+    from cost_models.config import default_precision
+    from cost_models.context import traffic_bytes
+    from cost_models.model import DTYPE_BYTES
+
+    try:
+        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
+                               dtype=plan.model.dtype)
+        cfg = config_of(plan, profile)
+        cfg.validate(profile)
+        model = CostModel(profile, load_hardware(plan.cluster.hardware))
+        other = model.evaluate(replace(cfg, cp_comm=OTHER[cfg.cp_comm])).step_time_s  # type: ignore[arg-type]
+    except (ConfigError, ValueError, OSError) as err:
+        raise AutoparError(str(err)) from err
+    precision = cfg.precision or default_precision(profile.dtype)
+    costs = model.layer_costs(cfg, *model.links(cfg), precision)
+    out = []
+    for stage in range(cfg.pp):
+        mine = [(lp, c, cfg.layer_mode(i, lp.kind)) for i, (layer, c, lp) in enumerate(zip(plan.layers, costs,
+                                                                                            profile.layers))
+                if layer.stage % cfg.pp == stage and c.cp_buffer_bytes > 0]
+        if not mine:
+            continue
+        lp, c, mode = max(mine, key=lambda m: m[1].cp_fwd_s + m[1].cp_bwd_s)  # the costliest, as the table shows
+        received = traffic_bytes(lp, b=cfg.micro_batch, seq_len=profile.seq_len, tp=cfg.tp, cp=cfg.cp,
+                                 cp_comm=cfg.cp_comm, recompute=mode, dtype_bytes=DTYPE_BYTES[profile.dtype])
+        out.append(StageContext(stage, len(mine), received, (c.cp_fwd_s, c.cp_bwd_s), c.cp_buffer_bytes))
+    return out, other
+
+
+def print_context_groups(plan: Plan, console: Console) -> None:
+    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    seq = plan.model.seq_len
+    console.print(f"context parallelism: each sequence of {seq:,} tokens cut into 2·cp = {2 * par.cp} chunks; GPU i "
+                  f"of a cp group holds chunks i and {2 * par.cp - 1} − i ({seq // par.cp:,} tokens, an even share of "
+                  f"causal attention); keys and values exchanged by {_exchange(par.cp_comm)}")
+    groups = mesh_groups(par.tp, par.dp, par.pp, par.cp)
+    out = table(f"cp groups: {par.cp} GPUs spaced tp = {par.tp} apart; gradients reduced over dp × cp = "
+                f"{par.dp * par.cp} GPUs")
+    text(out, "group")
+    numbers(out, "degree", "groups")
+    text(out, "ranks", "spans nodes")
+    grads = _gradient_groups(par.tp, par.dp, par.pp, par.cp)
+    for name, found in (("cp (keys, values)", groups["cp"]), ("dp × cp (grads)", grads)):
+        most = max(nodes_spanned(g, gpn) for g in found)
+        span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
+        out.add_row(name, str(len(found[0])), str(len(found)), _groups(found), span)
+    console.print(out)
+    if group_span(plan) > 1:
+        console.print(f"[yellow]the cp groups span {group_span(plan)} nodes[/]: the exchange crosses the inter-node "
+                      f"network; tp × cp ≤ {gpn} (one node) keeps it on the intra-node links")
+
+
+def _gradient_groups(tp: int, dp: int, pp: int, cp: int) -> list[list[int]]:
+    """Megatron-Core's dp-cp groups: the dp·cp ranks of a stage with the same tp rank."""
+    stage = tp * cp * dp
+    return [[p * stage + j * tp + t for j in range(cp * dp)] for p in range(pp) for t in range(tp)]
+
+
+def print_context_costs(plan: Plan, console: Console) -> None:
+    par = plan.parallelism
+    try:
+        stages, other = price_context(plan)
+    except AutoparError as err:
+        console.print("key/value exchange per stage and micro-batch (from the plan): " + ", ".join(
+            f"stage {s.stage} {s.cp_comm_s * MS:.3g} ms" for s in plan.prediction.stages)
+            + f"; per layer figures need the plan's model, which could not be priced again: {err}")
+        return
+    out = table(f"attention layers on one GPU of each stage: keys and values received per layer and micro-batch "
+                f"(MiB), what the {_exchange(par.cp_comm)} exposes (ms), its buffer (MiB)")
+    numbers(out, "stage", "layers", "MiB\nfwd", "MiB\nbwd", "ms\nfwd", "ms\nbwd", "ms per\nmicro-b.", "buffer\nMiB")
+    for s in stages:
+        per_microbatch = next(p.cp_comm_s for p in plan.prediction.stages if p.stage == s.stage)
+        out.add_row(str(s.stage), str(s.layers), f"{s.received[0] / MIB:.4g}", f"{s.received[1] / MIB:.4g}",
+                    f"{s.exposed[0] * MS:.3g}", f"{s.exposed[1] * MS:.3g}", f"{per_microbatch * MS:.3g}",
+                    f"{s.buffer / MIB:.4g}")
+    console.print(out)
+    step = plan.prediction.step_time_s
+    console.print(f"bwd includes recomputation; under the {_exchange(OTHER[par.cp_comm])} exchange the step would take "
+                  f"{other:.4g} s ({100 * (other / step - 1):+.1f}%)"
+                  + (" (autopar launch runs all-gather; Megatron-LM runs both: --cp-comm-type)"
+                     if par.cp_comm == "all_gather" and other < step else ""))
+
+
+def relief(plan: Plan) -> str:
+    """What would shrink the exposed exchange, from the plan's degrees (for explain's suggestions)."""
+    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    tips = []
+    if par.cp_comm == "all_gather":
+        tips.append("the ring exchange (--cp-comm ring) overlaps each step's transfer with attention")
+    span = group_span(plan)
+    if span > 1:
+        tips.append(f"the cp {par.cp} groups span {span} nodes: tp × cp ≤ {gpn} keeps them inside one")
+    tips.append(f"a lower cp (now {par.cp}) exchanges less, at more activation memory per GPU")
+    return "; ".join(tips)
+
+
+def print_context(plan: Plan, console: Console) -> None:
+    """The context-parallel section of `autopar explain` (nothing for a plan without context parallelism)."""
+    if plan.parallelism.cp == 1:
+        return
+    print_context_groups(plan, console)
+    print_context_costs(plan, console)
