@@ -1,8 +1,9 @@
 """Solver benchmark: wall time to OPTIMAL for the Megatron scaling-table rows, growth with layers and
-GPUs, and the gain of non-uniform plans over the best uniform one. Printed figures, not a test.
+GPUs, the gain of non-uniform plans over the best uniform one, and long context (context parallelism).
+Printed figures, not a test.
 
     python benchmarks/solve.py                 # everything
-    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe
+    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe | long
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def table(limit: float) -> None:
         megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch=micro,
                                                                  global_batch=batch, recompute="full"))
         gap = (best.step_time_s - r.bound_s) / best.step_time_s
-        plan = (f"tp{c.tp} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
+        plan = (f"tp{c.tp}{f' cp{c.cp}' if c.cp > 1 else ''} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
                 f"{' sp' if c.sequence_parallel else ''} {c.schedule}{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}"
                 f"{' offload' if c.offload_activations else ''}")
         print(f"{name:>5} {gpus:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * gap:>6.2f}% {r.solved:>6}  {plan:<44} "
@@ -143,15 +144,50 @@ def moe(limit: float) -> None:
               f"{r.best[0].estimate.step_time_s:>7.3f}")
 
 
+# name, Hugging Face config, sequence length, GPUs (H100, 8 per node), global batch in samples
+LONG = [("Llama-3-8B", "llama-3-8b.json", 131072, 64, 64), ("Llama-3-70B", "llama-3-70b.json", 32768, 256, 256)]
+
+
+def long_context(limit: float) -> None:
+    """The long-context cases of the README: the best plan (context parallelism searched with everything else),
+    its solve time and status, and the best plan without context parallelism (--cp 1) for comparison."""
+    from autopar.pricing import priced_hardware
+    from autopar.profile import load_profile
+
+    _, h100 = priced_hardware("h100-80gb", dtype="bf16")  # as `autopar solve --gpu h100-80gb` prices it
+    print(f"{'model':<12} {'seq':>7} {'GPUs':>5} {'search':<6} {'status':>9} {'solve s':>8} {'cpu s':>6} {'solves':>6}  "
+          f"{'plan':<40} {'step s':>7} {'GiB':>5} {'MFU':>6}")
+    for name, config, seq, gpus, batch in LONG:
+        profile = load_profile(str(ROOT / "examples" / "hf" / config), seq_len=seq)
+        for label, pins in (("free", Pins()), ("cp 1", Pins(cp=1))):
+            cpu = time.process_time()
+            r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit, pins=pins)
+            cpu = time.process_time() - cpu
+            if not r.best:
+                print(f"{name:<12} {seq:>7} {gpus:>5} {label:<6} {r.status:>9} {r.wall_s:>8.2f} {cpu:>6.1f} "
+                      f"{r.solved:>6}  nothing fits")
+                continue
+            best = r.best[0].estimate
+            c = best.config
+            plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
+                    f"{' sp' if c.sequence_parallel else ''} {c.schedule}"
+                    f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
+            print(f"{name:<12} {seq:>7} {gpus:>5} {label:<6} {r.status:>9} {r.wall_s:>8.2f} {cpu:>6.1f} {r.solved:>6}  "
+                  f"{plan:<40} {best.step_time_s:>7.2f} {best.peak_memory_bytes / 2**30:>5.1f} {100 * best.mfu:>5.1f}%")
+
+
+PARTS = ["table", "layers", "gpus", "nonuniform", "moe", "long"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["table", "layers", "gpus", "nonuniform", "moe"], nargs="*",
-                        default=["table", "layers", "gpus", "nonuniform", "moe"])
+    parser.add_argument("--part", choices=PARTS, nargs="*", default=PARTS)
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
     for part in args.part:
         start = time.perf_counter()
-        parts = {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform, "moe": moe}
+        parts = {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform, "moe": moe,
+                 "long": long_context}
         parts[part](args.time_limit)
         print(f"[{part}: {time.perf_counter() - start:.1f} s]\n")
 

@@ -90,3 +90,15 @@ def test_sweep_bad_seq_len_is_one_line(lengths, expected):
     assert result.exit_code == 2
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_a_pipelined_cp_plan_reads_at_80_columns(tmp_path):
+    """Every table of a plan with tensor, context and pipeline parallelism and recomputation fits 80 columns."""
+    plan = autopar.estimate(LLAMA, overrides={**SHAPE, "n_layer": "4"}, seq_len=SEQ, gpu="h100-80gb", gpus=16,
+                            tp=2, pp=2, cp=4, micro_batch=1, global_batch=4, recompute="full", zero=3)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    result = runner.invoke(app, ["explain", str(path)])
+    assert result.exit_code == 0, result.output
+    assert_nothing_cut(result.stdout)
+    assert "cp\ncomm" not in result.stdout and re.search(r"tp\s+cp\s+pp", result.stdout)

@@ -96,16 +96,18 @@ def print_stages(plan: Plan, console: Console) -> None:
     extra = [(name, part) for name, part in (("ep", "ep_comm_s"), ("cp", "cp_comm_s"))
              if any(getattr(s, part) > 0 for s in pred.stages)]
     compare = par.pp > 1  # one stage is always 100% of the slowest
+    others = [_other(s) for s in pred.stages]
+    shown = not extra or any(others)  # with an extra column, "other" only when some stage has any (80 columns)
     numbers(times, "fwd", "bwd", "tp\ncomm", *((f"{'+'.join(n for n, _ in extra)}\ncomm",) if extra else ()),
-            "pp\ncomm", "other", "total", *(("vs\nslowest",) if compare else ()), "recomp.\nlayers")
-    for s in pred.stages:
-        other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s - s.ep_comm_s - s.cp_comm_s
-        other = other if other > 1e-9 * s.time_per_microbatch_s else 0.0  # float noise of the subtraction
+            "pp\ncomm", *(("other",) if shown else ()), "total", *(("vs\nslowest",) if compare else ()),
+            "recomp.\nlayers")
+    for s, other in zip(pred.stages, others):
         recomputed = sum(layer.recompute != "none" for layer in plan.layers if layer.stage % par.pp == s.stage)
         times.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
                       f"{s.fwd_s * MS:.4g}", f"{s.bwd_s * MS:.4g}", f"{s.tp_comm_s * MS:.3g}",
                       *((f"{sum(getattr(s, part) for _, part in extra) * MS:.3g}",) if extra else ()),
-                      f"{s.pp_comm_s * MS:.3g}", f"{other * MS:.3g}", f"{s.time_per_microbatch_s * MS:.4g}",
+                      f"{s.pp_comm_s * MS:.3g}", *((f"{other * MS:.3g}",) if shown else ()),
+                      f"{s.time_per_microbatch_s * MS:.4g}",
                       *((f"{100 * s.time_per_microbatch_s / slowest:.0f}%",) if compare else ()), str(recomputed))
     console.print(times)
     console.print("bwd includes recomputation (recomp. layers: the stage's layers recomputing, full or selective); "
@@ -125,6 +127,12 @@ def print_stages(plan: Plan, console: Console) -> None:
     console.print(memory)
     console.print("in flight = micro-batches whose activations the stage holds at its peak; other = communication "
                   "buffers + the allocator's reserve")
+
+
+def _other(s: StagePrediction) -> float:
+    """A stage's time per micro-batch besides compute and the traffic the table shows: offload and ZeRO-3."""
+    other = s.time_per_microbatch_s - s.fwd_s - s.bwd_s - s.tp_comm_s - s.pp_comm_s - s.ep_comm_s - s.cp_comm_s
+    return other if other > 1e-9 * s.time_per_microbatch_s else 0.0  # float noise of the subtraction
 
 
 def print_step(plan: Plan, console: Console) -> None:
