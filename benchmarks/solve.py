@@ -129,7 +129,8 @@ def moe(limit: float) -> None:
     configs; the solver picks ep and etp with everything else. Wall and CPU seconds (the wall clock counts
     whatever else the machine runs)."""
     h100 = load_hardware("h100-80gb")
-    print(f"{'model':<14} {'GPUs':>5} {'status':>9} {'wall s':>7} {'CPU s':>6} {'solves':>6}  {'plan':<52} {'s/step':>7}")
+    print(f"{'model':<14} {'GPUs':>5} {'status':>9} {'gap':>6} {'wall s':>7} {'CPU s':>6} {'solves':>6}  {'plan':<56} "
+          f"{'s/step':>7}")
     for name, config, gpus, batch in (("DeepSeek-V3", "deepseek-v3.json", 2048, 8192),
                                       ("Mixtral-8x22B", "mixtral-8x22b-v0.1.json", 256, 1024)):
         profile = capture_model(str(ROOT / "examples" / "hf" / config), {}, seq_len=4096)
@@ -137,10 +138,10 @@ def moe(limit: float) -> None:
         r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
         cpu = time.process_time() - cpu
         c = r.best[0].config
-        plan = (f"tp{c.tp} pp{c.pp} dp{c.dp} ep{c.ep} etp{c.expert_tp} b{c.micro_batch}x{c.num_microbatches} "
+        plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} ep{c.ep} etp{c.expert_tp} b{c.micro_batch}x{c.num_microbatches} "
                 f"z{c.zero_stage}{' sp' if c.sequence_parallel else ''} {c.schedule}"
                 f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
-        print(f"{name:<14} {gpus:>5} {r.status:>9} {r.wall_s:>7.2f} {cpu:>6.2f} {r.solved:>6}  {plan:<52} "
+        print(f"{name:<14} {gpus:>5} {r.status:>9} {100 * _gap(r):>5.2f}% {r.wall_s:>7.2f} {cpu:>6.2f} {r.solved:>6}  {plan:<56} "
               f"{r.best[0].estimate.step_time_s:>7.3f}")
 
 
