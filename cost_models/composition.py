@@ -82,7 +82,8 @@ class LayerCost:
 
 # The leaves a device sums over its layers, with their unit.
 SUMMED: dict[str, str] = {
-    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "", "state_params": SIZE, "state_grads": SIZE,
+    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "", "state_params": SIZE,
+    "state_grads": SIZE,
     "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
     "tied_sync": TIME,
 }

@@ -144,8 +144,9 @@ class CostModel:
         share = b / cp if cp > 1 else b  # samples' worth of tokens on this GPU
         if getattr(layer, "moe", None):
             layer = DenseView(layer, seq)  # type: ignore[assignment]
-        c = layer_compute(layer, b=share, seq_len=seq, tp=tp, sequence_parallel=sp, recompute=mode, hw=hw,  # type: ignore[arg-type]
-                          dtype=self.model.dtype, attention_kernel=attn[0], attention_dropout=attn[1])
+        c = layer_compute(layer, b=share, seq_len=seq, tp=tp, sequence_parallel=sp,  # type: ignore[arg-type]
+                          recompute=mode, hw=hw, dtype=self.model.dtype, attention_kernel=attn[0],
+                          attention_dropout=attn[1])
         tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=share, seq_len=seq, tp=tp, link=link, hw=hw,  # type: ignore[arg-type]
                                             sequence_parallel=sp)
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
@@ -231,7 +232,8 @@ class CostModel:
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             e = self._experts[key] = expert_cost(
-                self._representative[layer.block_id], b=cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch,  # type: ignore[arg-type]
+                self._representative[layer.block_id],
+                b=cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch,  # type: ignore[arg-type]
                 seq_len=self.model.seq_len, tp=cfg.tp,
                 etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance, gpus_per_node=gpn, hw=self.hw, dtype=self.model.dtype,
@@ -338,7 +340,8 @@ class CostModel:
         backward). Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then
         all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split. A
         context-parallel rank sends its 1/cp of the tokens."""
-        nbytes = cut_bytes(self.model.layers[index], cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch)  # type: ignore[arg-type]
+        samples = cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch
+        nbytes = cut_bytes(self.model.layers[index], samples)  # type: ignore[arg-type]
         t = comm.p2p_time(nbytes / cfg.tp, pp_link, self.hw)
         if cfg.tp > 1 and not cfg.sequence_parallel:
             t += comm.all_gather_time(nbytes, cfg.tp, tp_link, self.hw)

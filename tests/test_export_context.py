@@ -33,7 +33,8 @@ def cp_plans(profile) -> dict[str, Plan]:
 _FOLDED = "no context parallelism"
 EXPECTED = {  # one substring per warning each (plan, target) must give, nothing else
     "gather": {"megatron": [], "nemo": [], "bionemo": [], "torchtitan": ["ZeRO-1"],
-               "torchtitan@0.2": ["ZeRO-1", "sequence parallelism"], "deepspeed": [_FOLDED], "lightning": [_FOLDED, "configure_model"],
+               "torchtitan@0.2": ["ZeRO-1", "sequence parallelism"], "deepspeed": [_FOLDED],
+               "lightning": [_FOLDED, "configure_model"],
                "sagemaker": ["sharding_strategy", "cp_comm_type=\"all_gather\"", "sequence-parallel parameter"],
                "sagemaker@v1": [_FOLDED]},
     "ring": {"megatron": [], "nemo": [], "bionemo": [], "torchtitan": ["exported as all-gather", "ZeRO-0"],

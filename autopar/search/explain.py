@@ -2,7 +2,7 @@
 or, when no configuration is valid at all, which divisibility rule or pin rules every split out.
 
 Each answer is checked with the cost model on Megatron-style plans (even split, full recomputation,
-ZeRO-3 where there is data parallelism, activation offload): the least memory any of them needs.
+ZeRO-3 where there is data parallelism, activation offload, 1F1B): the least memory any of them needs.
 """
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ GIB = 2**30
 
 
 def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
-                 global_batch: int, pins: Pins) -> tuple[float, str] | None:
-    """(peak bytes per GPU, configuration) of the most memory-frugal plan, or None if none is valid."""
-    cost = CostModel(profile, hw)
+                 global_batch: int, pins: Pins, cost: CostModel | None = None) -> tuple[float, str] | None:
+    """(peak bytes per GPU, configuration) of the most memory-frugal plan, or None if none is valid. ``cost``: a
+    cost model of the same profile and hardware to reuse (its layer costs are cached)."""
+    cost = cost or CostModel(profile, hw)
     best: tuple[float, str] | None = None
     frugal = replace(pins, recompute=pins.recompute or "full")
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
@@ -28,6 +29,10 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
         if cfg.zero_stage != (3 if cfg.grad_replicas > 1 else 0) and pins.zero is None:
             continue
         if cfg.micro_batch != 1 and pins.micro_batch is None:
+            continue
+        if not cfg.offload_activations and pins.offload is None:  # its offloading twin never needs more memory
+            continue
+        if cfg.schedule == "interleaved" and pins.schedule is None:  # more micro-batches in flight than 1F1B
             continue
         try:
             est = cost.evaluate(replace(cfg, recompute=frugal.recompute, gpus_per_node=gpus_per_node))  # type: ignore[arg-type]
@@ -41,7 +46,9 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
 def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
                        global_batch: int, pins: Pins) -> NoReturn:
     """Raise DoesNotFit naming the smallest change that would fit (or NoValidConfiguration: nothing is valid)."""
-    here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins)
+    cost = CostModel(profile, hw)  # one for every count and batch tried: they share most layer costs
+    here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+                        cost=cost)
     if here is None:
         raise NoValidConfiguration(explain_no_configuration(profile, gpus=gpus, gpus_per_node=gpus_per_node,
                                                             global_batch=global_batch, pins=pins))
@@ -49,14 +56,15 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
     fixes = [f"at least {need / GIB:.1f} GiB per GPU ({where})"]
     for more in (gpus * 2 ** i for i in range(1, 8)):
         found = least_memory(profile, hw, gpus=more, gpus_per_node=gpus_per_node,
-                             global_batch=max(global_batch, more), pins=replace(pins, dp=None))
+                             global_batch=max(global_batch, more), pins=replace(pins, dp=None), cost=cost)
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"{more} GPUs")
             break
     for smaller in (global_batch // 2 ** i for i in range(1, 12)):
         if smaller < 1:
             break
-        found = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=smaller, pins=pins)
+        found = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=smaller, pins=pins,
+                             cost=cost)
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"global batch {smaller}")
             break

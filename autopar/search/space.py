@@ -123,8 +123,9 @@ def family_templates(profile: ModelProfile, family: tuple[int, int], *, gpus: in
                                          allow_cross_node_tp=allow_cross_node_tp) if (t, c) == family}
     widest = gpus // (tp * cp)
     sizes = sorted({b for dp in dps for b in _micro_batches(global_batch, tp, cp, dp, pins)})
+    kernel = attention_kernel(profile)
     return [ParallelConfig(tp=tp, pp=1, dp=widest, micro_batch=b, num_microbatches=1, recompute="none",
-                           sequence_parallel=sp, gpus_per_node=gpus_per_node, attention_kernel=attention_kernel(profile),  # type: ignore[arg-type]
+                           sequence_parallel=sp, gpus_per_node=gpus_per_node, attention_kernel=kernel,  # type: ignore[arg-type]
                            ep=ep, etp=etp, moe_imbalance=pins.moe_imbalance, cp=cp,
                            cp_comm=pins.cp_comm or "all_gather")  # type: ignore[arg-type]
             for b in sizes for sp in _sp_choices(tp, pins)
