@@ -127,6 +127,21 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
 
 
+def plan_model(plan: Plan) -> tuple[ModelProfile, ParallelConfig, CostModel]:
+    """The plan's model loaded again (its ``model.source`` and overrides), the plan's configuration of it and
+    the cost model on the plan's hardware (what explain prices again); AutoparError if any cannot be had."""
+    from autopar.profile import load_profile
+
+    try:
+        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
+                               dtype=plan.model.dtype)
+        cfg = config_of(plan, profile)
+        cfg.validate(profile)
+        return profile, cfg, CostModel(profile, load_hardware(plan.cluster.hardware))
+    except (ConfigError, ValueError, OSError) as err:
+        raise AutoparError(str(err)) from err
+
+
 def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_name: str,
             engine: str = DEFAULT_ENGINE) -> Plan:
     """The same plan, priced again under ``hw`` (e.g. a calibrated profile) for ``engine`` (default: autopar's own

@@ -48,21 +48,15 @@ class StageContext:
 def price_context(plan: Plan) -> tuple[list[StageContext], float]:
     """Each stage's attention layers priced again from the plan's model, and the plan's step time under the other
     exchange (raises AutoparError if the model cannot be loaded)."""
-    from autopar.pricing import config_of
-    from autopar.profile import load_profile
-    from cost_models import CostModel, load_hardware
+    from autopar.pricing import plan_model
     from cost_models.config import default_precision
     from cost_models.context import traffic_bytes
     from cost_models.model import DTYPE_BYTES
 
+    profile, cfg, model = plan_model(plan)
     try:
-        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
-                               dtype=plan.model.dtype)
-        cfg = config_of(plan, profile)
-        cfg.validate(profile)
-        model = CostModel(profile, load_hardware(plan.cluster.hardware))
         other = model.evaluate(replace(cfg, cp_comm=OTHER[cfg.cp_comm])).step_time_s  # type: ignore[arg-type]
-    except (ConfigError, ValueError, OSError) as err:
+    except ConfigError as err:
         raise AutoparError(str(err)) from err
     precision = cfg.precision or default_precision(profile.dtype)
     costs = model.layer_costs(cfg, *model.links(cfg), precision)

@@ -22,7 +22,6 @@ from rich.table import Table
 from autopar.errors import AutoparError
 from autopar.plan import Plan, expert_rank_grid
 from autopar.report.explain import MS, _groups, nodes_spanned
-from cost_models import ConfigError
 from cost_models.memory import model_state_bytes
 
 GIB = 2**30
@@ -53,19 +52,10 @@ class StageExperts:
 
 def price_experts(plan: Plan) -> list[StageExperts]:
     """Each stage's MoE layers priced again from the plan's model (raises AutoparError if it cannot be)."""
-    from autopar.pricing import config_of
-    from autopar.profile import load_profile
-    from cost_models import CostModel, load_hardware
+    from autopar.pricing import plan_model
     from cost_models.config import default_precision
 
-    try:
-        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
-                               dtype=plan.model.dtype)
-        cfg = config_of(plan, profile)
-        cfg.validate(profile)
-        model = CostModel(profile, load_hardware(plan.cluster.hardware))
-    except (ConfigError, ValueError, OSError) as err:
-        raise AutoparError(str(err)) from err
+    profile, cfg, model = plan_model(plan)
     precision = cfg.precision or default_precision(profile.dtype)
     costs = model.layer_costs(cfg, *model.links(cfg), precision)
     out = []
