@@ -5,8 +5,6 @@ torchtitan 0.3's ConfigManager and DeepSpeed's config class read the exports whe
 from __future__ import annotations
 
 import json
-import sys
-import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +14,7 @@ import autopar
 from autopar.export import export
 from autopar.plan import Plan
 from test_export import SPECS, _megatron, _smp, _titan, assert_warnings, profile  # noqa: F401 (fixture)
-from test_export_frameworks import megatron_arguments, titan_0_3_config  # noqa: F401 (fixture)
+from test_export_frameworks import megatron_arguments, megatron_validated, titan_0_3_config  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -124,17 +122,9 @@ def test_megatron_parse_args_and_validate_args(cp_plans, name, megatron_argument
     par = plan.parallelism
     from test_export import _bash_array
 
-    env, words = _bash_array(export(plan, "megatron").text, "MEGATRON_ARGS")
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", env["CUDA_DEVICE_MAX_CONNECTIONS"])
-    monkeypatch.setenv("WORLD_SIZE", str(plan.world_size))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(megatron_arguments, "get_device_arch_version", lambda: 8)  # an A100 plan
-    model = ["--hidden-size", "128", "--num-attention-heads", "4", "--max-position-embeddings",
-             str(plan.model.seq_len)]
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words, *model])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = megatron_arguments.validate_args(megatron_arguments.parse_args())
+    env, _ = _bash_array(export(plan, "megatron").text, "MEGATRON_ARGS")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in env  # validate_args requires it with cp
+    args = megatron_validated(megatron_arguments, plan, monkeypatch)  # an A100 plan
     assert (args.tensor_model_parallel_size, args.context_parallel_size, args.pipeline_model_parallel_size,
             args.data_parallel_size) == (par.tp, par.cp, par.pp, par.dp)
     assert args.cp_comm_type == [{"all_gather": "all_gather", "ring": "p2p"}[par.cp_comm]]

@@ -24,8 +24,8 @@ from autopar.export import export
 from autopar.export.experts import layer_pattern
 from autopar.plan import Plan
 from autopar.report.experts import expert_groups
-from test_export import SPECS, _bash_array, _megatron, _smp, _titan, assert_warnings
-from test_export_frameworks import megatron_arguments, titan_0_3_config  # noqa: F401 (a fixture)
+from test_export import SPECS, _megatron, _smp, _titan, assert_warnings
+from test_export_frameworks import megatron_arguments, megatron_command_line, titan_0_3_config  # noqa: F401 (a fixture)
 
 MOE = str(Path(__file__).resolve().parents[1] / "examples" / "moe.py")
 MIXTRAL = {"n_layer": "3", "dim": "64", "n_head": "4", "n_kv_head": "2", "vocab_size": "256", "n_experts": "4",
@@ -180,18 +180,10 @@ def test_megatron_validates_the_moe_arguments(plans, name, megatron_arguments, m
     import torch
 
     plan = plans[name]
-    env, words = _bash_array(export(plan, "megatron").text, "MEGATRON_ARGS")
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    for key, value in env.items():
-        if key == "CUDA_DEVICE_MAX_CONNECTIONS":
-            monkeypatch.setenv(key, value)
-    monkeypatch.setenv("WORLD_SIZE", str(plan.world_size))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(megatron_arguments, "get_device_arch_version", lambda: 8)  # no GPU here: an A100's
+    megatron_command_line(megatron_arguments, plan, monkeypatch,  # no GPU here: an A100's architecture
+                          model=["--hidden-size", "64", "--num-attention-heads", "4", "--max-position-embeddings",
+                                 str(SEQ), "--disable-bias-linear", "--swiglu"])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))  # --moe-grouped-gemm asks
-    model = ["--hidden-size", "64", "--num-attention-heads", "4", "--max-position-embeddings", str(SEQ),
-             "--disable-bias-linear", "--swiglu"]
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words, *model])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         args = megatron_arguments.validate_args(megatron_arguments.parse_args())

@@ -179,25 +179,35 @@ def megatron_arguments():
         sys.path.remove(str(MEGATRON_LM))
 
 
+def megatron_command_line(arguments, plan, monkeypatch, *, arch: int = 8, model: list[str] | None = None) -> None:
+    """The environment and argv `pretrain_gpt.py` would see for ``plan``'s Megatron export (``arch``: the GPU
+    architecture validate_args asks for, there being no GPU here; ``model``: the model arguments)."""
+    env, words = _bash_array(export(plan, "megatron").text, "MEGATRON_ARGS")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in env:
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", env["CUDA_DEVICE_MAX_CONNECTIONS"])
+    monkeypatch.setenv("WORLD_SIZE", str(plan.world_size))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(arguments, "get_device_arch_version", lambda: arch)
+    model = model or ["--hidden-size", "128", "--num-attention-heads", "4", "--max-position-embeddings",
+                      str(plan.model.seq_len)]
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words, *model])
+
+
+def megatron_validated(arguments, plan, monkeypatch, *, arch: int = 8):  # noqa: ANN201 - Megatron's Namespace
+    """Megatron-LM's parse_args + validate_args over ``plan``'s export."""
+    megatron_command_line(arguments, plan, monkeypatch, arch=arch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return arguments.validate_args(arguments.parse_args())
+
+
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_megatron_parse_args_and_validate_args(all_plans, name, megatron_arguments, monkeypatch):
     plan = all_plans[name]
     par = plan.parallelism
-    env, words = _bash_array(export(plan, "megatron").text, "MEGATRON_ARGS")
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    for key in ("CUDA_DEVICE_MAX_CONNECTIONS",):
-        if key in env:
-            monkeypatch.setenv(key, env[key])
-    monkeypatch.setenv("WORLD_SIZE", str(plan.world_size))
-    monkeypatch.setenv("RANK", "0")
     # validate_args asks the GPU's architecture (no GPU here): 9 for the Hopper plan, 8 for the A100s
-    monkeypatch.setattr(megatron_arguments, "get_device_arch_version", lambda: 9 if "h100" in name else 8)
-    model = ["--hidden-size", "128", "--num-attention-heads", "4", "--max-position-embeddings",
-             str(plan.model.seq_len)]
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words, *model])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = megatron_arguments.validate_args(megatron_arguments.parse_args())
+    args = megatron_validated(megatron_arguments, plan, monkeypatch, arch=9 if "h100" in name else 8)
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size) == \
         (par.tp, par.pp, par.dp)
     assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == \
