@@ -4,10 +4,12 @@ Derived from the step's one composition (cost_models/composition.py), not a copy
 - every number is a layer's row (``layer_row``) at one of its options, from ``CostModel.layer_costs``;
 - Σ_d T_d ≥ ``device_time`` of the summed leaves: device_time is monotone in every leaf and max(0, ·) is
   subadditive, so it may be applied to lower bounds of the sums (compute lumped into the forward, see
-  ``_busy_bound``); max_d T_d ≥ the mean and ≥ device_time of the heaviest layer alone;
+  ``_busy_bound``); max_d T_d ≥ the mean, ≥ device_time of the heaviest layer alone, and ≥ the least slowest
+  device of any placement of whole blocks within each device's memory (placement.py, granularity.py);
 - memory: Σ_d ``memory`` ≤ pp·capacity with the fewest micro-batches in flight and no rematerialisation
   or gather buffer (all ≥ 0): a fractional knapsack over each block's options, solved exactly by its LP;
-- the step: ``pipeline_total`` of those bounds (it grows with both arguments when m ≥ 1/v).
+- the step: ``pipeline_total`` of those bounds (it grows with both arguments when m ≥ 1/v); the strong bound
+  adds device 0's tail for the blocks the other devices cannot hold (granularity.least_step_with_tail).
 """
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ from typing import Callable
 from autopar.search.cpsat import block_degrees
 from cost_models import CostModel, ParallelConfig
 from cost_models.algebra import FloatAlgebra
-from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_time, layer_row, memory
+from autopar.search.granularity import least_step_with_tail
+from autopar.search.placement import Layers, Placement, place
+from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_cuts, device_time, layer_row, memory
 from cost_models.config import default_precision
+from cost_models.partition import interleaved_balance
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
 
@@ -71,6 +76,7 @@ class LowerBound:
         self._p2p: dict[tuple, tuple[float, float]] = {}
         self._shapes: dict[tuple, StepShape] = {}
         self._limits: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
+        self._slowest: dict[tuple, float] = {}
 
     def options(self, cfg: ParallelConfig) -> list[tuple[int, list[Option]]]:
         """Per distinct layer: (how many, its options): blocks may take any degree and mode, the rest run at
@@ -221,8 +227,11 @@ class LowerBound:
         entry = self._entry(cfg, self._options_key(cfg))
         shape = self._shape(cfg)
         first = self.cost.model.layers[0].block_id
-        return max(_with_first_device_tail(cfg, total, heaviest, busy, items)
-                   for items in entry.tail_items(shape.dp_overlap, cfg.virtual_stages, list(self._rep), first))
+        items = entry.tail_items(shape.dp_overlap, cfg.virtual_stages, list(self._rep), first)
+        bound = max(_with_first_device_tail(cfg, total, heaviest, busy, form) for form in items)
+        if cfg.pp > 1:
+            bound = max(bound, self._step_with_tail(cfg, shape, total, max(total / cfg.pp, heaviest), items))
+        return bound
 
     def parts(self, cfg: ParallelConfig, strong: bool = True) -> tuple[float, float, float]:
         """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer, least Σ busy); inf: cannot
@@ -244,8 +253,55 @@ class LowerBound:
         total = entry.busy_bound(shape, busy, p2p)
         if strong and shape.host_s_per_byte is not None:
             total = max(total, self._offload_bound(cfg, entry, shape, knapsack_key, in_flight, p2p))
-        heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
+        heaviest = max(entry.heaviest(shape, at_least=total / cfg.pp), self.slowest(cfg, shape))
+        if heaviest == math.inf:  # no placement of the blocks fits the devices' memory
+            return math.inf, math.inf, math.inf
         return total, heaviest, busy
+
+    def slowest(self, cfg: ParallelConfig, shape: StepShape) -> float:
+        """max_d T_d ≥ the least slowest device of any placement of whole blocks (placement.py)."""
+        return self._placement(cfg, shape).slowest if cfg.pp > 1 else 0.0
+
+    def _placement(self, cfg: ParallelConfig, shape: StepShape) -> Placement:
+        key = (self._options_key(cfg), cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages,
+               cfg.offload_activations, shape.zero3_overlap)
+        if key not in self._slowest:
+            layers = self.cost.model.layers
+            ids = list(self._rep)
+            distinct = Layers([(layers[self._rep[b]].kind, n, opts) for b, (n, opts) in zip(ids, self.options(cfg))],
+                              ids.index(layers[0].block_id), ids.index(layers[-1].block_id))
+            balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
+            v = cfg.virtual_stages
+            least = self._transfers(cfg)[0]
+            hw = self.cost.hw
+            self._slowest[key] = place(
+                distinct, pp=cfg.pp, p2p=[len(device_cuts(d, cfg.pp, cfg.chunks)) * least for d in range(cfg.pp)],
+                in_flight=[device_in_flight(cfg, d) for d in range(cfg.pp)],
+                usable=hw.memory_bytes - hw.memory_reserve_bytes, fewest=v * balance[0] if balance else 0,
+                most=v * balance[1] if balance else None, zero3_overlap=shape.zero3_overlap)
+        return self._slowest[key]
+
+    def _step_with_tail(self, cfg: ParallelConfig, shape: StepShape, total: float, floor: float,
+                        items: list[list[tuple]]) -> float:
+        """pipeline + device 0's tail when device 0 holds the blocks the others cannot (least_step_with_tail):
+        per form of its tail (``items``: Entry.tail_items), the first layer's least tail plus any negative
+        tail of the other non-block layers it may hold, and the least tail of one block."""
+        placed = self._placement(cfg, shape)
+        layers = self.cost.model.layers
+        first, last = layers[0].block_id, layers[-1].block_id
+        tails = []
+        for form in items:
+            own, per_block = 0.0, math.inf
+            for block, (n, _, least, _) in zip(self._rep, form):
+                if block == first:
+                    own += least
+                elif layers[self._rep[block]].kind != "block" and block != last:
+                    own += n * min(0.0, least)
+                if layers[self._rep[block]].kind == "block":
+                    per_block = min(per_block, least)
+            tails.append((own, per_block if per_block < math.inf else 0.0))
+        return least_step_with_tail(placed.blocks, placed.devices[0], placed.devices[1:], tails, floor, total,
+                                    cfg.num_microbatches, cfg.virtual_stages)
 
     def beats(self, cfg: ParallelConfig, upper: float) -> bool:
         """False when no plan of this choice can have a step below ``upper``, counting the once-per-step

@@ -9,7 +9,7 @@ from dataclasses import replace
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
 from autopar.search.space import Pins, outer_choices
-from cost_models import CostModel, HardwareProfile, StepEstimate
+from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.partition import chunk_blocks, interleaved_balance
 
 
@@ -23,25 +23,35 @@ def compositions(n: int, parts: int):  # noqa: ANN201
 def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
                 pins: Pins = Pins()) -> StepEstimate | None:
     cost = CostModel(profile, hw)
-    blocks = [i for i, lp in enumerate(profile.layers) if lp.kind == "block"]
     modes = (pins.recompute,) if pins.recompute else MODES
     best: StepEstimate | None = None
     gpn = min(gpus_per_node, gpus)
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
-        cfg = replace(cfg, gpus_per_node=gpus_per_node)
-        options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
-        balance = interleaved_balance(profile.layers, cfg.chunks) if cfg.schedule == "interleaved" else None
-        for counts in compositions(len(profile.layers), cfg.chunks):
-            if balance is not None:  # the layouts the schedule allows (partition.py), as the solver
-                per_chunk = chunk_blocks(profile.layers, counts)
-                if min(per_chunk) < balance[0] or max(per_chunk) > balance[1]:
-                    continue
-            for choice in itertools.product(options, repeat=len(blocks)):
-                per_layer, degrees = ["none"] * len(profile.layers), [cfg.tp] * len(profile.layers)
-                for i, (t, mode) in zip(blocks, choice):
-                    per_layer[i], degrees[i] = mode, t
-                est = cost.evaluate(replace(cfg, stage_layers=counts, layer_recompute=tuple(per_layer),
-                                            layer_tp=tuple(degrees)))
-                if est.fits and (best is None or est.step_time_s < best.step_time_s):
-                    best = est
+        est = choice_optimum(cost, replace(cfg, gpus_per_node=gpus_per_node), modes, gpn)
+        if est is not None and (best is None or est.step_time_s < best.step_time_s):
+            best = est
+    return best
+
+
+def choice_optimum(cost: CostModel, cfg: ParallelConfig, modes: tuple[str, ...], gpn: int) -> StepEstimate | None:
+    """The fastest plan of one outer choice that fits (None: none fits): every layout the schedule allows
+    (partition.py, as the solver), every recomputation mode and tensor-parallel degree of every block."""
+    layers = cost.model.layers
+    blocks = [i for i, lp in enumerate(layers) if lp.kind == "block"]
+    options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
+    balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
+    best: StepEstimate | None = None
+    for counts in compositions(len(layers), cfg.chunks):
+        if balance is not None:
+            per_chunk = chunk_blocks(layers, counts)
+            if min(per_chunk) < balance[0] or max(per_chunk) > balance[1]:
+                continue
+        for choice in itertools.product(options, repeat=len(blocks)):
+            per_layer, degrees = ["none"] * len(layers), [cfg.tp] * len(layers)
+            for i, (t, mode) in zip(blocks, choice):
+                per_layer[i], degrees[i] = mode, t
+            est = cost.evaluate(replace(cfg, stage_layers=counts, layer_recompute=tuple(per_layer),
+                                        layer_tp=tuple(degrees)))
+            if est.fits and (best is None or est.step_time_s < best.step_time_s):
+                best = est
     return best
