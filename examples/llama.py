@@ -71,10 +71,11 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        n_rep = q.shape[1] // k.shape[1]  # kv groups from shapes, valid for local heads too
-        if n_rep > 1:
-            k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Grouped-query attention in the kernel, as Hugging Face's LlamaForCausalLM trains (transformers'
+        # integrations/sdpa_attention.py: enable_gqa when there is no mask): flash attention reads each kv head
+        # for its query group, and only the kv heads are kept for backward, not copies widened to n_head.
+        # The kv groups come from shapes, so this holds for local heads too.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -145,6 +146,9 @@ class Llama(nn.Module):
         # (2, seq, head_dim), or per sample (2, batch, 1, seq, head_dim): broadcast over heads either way
         rope = self.rope[:, : idx.shape[1]] if positions is None else self.rope[:, positions].unsqueeze(2)
         x = self.tok_embeddings(idx)
+        # cos/sin in the activations' dtype once per forward, shared by every layer, as LlamaRotaryEmbedding does
+        # in transformers' modeling_llama.py (not a cast per layer, each kept for that layer's backward)
+        rope = rope.to(x.dtype)
         for layer in self.layers:
             x = layer(x, rope)
         return self.output(self.norm(x))

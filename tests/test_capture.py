@@ -15,6 +15,8 @@ EX = ROOT / "examples"
 GPT_SMALL = {"n_layer": "4", "n_embd": "256", "n_head": "8", "vocab_size": "1000", "block_size": "256"}
 LLAMA_SMALL = {"n_layer": "5", "dim": "256", "n_head": "8", "n_kv_head": "2", "vocab_size": "1000"}
 ENCDEC_SMALL = {"n_enc_layer": "5", "n_dec_layer": "4", "d_model": "128", "vocab_size": "1000"}
+HF_LLAMA_SMALL = {"num_hidden_layers": "5", "hidden_size": "256", "num_attention_heads": "8", "num_key_value_heads": "2",
+                  "intermediate_size": "688", "vocab_size": "1000", "bos_token_id": "0", "eos_token_id": "1"}
 
 
 def real_params(source: Path, overrides: dict[str, str]) -> int:
@@ -44,14 +46,17 @@ def real_saved_bytes(source: Path, overrides: dict[str, str], batch: int, seq: i
 
 
 @pytest.mark.parametrize("source,overrides", [(EX / "gpt.py", GPT_SMALL), (EX / "llama.py", LLAMA_SMALL),
-                                              (EX / "encdec.py", ENCDEC_SMALL)])
+                                              (EX / "encdec.py", ENCDEC_SMALL),
+                                              (EX / "hf" / "llama-3-8b.json", HF_LLAMA_SMALL)])
 def test_params_exact_and_activations_match_a_real_cpu_forward(source: Path, overrides: dict[str, str]) -> None:
+    """Within 0.05 %: the Hugging Face Llama's export-only causal mask (b·S² bytes, 0.12 % here) or key/value
+    heads widened for grouped-query attention (7 % with the mask) would fail it."""
     profile = capture_model(str(source), overrides, seq_len=128, dtype="fp32")
     assert profile.params == real_params(source, overrides)
     assert sum(lp.params for lp in profile.layers) == profile.params
     for batch in (1, 3):
         real = real_saved_bytes(source, overrides, batch, 128)
-        assert abs(profile.saved_bytes(batch) - real) / real < 0.05, (batch, profile.saved_bytes(batch), real)
+        assert abs(profile.saved_bytes(batch) - real) / real < 5e-4, (batch, profile.saved_bytes(batch), real)
 
 
 def analytic_forward_flops(profile, n_layer: int, d_model: int, seq: int) -> float:

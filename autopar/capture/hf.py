@@ -217,7 +217,7 @@ class HFModel(nn.Module):
         named = dict(zip(self._names, inputs))
         if positions is not None:
             named.update(position_ids=positions, attention_mask=torch.ones_like(inputs[0]))
-        with _value_checks_off():
+        with _value_checks_off(), _masks_as_at_run_time():
             out = self.hf(**named)
         return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
@@ -238,6 +238,35 @@ def _value_checks_off() -> Iterator[None]:
 
 
 _CHECKS_OFF = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+
+
+@contextlib.contextmanager
+def _masks_as_at_run_time() -> Iterator[None]:
+    """While capture exports the model: the attention masks transformers builds when it trains. Run eagerly on
+    capture's inputs (no padding, positions 0..S-1 in every sample) it builds no causal or bidirectional mask:
+    SDPA runs with ``is_causal`` (and ``enable_gqa``), the flash kernel's path, and a sliding window or an image
+    overlay still gets its mask. Under ``torch.export`` it cannot read the positions or the padding, so it
+    builds a (batch, 1, S, S) mask that training never has, which SDPA would keep for backward (64 MiB per
+    sample at 8,192 tokens). transformers' masking_utils decides with ``is_torchdynamo_exporting`` and
+    ``find_packed_sequence_indices``; while exporting, both answer as they do at run time. Outside an export
+    (the runtime) nothing changes."""
+    import torch.compiler
+    import transformers.masking_utils as masking
+
+    if not torch.compiler.is_exporting() or not all(hasattr(masking, f) for f in _MASK_DECISIONS):
+        yield
+        return
+    saved = {f: getattr(masking, f) for f in _MASK_DECISIONS}
+    masking.is_torchdynamo_exporting = lambda: False
+    masking.find_packed_sequence_indices = lambda position_ids: None  # one sequence per sample
+    try:
+        yield
+    finally:
+        for f, fn in saved.items():
+            setattr(masking, f, fn)
+
+
+_MASK_DECISIONS = ("is_torchdynamo_exporting", "find_packed_sequence_indices")
 
 
 def _next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:

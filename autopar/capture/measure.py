@@ -171,7 +171,9 @@ class _Meter(torch.fx.Interpreter):
             cost.matmul_flops = cost.flops
         elif n.op in ("call_function", "call_method", "call_module") and (
                 _copied(n, result, self.env) if op_name(n) in _VIEW_OPS | _CASTS else True):
-            inputs = [self.env[a] for a in n.all_input_nodes if a in self.env]
+            # a cast reads the tensor it casts; type_as(other) / to(other) read only other's dtype
+            read = n.all_input_nodes[:1] if op_name(n) in _CASTS else n.all_input_nodes
+            inputs = [self.env[a] for a in read if a in self.env]
             cost.memory_bytes = float(sum(tensor_bytes(v) for v in inputs) + cost.out_bytes)
             cost.heavy_kernel = heavy_kernel(n)
             if cost.heavy_kernel:
@@ -190,16 +192,20 @@ class _Meter(torch.fx.Interpreter):
                          enable_gqa: bool = False) -> torch.Tensor:
         """Run attention as the fused (flash) kernel that CUDA and CPU use in training, not the math
         path meta would pick: the fused kernel saves q, k, v, out and logsumexp, never the S×S scores.
+        Grouped-query attention (``enable_gqa``, transformers' SDPA path without a mask) runs in the flash
+        kernels of CUDA and CPU as it is (PyTorch's sdp_utils: ``check_batch_size_and_num_heads_dense<true
+        /*supports GQA*/>``), so they keep the key/value heads, not copies widened to the query's.
         FLOPs as torch.utils.flop_counter counts the fused kernels (it has no CPU-flash entry)."""
-        if enable_gqa and k.shape[-3] != q.shape[-3]:
-            groups = q.shape[-3] // k.shape[-3]
-            k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
         assert self._current is not None
         self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
         mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
         if mask_grad or v.shape[-1] != q.shape[-1]:
             # A learned bias (T5's relative positions) or a value head narrower than the query's (DeepSeek's
-            # latent attention): the memory-efficient kernel, which takes both; it saves the bias too.
+            # latent attention): the memory-efficient kernel, which takes both; it saves the bias too. It
+            # has no grouped-query attention: PyTorch widens the key/value heads first.
+            if enable_gqa and k.shape[-3] != q.shape[-3]:
+                groups = q.shape[-3] // k.shape[-3]
+                k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
             bias = attn_mask if attn_mask is None or attn_mask.is_floating_point() else \
                 torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
             out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
