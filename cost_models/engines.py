@@ -10,8 +10,9 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
   during backward; 0: reduced after it, as Megatron-LM and DeepSpeed do by default for ZeRO-0/1/2);
 - ``zero3_overlap``: share of compute the ZeRO-3 / FSDP traffic may hide behind (prefetching);
 - ``layer_overhead_s``: host time the engine adds per layer and micro-batch (forward and backward);
-- ``zero3_copy_out``: ZeRO-3 copies every all-gather's output into the parameters on the compute stream
-  (FSDP2's per-parameter sharding: ``foreach_all_gather_copy_out`` in the default stream).
+- ``zero3_copies``: what the engine's ZeRO-3 copies on the compute stream (hardware.ZERO3_COPIES): FSDP2's
+  per-parameter sharding copies each all-gather's output out into the parameters and the unsharded gradients into
+  the reduce-scatter's input.
 
 Each number names its source; tests/test_engines.py checks every engine against its published runs
 (tests/published_runs.py) and benchmarks/engines.py refits them.
@@ -25,6 +26,10 @@ from cost_models.errors import ConfigError
 from cost_models.hardware import EfficiencyTable, HardwareProfile, KernelCosts
 
 DEFAULT_ENGINE = "autopar"
+FSDP2_COPIES = ("FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out into the parameters "
+                "(foreach_all_gather_copy_out) and the unsharded gradients into the reduce-scatter's input "
+                "(foreach_reduce_scatter_copy_in) on the compute stream "
+                "(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)")
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Engine:
     dp_overlap: float = 1.0
     zero3_overlap: float = 1.0
     layer_overhead_s: float = 0.0
-    zero3_copy_out: bool = False
+    zero3_copies: str = "none"
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -46,7 +51,7 @@ class Engine:
 
     def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
         return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
-                       zero3_copy_out=hw.zero3_copy_out or self.zero3_copy_out,
+                       zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
                        comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
@@ -80,19 +85,18 @@ ENGINES: dict[str, Engine] = {
                           "does not set it"}),
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
-        compute=1.03, zero3_copy_out=True,
+        compute=1.04, zero3_copies="per_parameter",
         sources={
             "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/published_runs.py), "
                        "by benchmarks/engines.py --fit torchtitan",
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "FSDP2 / DDP reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
-            "zero3_copy_out": "FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out on the "
-                              "default stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)"}),
+            "zero3_copies": FSDP2_COPIES}),
     "autopar": Engine(
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
-        compute=0.98, zero3_copy_out=True,
+        compute=0.97, zero3_copies="per_parameter",
         sources={
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
                        "tests/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
@@ -100,8 +104,7 @@ ENGINES: dict[str, Engine] = {
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
-            "zero3_copy_out": "FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out on the "
-                              "default stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)"}),
+            "zero3_copies": FSDP2_COPIES}),
     "deepspeed": Engine(
         "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
         compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055,

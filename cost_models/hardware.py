@@ -24,6 +24,12 @@ DEFAULT_HARDWARE = "h100-80gb"  # what `--gpu` means when it is left out, in eve
 CPU = "cpu"  # this machine, priced from its own calibration (cost_models/machine.py)
 GIB = 1024**3
 _DTYPES = ("bf16", "fp16", "fp32")
+# What a ZeRO-3 implementation copies on the compute stream, beyond its collectives: "none" (they write into the
+# parameters and read the gradients in place); "flat" (PyTorch FSDP1: the parameters are views of one flat
+# parameter, so the backward of those views concatenates their gradients into the flat gradient); "per_parameter"
+# (PyTorch FSDP2: each all-gather's output copied out into the parameters, the unsharded gradients copied into the
+# reduce-scatter's input).
+ZERO3_COPIES = ("none", "flat", "per_parameter")
 
 
 @dataclass(frozen=True)
@@ -160,9 +166,9 @@ class HardwareProfile:
     # Bytes the caching allocator loses to fragmentation per byte allocated during the step (activations,
     # gather buffers); to 3 decimals, as the solver's integer model sees it.
     allocator_fragmentation: float = 0.0
-    # The engine's ZeRO-3 copies each all-gather's output into the parameters on the compute stream (FSDP2's
-    # copy-out); set by cost_models.engines.
-    zero3_copy_out: bool = False
+    # The copies the engine's ZeRO-3 makes on the compute stream (ZERO3_COPIES; cost_models.step prices them); set by
+    # cost_models.engines.
+    zero3_copies: str = "none"
     # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
     calibrated: bool = False
 

@@ -253,21 +253,22 @@ class CostModel:
         layer's parameters (the search asks for every micro-batch size)."""
         own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
         dense = own - experts
-        state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copy_out = self._step_work_of(
+        state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copies = self._step_work_of(
             dense, copy, dp_l, cfg.zero_stage, precision, link_dp)
         sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
             gpn = cfg.gpus_per_node or self.hw.gpus_per_node
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
-            e_state, _, e_over, e_exposed, e_opt, e_zero3, _, e_edge, e_copy = self._step_work_of(
+            e_state, _, e_over, e_exposed, e_opt, e_zero3, _, e_edge, e_copies = self._step_work_of(
                 experts, 0.0, edp, cfg.zero_stage, precision, link_e)
             state = tuple(a + b for a, b in zip(state, e_state))
             sync = (sync[0] + e_over * experts, sync[1] + e_exposed * experts, sync[2] + e_opt * experts)
-            zero3, edge, copy_out = zero3 + e_zero3, edge + e_edge, copy_out + e_copy
+            zero3, edge = zero3 + e_zero3, edge + e_edge
+            copies = (copies[0] + e_copies[0], copies[1] + e_copies[1])
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
-        fwd, bwd = c.fwd_s + copy_out, c.bwd_s + copy_out
+        fwd, bwd = c.fwd_s + copies[0], c.bwd_s + copies[1]
         # Compute beside ZeRO-3's traffic runs slower: overlap_penalty per second of it that hides, layer by layer —
         # a layer's traffic up to what its own compute without recomputation (forward and twice it) can hide: the
         # same for every recomputation option of the layer, so the solver's model keeps its shape (it counts the
@@ -306,13 +307,10 @@ class CostModel:
                              if zero_stage == 3 else 0.0 for n in (own, copy))
         edge = comm.zero3_edge_time(own, dp=dp_l, param_bytes=precision.param_bytes, grad_bytes=precision.grad_bytes,
                                     link=link_dp, hw=self.hw) if zero_stage == 3 else 0.0
-        # FSDP2 copies each all-gather's output out of its flat buffer into the parameters on the compute stream
-        # (read + write of the gathered bytes), before the forward and again before the backward
-        copy_out = memory_time(2 * own * precision.param_bytes, self.hw) \
-            if zero_stage == 3 and dp_l > 1 and self.hw.zero3_copy_out else 0.0
+        copies = zero3_copy_times(own, precision, self.hw) if zero_stage == 3 and dp_l > 1 else (0.0, 0.0)
         return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage),
                 model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage), over, exposed, opt, zero3,
-                zero3_tied, edge, copy_out)
+                zero3_tied, edge, copies)
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
         """(enter, leave): the all-gathers that move a layer at degree t from and back to the stage's
@@ -423,6 +421,23 @@ class CostModel:
                             tokens_per_step=cfg.global_batch * model.seq_len,
                             peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes,
                             terms=named_terms(leaves, step))
+
+
+def zero3_copy_times(params_per_gpu: float, precision: Precision, hw: HardwareProfile) -> tuple[float, float]:
+    """(forward, backward) seconds a layer's ZeRO-3 copies take on the compute stream (hardware.ZERO3_COPIES).
+    FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each all-gather's output copied out into the
+    parameters, before the forward and again before the backward (foreach_all_gather_copy_out: the gathered bytes
+    read and written); after the backward, the unsharded gradients copied into the reduce-scatter's input (foreach_
+    reduce_scatter_copy_in, before the reduce-scatter stream waits on the compute stream: read in the compute dtype,
+    written in the gradient dtype). FSDP1 (torch/distributed/fsdp/_flat_param.py): the parameters are torch.split
+    views of the flat parameter, whose backward concatenates their gradients into the flat gradient (read and
+    written in the gradient dtype); its all-gather writes into the flat parameter itself."""
+    if hw.zero3_copies == "per_parameter":
+        out = memory_time(2 * params_per_gpu * precision.param_bytes, hw)
+        return out, out + memory_time(params_per_gpu * (precision.param_bytes + precision.grad_bytes), hw)
+    if hw.zero3_copies == "flat":
+        return 0.0, memory_time(2 * params_per_gpu * precision.grad_bytes, hw)
+    return 0.0, 0.0
 
 
 def zero3_buffer_bytes(params_per_gpu: float, precision: Precision) -> float:

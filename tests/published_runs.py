@@ -9,7 +9,9 @@ Sources, one per engine (cost_models/engines.py names the same):
   Llama 2 13B / 70B, FSDP2, local batch 1-2, bf16), commit 0413364.
 - autopar: mosaicml/llm-foundry scripts/train/benchmarking/README.md (the A100 tables; PyTorch FSDP through
   Composer, flash attention, no torch.compile: the published stack closest to autopar's own runtime, FSDP2
-  with SDPA and no compile, which has no published GPU runs yet), commit 8c8dd48.
+  with SDPA and no compile, which has no published GPU runs yet), commit 8c8dd48. The A100 tables date from
+  before FSDP2 (unchanged since commit b2a43a1, 2023; setup.py pins torch 2.1 at 5e85bd6): FSDP1, priced with
+  its own copies (``Run.fsdp1``).
 - deepspeed: bigscience-workshop/bigscience train/tr11-176B-ml: BLOOM-176B trained with Megatron-DeepSpeed on
   48 nodes of 8 A100-80GB (Jean Zay: 4 Omni-Path 100 Gb/s links per node), chronicles.md (the run:
   105.22 s per iteration) and chronicles-prequel.md ("48 node contenders", the 181B shape, 02-21).
@@ -47,6 +49,7 @@ class Run:
     tokens_per_s_per_gpu: float
     precision: str = "megatron-bf16"
     attention: str = "fused"        # "unfused": materialised S×S scores (Megatron-DeepSpeed 2022)
+    fsdp1: bool = False             # ZeRO-3 by PyTorch's FSDP1 (FlatParameter), whatever the engine's own
 
 
 def _llama(layers: int, dim: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> tuple:
@@ -87,7 +90,7 @@ def _mpt(size: str, seq: int, hardware: str, gpus: int, micro: int, accum: int, 
     layers, hidden, heads = MPT[size]
     return Run(f"MPT-{size} on {gpus} {hardware}, seq {seq}, mb {micro}", "gpt", _gpt(layers, hidden, heads, 50368, seq),
                seq, hardware, gpus, 1, 1, micro, micro * accum * gpus, 3, "full" if ac else "none", tps,
-               precision="amp-fp16" if pure else "megatron-bf16")
+               precision="amp-fp16" if pure else "megatron-bf16", fsdp1=True)
 
 
 # Rows at sequence 2048 of models of 1B and more, every GPU count the tables give; left out: the two rows the
@@ -160,6 +163,10 @@ def config(run: Run, profile: Any):  # noqa: ANN201 - a ParallelConfig
 
 
 def predicted_tokens_per_s_per_gpu(run: Run, profile: Any, hw: HardwareProfile) -> float:
+    """``run`` predicted on ``hw`` (an engine's view of its hardware) with the copies of the run's own ZeRO-3: an
+    FSDP1 run (llm-foundry's, through Composer) copies gradients into its flat gradient, not FSDP2's copies
+    (hardware.ZERO3_COPIES)."""
+    hw = replace(hw, zero3_copies="flat") if run.fsdp1 else hw
     est = CostModel(profile, hw).evaluate(config(run, profile))
     return est.tokens_per_s / run.gpus
 

@@ -46,11 +46,13 @@ def test_engine_reproduces_its_published_runs(engine: str, profiles: dict) -> No
 
 def test_engines_differ_where_their_sources_say() -> None:
     """Megatron-LM and DeepSpeed reduce gradients after the backward (their defaults, as exported); FSDP2 engines
-    overlap them and copy all-gather outputs on the compute stream; an unknown engine is a one-line error."""
+    overlap them and copy all-gather outputs and gradients on the compute stream; an unknown engine is a one-line
+    error."""
     hw = runs.hardware("a100-80gb")
     assert ENGINES["megatron"].on(hw).comm_overlap == 0.0 and ENGINES["deepspeed"].on(hw).comm_overlap == 0.0
     assert ENGINES["autopar"].on(hw).comm_overlap == hw.comm_overlap
-    assert ENGINES["torchtitan"].on(hw).zero3_copy_out and not ENGINES["megatron"].on(hw).zero3_copy_out
+    assert ENGINES["torchtitan"].on(hw).zero3_copies == "per_parameter" == ENGINES["autopar"].on(hw).zero3_copies
+    assert ENGINES["megatron"].on(hw).zero3_copies == "none"
     scaled = ENGINES["deepspeed"].on(hw)
     assert scaled.gemm_efficiency(1e9) == pytest.approx(min(1.0, hw.gemm_efficiency(1e9) * ENGINES["deepspeed"].compute))
     assert scaled.layer_overhead_s == ENGINES["deepspeed"].layer_overhead_s > 0

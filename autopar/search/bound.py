@@ -211,7 +211,7 @@ class LowerBound:
         micro-batch b, SP and expert degrees its choices may take). A choice of b, dp, pp runs m = B/(b·dp)
         micro-batches, so step ≥ m·max_d T_d ≥ m·Σ_d T_d/pp ≥ B/(b·dp·pp)·Σ_layers busy(b) (T_d is at least its
         layers' busy time, pipeline_total at least m·max_d T_d, the tail at least 0), and dp·pp = GPUs/(tp·cp); the
-        busy time of a layer does not depend on dp, pp or the ZeRO stage but for ZeRO-3's copy-out, which only adds."""
+        busy time of a layer does not depend on dp, pp or the ZeRO stage but for ZeRO-3's copies, which only add."""
         least = math.inf
         for cfg in templates:
             per_sample = sum(n * min(o.busy for o in opts) for n, opts in self.options(cfg)) / cfg.micro_batch
