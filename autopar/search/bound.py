@@ -76,7 +76,8 @@ class LowerBound:
         self._p2p: dict[tuple, tuple[float, float]] = {}
         self._shapes: dict[tuple, StepShape] = {}
         self._limits: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
-        self._slowest: dict[tuple, float] = {}
+        self._slowest: dict[tuple, Placement] = {}
+        self._times: dict[tuple, tuple[float, ...]] = {}  # placement's per-device block times
 
     def options(self, cfg: ParallelConfig) -> list[tuple[int, list[Option]]]:
         """Per distinct layer: (how many, its options): blocks may take any degree and mode, the rest run at
@@ -269,7 +270,7 @@ class LowerBound:
             layers = self.cost.model.layers
             ids = list(self._rep)
             distinct = Layers([(layers[self._rep[b]].kind, n, opts) for b, (n, opts) in zip(ids, self.options(cfg))],
-                              ids.index(layers[0].block_id), ids.index(layers[-1].block_id))
+                              ids.index(layers[0].block_id), ids.index(layers[-1].block_id), self._times)
             balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
             v = cfg.virtual_stages
             least = self._transfers(cfg)[0]

@@ -99,6 +99,9 @@ def memory_times(kinds: Sequence[tuple[int, Sequence[tuple[float, float]]]], bud
     bound is concave and piecewise linear in λ, so its largest value lies at λ = 0 or at a hull's slope: those
     are tried. inf where the k blocks of fewest bytes exceed the budget."""
     hulls = [(n, _falling_hull(sorted(points))) for n, points in kinds]
+    if len(hulls) == 1:  # one kind: the bound is k·H(B/k) exactly (the dual's maximum)
+        n, hull = hulls[0]
+        return (0.0, *(k * _at(hull, budget / k) if k <= n else math.inf for k in range(1, most + 1)))
     lambdas = {0.0} | {(t0 - t1) / (b1 - b0) for _, hull in hulls for (b0, t0), (b1, t1) in zip(hull, hull[1:])}
     by_lambda = [(lam, sorted((min(t + lam * b for b, t in hull), n) for n, hull in hulls)) for lam in lambdas]
     fewest_bytes = sorted((hull[0][0], n) for n, hull in hulls)

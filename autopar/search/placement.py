@@ -9,6 +9,7 @@ activations for its micro-batches in flight (composition.memory without the larg
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -31,6 +32,8 @@ class Layers:
     distinct: list[tuple[str, int, list[Any]]]
     first: int
     last: int
+    cache: dict = dataclasses.field(default_factory=dict, compare=False)  # memory_times by options and device,
+    # kept by the caller for as long as the option lists it names live (bound.LowerBound: the whole search)
 
 
 def busy(o: Any) -> float:
@@ -74,11 +77,21 @@ def _devices(layers: Layers, kinds: Sequence[int], *, pp: int, p2p: Sequence[flo
         pins = ([layers.first] if d == 0 else []) + ([layers.last] if d == pp - 1 else [])
         fixed = p2p[d] + sum(min(busy(o) for o in layers.distinct[i][2]) for i in pins)
         budget = usable - sum(min(o.memory(in_flight[d]) for o in layers.distinct[i][2]) for i in pins)
-        points = [(layers.distinct[i][1], [(o.memory(in_flight[d]), busy(o)) for o in layers.distinct[i][2]])
-                  for i in kinds]
         mine = own(d, kinds)
-        devices.append(Device(1, fixed, memory_times(points, budget, max(0, most - mine)), max(0, fewest - mine)))
+        devices.append(Device(1, fixed, _times(layers, kinds, in_flight[d], budget, max(0, most - mine)),
+                              max(0, fewest - mine)))
     return devices
+
+
+def _times(layers: Layers, kinds: Sequence[int], in_flight: float, budget: float, most: int) -> tuple[float, ...]:
+    """memory_times of ``kinds`` on a device, shared by every choice whose layers and device agree (the
+    options are those of one setting, so the same objects serve many choices)."""
+    key = (tuple(id(layers.distinct[i][2]) for i in kinds), in_flight, budget, most)
+    times = layers.cache.get(key)
+    if times is None:
+        points = [(layers.distinct[i][1], [(o.memory(in_flight), busy(o)) for o in layers.distinct[i][2]]) for i in kinds]
+        times = layers.cache[key] = memory_times(points, budget, most)
+    return times
 
 
 def _by_threshold(layers: Layers, form: Callable[[Any], float], p2p: Sequence[float], blocks: int, fewest: int,
