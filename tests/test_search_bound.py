@@ -26,7 +26,7 @@ def test_every_bound_is_below_the_best_plan_of_its_choice() -> None:
     context parallelism, ZeRO-3, offload, interleaving included); a choice whose quick bound is infinite has no
     plan that fits."""
     checked = pipelined = 0
-    for seed in range(300, 330):
+    for seed in range(180, 210):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         gpn = min(gpn, gpus)
         cost = CostModel(profile, hw)
@@ -62,7 +62,7 @@ def test_the_slowest_device_is_the_water_filling_optimum_for_equal_blocks() -> N
     rng = random.Random(7)
     for _ in range(150):
         pp, n = rng.randint(2, 4), rng.randint(1, 7)
-        fixed = [rng.choice([0.0, 0.1, 0.35]) for _ in range(pp)]
+        fixed = [rng.choice([0.0, 0.1, 0.35, 2.5]) for _ in range(pp)]  # 2.5: one device above the others' first levels
         most = rng.choice([n, -(-n // pp), -(-n // pp) + 1])
         best = min(max(f + load for f, load in zip(fixed, loads)) for owners, loads in _assignments([1.0] * n, pp)
                    if all(owners.count(d) <= most for d in range(pp)))

@@ -55,7 +55,7 @@ def least_slowest(blocks: int, devices: Sequence[Device]) -> float:
     floor = max(d.fixed + d.times[min(d.fewest, len(d.times) - 1)] for d in devices)
     if blocks <= 0:
         return floor
-    candidates = sorted({level for d in devices for level in d.levels() if level >= floor})
+    candidates = sorted({floor} | {level for d in devices for level in d.levels() if level > floor})
     i = bisect.bisect_left(range(len(candidates)), True,
                            key=lambda i: sum(d.count * d.room(candidates[i]) for d in devices) >= blocks)
     return max(floor, candidates[i]) if i < len(candidates) else math.inf
