@@ -18,10 +18,10 @@ from dataclasses import replace
 from typing import Callable
 
 from autopar.search.cpsat import block_degrees
-from cost_models import CostModel, ParallelConfig
-from cost_models.algebra import FloatAlgebra
 from autopar.search.granularity import least_step_with_tail
 from autopar.search.placement import Layers, Placement, place
+from cost_models import CostModel, ParallelConfig
+from cost_models.algebra import FloatAlgebra
 from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_cuts, device_time, layer_row, memory
 from cost_models.config import default_precision
 from cost_models.partition import interleaved_balance
@@ -287,10 +287,8 @@ class LowerBound:
         """pipeline + device 0's tail when device 0 holds the blocks the others cannot (least_step_with_tail):
         per form of its tail (``items``: Entry.tail_items), the first layer's least tail plus any negative
         tail of the other non-block layers it may hold, and the least tail of one block."""
-        placed = self._placement(cfg, shape)
-        layers = self.cost.model.layers
+        placed, layers, tails = self._placement(cfg, shape), self.cost.model.layers, []
         first, last = layers[0].block_id, layers[-1].block_id
-        tails = []
         for form in items:
             own, per_block = 0.0, math.inf
             for block, (n, _, least, _) in zip(self._rep, form):
