@@ -66,7 +66,7 @@ def test_the_slowest_device_is_the_water_filling_optimum_for_equal_blocks() -> N
         most = rng.choice([n, -(-n // pp), -(-n // pp) + 1])
         best = min(max(f + load for f, load in zip(fixed, loads)) for owners, loads in _assignments([1.0] * n, pp)
                    if all(owners.count(d) <= most for d in range(pp)))
-        assert least_slowest(n, [linear(1, f, 1.0, most) for f in fixed]) == pytest.approx(best), (fixed, n, most)
+        assert least_slowest(n, [linear(f, 1.0, most) for f in fixed]) == pytest.approx(best), (fixed, n, most)
 
 
 def test_memory_bounded_block_times_are_below_every_choice_of_options() -> None:
@@ -98,6 +98,6 @@ def test_device_zeros_tail_bound_is_below_every_assignment() -> None:
         total = sum(fixed) + n
         exact = min(pipeline_total(max(f + load for f, load in zip(fixed, loads)), total, m, v) +
                     max(0.0, own + owners.count(0) * per_block) for owners, loads in _assignments([1.0] * n, pp))
-        devices = [linear(1, f, 1.0, n) for f in fixed]
+        devices = [linear(f, 1.0, n) for f in fixed]
         got = least_step_with_tail(n, devices[0], devices[1:], [(own, per_block)], total / pp, total, m, v)
         assert got <= exact + 1e-9, (fixed, n, own, per_block, m, v)

@@ -29,25 +29,24 @@ _ROUNDING = 1e-9  # a block that fits to rounding fits (only lowers the bound)
 
 @dataclass(frozen=True)
 class Device:
-    """``count`` devices alike: fixed time, fewest and most blocks, and times[k] ≤ the time of any k blocks
-    (inf where k blocks cannot fit); ``times`` runs to the most blocks the device may hold."""
+    """One device: its fixed time, its fewest blocks, and times[k] ≤ the time of any k blocks on it (inf where
+    k blocks cannot fit); ``times`` runs to the most blocks the device may hold."""
 
-    count: int
     fixed: float
     times: tuple[float, ...]
     fewest: int = 0
 
     def room(self, level: float) -> int:
-        """The most blocks one of these devices holds with its time at most ``level``."""
+        """The most blocks the device holds with its time at most ``level``."""
         return max(0, bisect.bisect_right(self.times, level - self.fixed + _ROUNDING * max(1.0, level)) - 1)
 
     def levels(self) -> list[float]:
         return [self.fixed + t for t in self.times[1:] if t < math.inf]
 
 
-def linear(count: int, fixed: float, unit: float, most: int, fewest: int = 0) -> Device:
-    """Devices on which k blocks take at least k·unit."""
-    return Device(count, fixed, tuple(k * unit for k in range(most + 1)), fewest)
+def linear(fixed: float, unit: float, most: int, fewest: int = 0) -> Device:
+    """A device on which k blocks take at least k·unit."""
+    return Device(fixed, tuple(k * unit for k in range(most + 1)), fewest)
 
 
 def least_slowest(blocks: int, devices: Sequence[Device]) -> float:
@@ -57,7 +56,7 @@ def least_slowest(blocks: int, devices: Sequence[Device]) -> float:
         return floor
     candidates = sorted({floor} | {level for d in devices for level in d.levels() if level > floor})
     i = bisect.bisect_left(range(len(candidates)), True,
-                           key=lambda i: sum(d.count * d.room(candidates[i]) for d in devices) >= blocks)
+                           key=lambda i: sum(d.room(candidates[i]) for d in devices) >= blocks)
     return max(floor, candidates[i]) if i < len(candidates) else math.inf
 
 
@@ -79,7 +78,7 @@ def least_step_with_tail(blocks: int, first: Device, others: Sequence[Device], t
         if value >= best:
             break
         most = first.room(level)
-        least = max(first.fewest, blocks - sum(d.count * d.room(level) for d in others))
+        least = max(first.fewest, blocks - sum(d.room(level) for d in others))
         if least > most:
             continue  # device 0 cannot hold what the others leave: the slowest device is slower than L
         end = max(own + (least if per_block >= 0 else most) * per_block for own, per_block in tails)

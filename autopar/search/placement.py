@@ -78,7 +78,7 @@ def _devices(layers: Layers, kinds: Sequence[int], *, pp: int, p2p: Sequence[flo
         fixed = p2p[d] + sum(min(busy(o) for o in layers.distinct[i][2]) for i in pins)
         budget = usable - sum(min(o.memory(in_flight[d]) for o in layers.distinct[i][2]) for i in pins)
         mine = own(d, kinds)
-        devices.append(Device(1, fixed, _times(layers, kinds, in_flight[d], budget, max(0, most - mine)),
+        devices.append(Device(fixed, _times(layers, kinds, in_flight[d], budget, max(0, most - mine)),
                               max(0, fewest - mine)))
     return devices
 
@@ -110,7 +110,7 @@ def _by_threshold(layers: Layers, form: Callable[[Any], float], p2p: Sequence[fl
         if tau <= 0 or count <= 0:
             continue
         every = count == blocks  # the fewest a device holds count only when τ is every block's
-        devices = [linear(1, fixed[d], tau, max(0, most - own(d)), max(0, fewest - own(d)) if every else 0)
+        devices = [linear(fixed[d], tau, max(0, most - own(d)), max(0, fewest - own(d)) if every else 0)
                    for d in range(len(p2p))]
         out = max(out, least_slowest(count, devices))
     return out if out < math.inf else 0.0
