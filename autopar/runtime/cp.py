@@ -59,9 +59,6 @@ def check_plan(spec: RunPlan) -> None:
     if not spec.uniform_tp:
         raise AutoparError("per-layer tensor-parallel degrees with cp > 1 are not supported by the runtime; "
                            "re-plan with one tp for every layer")
-    if p.ep > 1:
-        raise AutoparError("expert parallelism (ep > 1) with cp > 1 is not supported by the runtime yet; re-plan "
-                           "with ep 1 or cp 1")
 
 
 def check_launch(spec: RunPlan, source: str) -> None:

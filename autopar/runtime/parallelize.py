@@ -54,7 +54,7 @@ from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.init import aliases, to_empty
-from autopar.runtime.pp import build_schedule, split_model
+from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.tp import apply_relayout, apply_tp
@@ -82,6 +82,7 @@ class ParallelModel:
     tied: list[TiedCopy] = dataclasses.field(default_factory=list)  # weights tied across pipeline ranks
     canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
     cp: ContextParallel | None = None  # this rank's part of its context-parallel group (cp > 1)
+    pipeline_inputs: PipelineInputs | None = None  # what the last stage's loss reads (pipelined, cp 1)
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -149,7 +150,7 @@ class ParallelModel:
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, p.dp * p.cp)
-        sync_gradients(self.expert_grads, p.dp)
+        sync_gradients(self.expert_grads, p.dp * p.cp)
         sync_tied_gradients(self.tied)
         return self._global_loss(losses)
 
@@ -173,11 +174,10 @@ class ParallelModel:
         return self.cp.loss(part(tokens, positions=positions), targets)
 
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
-        target = local[0]
         if self.cp is not None:  # the first stage takes tokens and positions, the loss the targets
             local, target = local[:2], local[2]
-        elif len(local) != 1:
-            raise AutoparError("pipeline parallelism runs models with one input tensor (token ids) for now")
+        else:  # the loss reads its micro-batch's inputs by sample index (any number of inputs: PipelineInputs)
+            target = self.pipeline_inputs.hold(local)
         if self.has_first and self.has_last:
             self.schedule.step(*local, target=target, losses=losses)
         elif self.has_first:
@@ -300,12 +300,14 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         elif engines.ddp:
             parts[c] = apply_ddp(part, meshes)
     schedule, has_first, has_last = None, True, True
+    inputs = PipelineInputs(loss_fn) if pipelined and cp is None else None
     if pipelined:
-        schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn if cp is None else cp.loss)
+        schedule, has_first, has_last = build_schedule(spec, parts, meshes, inputs.loss if inputs else cp.loss)
     return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=engines.zero1, schedule=schedule,
                          has_first=has_first, has_last=has_last,
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
-                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp)
+                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp,
+                         pipeline_inputs=inputs)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:

@@ -162,6 +162,25 @@ class _Stage(PipelineStage):
         return out
 
 
+class PipelineInputs:
+    """The model's ``loss_fn(output, *inputs)`` on the last stage, whatever the number of inputs (an
+    encoder-decoder's source and target). torch's schedules give the loss one target tensor, split into
+    micro-batches like the inputs: here the target is each sample's index in this rank's batch, and the loss
+    reads the micro-batch's inputs at those indices from the batch ``hold`` keeps for the step."""
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor]):
+        self.loss_fn = loss_fn
+        self.inputs: tuple[torch.Tensor, ...] = ()
+
+    def hold(self, local: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Keep this step's batch; returns the target to give the schedule (the samples' indices)."""
+        self.inputs = local
+        return torch.arange(local[0].shape[0], device=local[0].device)
+
+    def loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, *(t[index] for t in self.inputs))
+
+
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,
                    loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
     """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""

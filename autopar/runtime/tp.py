@@ -163,7 +163,25 @@ def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, d
             for unit in layer.units:
                 module = model.get_submodule(unit)
                 module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
+        if sequence_parallel and styles:
+            for unit in layer.units:
+                model.get_submodule(unit).register_forward_pre_hook(
+                    _sequence_sharded_inputs(meshes.layer_mesh(layer.tp)["tp"]))
     _retie(model, ties)
+
+
+def _sequence_sharded_inputs(mesh: Any) -> Callable:
+    """Under sequence parallelism every activation between layers is this rank's block of the sequence. A
+    layer's first input is used as such (its norms gather it); a further activation input (the encoder output
+    a decoder block attends to) enters as the DTensor it is, sharded on the sequence, so that the layer reads
+    its whole length and the column-parallel projections that read it gather it."""
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        extra = activation_inputs(args)[1:]
+        if not extra:
+            return None
+        return tuple(DTensor.from_local(a, mesh, [Shard(1)], run_check=False) if i in extra else a
+                     for i, a in enumerate(args))
+    return hook
 
 
 def _tied_parameters(model: nn.Module) -> list[list[str]]:
@@ -233,12 +251,24 @@ def apply_relayout(model: nn.Module, layers: list[LayerAssignment], base_tp: int
             module.register_forward_hook(_post_hook(group, layer.tp, base_tp))
 
 
+def activation_inputs(args: tuple) -> list[int]:
+    """Positions of a layer's batch-major activation inputs: the first argument (ids or hidden states, at
+    least 2-D), and any later one that is another layer's output (an encoder output a decoder block attends
+    to): a tensor with the same batch that autograd tracks. Tables computed from the inputs (a RoPE slice,
+    positions) carry no gradient and stay as they are."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() < 2:
+        return []
+    batch = args[0].shape[0]
+    return [0] + [i for i, a in enumerate(args[1:], 1) if isinstance(a, torch.Tensor) and a.dim() >= 2
+                  and a.shape[0] == batch and a.requires_grad and not isinstance(a, DTensor)]
+
+
 def _pre_hook(group: dist.ProcessGroup, tp_from: int, tp_to: int) -> Any:
     def hook(module: nn.Module, args: tuple) -> tuple | None:
-        moved = bool(args) and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2
-        module._autopar_relayout = moved  # the post-hook moves the output back only if the input moved
+        moved = activation_inputs(args)
+        module._autopar_relayout = bool(moved)  # the post-hook moves the output back only if the input moved
         if moved:
-            return (_Relayout.apply(args[0], group, tp_from, tp_to),) + tuple(args[1:])
+            return tuple(_Relayout.apply(a, group, tp_from, tp_to) if i in moved else a for i, a in enumerate(args))
         return None
     return hook
 
