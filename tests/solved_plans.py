@@ -14,11 +14,12 @@ Used by tests/test_solved_plans.py (a few models) and benchmarks/solved_plans.py
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ = 16
@@ -106,6 +107,9 @@ MODELS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+SEQ_OF = {"hf/vit-base-patch16-224-in21k": 17}  # a ViT sees its patches and [CLS]: (32 / 8)² + 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One `autopar solve` call: its pins (Pins' fields) and how many distinct best plans to keep."""
@@ -137,7 +141,7 @@ def variants(world: int, moe: bool) -> list[Variant]:
                 Variant("pp4_interleaved", {"pp": 4, "schedule": "interleaved"}),
                 Variant("cp2_tp2", {"cp": 2, "tp": 2})]
     if moe:
-        out += [Variant(f"ep{world}", {"ep": world}), Variant("ep2", {"ep": 2})]
+        out += [Variant(f"ep{world}", {"ep": world}), Variant("ep2", {"ep": 2}), Variant("cp2_ep2", {"cp": 2, "ep": 2})]
         if world == 4:
             out += [Variant("tp2_ep2_etp1", {"tp": 2, "ep": 2, "etp": 1}), Variant("pp2_ep2", {"pp": 2, "ep": 2})]
     return out
@@ -149,7 +153,7 @@ def profile(model: str, dtype: str = "fp32"):  # noqa: ANN201 - a ModelProfile
     from autopar.profile import load_profile
 
     source, overrides = MODELS[model]
-    return load_profile(str(ROOT / source), overrides=overrides, seq_len=SEQ, dtype=dtype)
+    return load_profile(str(ROOT / source), overrides=overrides, seq_len=SEQ_OF.get(model, SEQ), dtype=dtype)
 
 
 def solved(model: str, world: int, variant: Variant, dtype: str = "fp32") -> list[dict] | str:
@@ -197,6 +201,28 @@ def distinct(plans: list[dict]) -> list[dict]:
             seen.add(key)
             out.append(plan)
     return out
+
+
+@contextlib.contextmanager
+def captures_once() -> Iterator[None]:
+    """Within: each (model, shape) is traced once, however many plans the launcher's check is run on (it
+    captures the model each time, as `autopar launch` does once per run). Capture is deterministic."""
+    import autopar.capture as capture
+
+    real = capture.capture_model
+    cache: dict[str, Any] = {}
+
+    def once(source: str, overrides: dict | None = None, **kwargs: Any):  # noqa: ANN202 - a ModelProfile
+        key = json.dumps([str(source), overrides or {}, kwargs], sort_keys=True, default=str)
+        if key not in cache:
+            cache[key] = real(source, overrides, **kwargs)
+        return cache[key]
+
+    capture.capture_model = once
+    try:
+        yield
+    finally:
+        capture.capture_model = real
 
 
 def preflight(plan: dict) -> tuple[list, dict] | str:

@@ -60,7 +60,7 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
         graph = _trace(model, set(unit_layer), positions)
     except Exception as e:  # a user forward fx cannot follow: say where
         raise AutoparError(f"cannot split {type(model).__name__} into pipeline stages: its forward is not "
-                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0]})")
+                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0].split('. ')[0]})")
     nodes = list(graph.nodes)
     owner: dict[torch.fx.Node, int] = {}
     called: set[str] = set()
@@ -125,6 +125,21 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
         g.lint()
         out[c] = torch.fx.GraphModule(model, g, class_name=f"{type(model).__name__}Chunk{c}")
     return out
+
+
+def check_launch(spec: RunPlan, source: str) -> None:
+    """Before torchrun: a pipelined plan's model splits into its chunks (on meta: the trace only). A Hugging
+    Face model's forward does not trace with its layers as leaves: one line saying so, not one per rank."""
+    if spec.num_chunks == 1:
+        return
+    from autopar.capture import load_spec
+    from autopar.runtime.init import build_meta
+
+    model = build_meta(load_spec(source, spec.model.overrides).build)
+    try:
+        split_model(model, spec.layers, list(range(spec.num_chunks)), positions=spec.parallelism.cp > 1)
+    except AutoparError as err:
+        raise AutoparError(f"{err}; re-plan with --pp 1") from None
 
 
 def _trace(model: nn.Module, units: set[str], positions: bool) -> torch.fx.Graph:
