@@ -203,20 +203,27 @@ def distinct(plans: list[dict]) -> list[dict]:
     return out
 
 
+_CAPTURES: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
 def captures_once() -> Iterator[None]:
-    """Within: each (model, shape) is traced once, however many plans the launcher's check is run on (it
-    captures the model each time, as `autopar launch` does once per run). Capture is deterministic."""
+    """Within: each (model, shape) is traced once, however many plans the solver and the launcher's check are run
+    on (`autopar launch` captures the model once per run). Capture is deterministic."""
+    import inspect
+
     import autopar.capture as capture
 
     real = capture.capture_model
-    cache: dict[str, Any] = {}
+    signature = inspect.signature(real)
 
-    def once(source: str, overrides: dict | None = None, **kwargs: Any):  # noqa: ANN202 - a ModelProfile
-        key = json.dumps([str(source), overrides or {}, kwargs], sort_keys=True, default=str)
-        if key not in cache:
-            cache[key] = real(source, overrides, **kwargs)
-        return cache[key]
+    def once(*args: Any, **kwargs: Any):  # noqa: ANN202 - a ModelProfile
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = json.dumps(bound.arguments, sort_keys=True, default=str)
+        if key not in _CAPTURES:
+            _CAPTURES[key] = real(*args, **kwargs)
+        return _CAPTURES[key]
 
     capture.capture_model = once
     try:

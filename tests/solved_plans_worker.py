@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from autopar.plan import parse_run_plan  # noqa: E402
+from autopar.plan import RunPlan, parse_run_plan  # noqa: E402
 from autopar.runtime import launch  # noqa: E402
 from autopar.runtime.mesh import finish, init_distributed  # noqa: E402
 from autopar.runtime.train import LoadedModel, build_model, synthetic_batch  # noqa: E402
@@ -36,12 +36,22 @@ STEPS = 2
 LR = 1e-2  # AdamW: each step moves the weights enough that a wrong update shows in the next loss
 
 
+_references: dict[str, list[float]] = {}
+
+
 def reference(plan: dict, layers: list) -> list[float]:
     """One process training the whole model (the plan's initial weights) on the global batches, with the
-    launcher's optimizer."""
+    launcher's optimizer (the same for every plan of one model and global batch)."""
+    spec = parse_run_plan(plan)
+    key = json.dumps([plan["model"], spec.global_batch], sort_keys=True)
+    if key not in _references:
+        _references[key] = _train_whole(spec, layers)
+    return _references[key]
+
+
+def _train_whole(spec: RunPlan, layers: list) -> list[float]:
     from autopar.capture import load_spec
 
-    spec = parse_run_plan(plan)
     loaded = LoadedModel(load_spec(spec.model.source, spec.model.overrides), layers[0], layers[1])
     model = build_model(loaded, spec)
     optimizer = launch.fused_adamw(list(model.parameters()), LR)
