@@ -15,7 +15,9 @@ each hold a part of its gradient (autopar.runtime.cp).
 """
 from __future__ import annotations
 
+import copy
 import inspect
+import logging
 from typing import Any, Callable, Iterable
 
 import torch
@@ -90,16 +92,24 @@ def apply_ddp(model: nn.Module, meshes: Meshes, *, find_unused: bool = False) ->
 def has_unused_parameters(model: nn.Module, example_inputs: Callable[[int, int], tuple],
                           loss_fn: Callable[..., torch.Tensor], seq_len: int) -> bool:
     """Does some parameter of ``model`` (on meta) get no gradient from the loss (LLaVA's vision tower, whose last
-    layer's output nothing reads)? One forward and backward on meta; True where meta cannot tell."""
-    inputs = tuple(t.to("meta") for t in example_inputs(1, seq_len))
+    layer's output nothing reads)? One forward and backward of a copy on meta, under FakeTensorMode (transformers
+    then skips its checks of values, as when traced; the copy keeps the mode's references off the model, which
+    materialising swaps in place); True where that cannot tell."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = copy.deepcopy(model)
+    log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs the failure we catch below as an error
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
-        loss_fn(model(*inputs), *inputs).backward()
-    except Exception:  # noqa: BLE001 - a forward that reads values: let DDP look each step
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            inputs = tuple(fake.from_tensor(t.to("meta")) for t in example_inputs(1, seq_len))
+            loss_fn(model(*inputs), *inputs).backward()
+    except Exception:  # noqa: BLE001 - a forward meta cannot run (Mixtral's grouped GEMM): let DDP look each step
         return True
-    unused = any(p.requires_grad and p.grad is None for p in model.parameters())
-    for p in model.parameters():
-        p.grad = None
-    return unused
+    finally:
+        log.setLevel(level)
+    return any(p.requires_grad and p.grad is None for p in model.parameters())
 
 
 def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_class: type,

@@ -58,9 +58,10 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
     unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
     try:
         graph = _trace(model, set(unit_layer), positions)
-    except Exception as e:  # a user forward fx cannot follow: say where
+    except Exception as e:  # a user forward fx cannot follow: say where (the first sentence of fx's reason)
+        why = (str(e).splitlines() or [""])[0].split(". ")[0]
         raise AutoparError(f"cannot split {type(model).__name__} into pipeline stages: its forward is not "
-                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0].split('. ')[0]})")
+                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {why})")
     nodes = list(graph.nodes)
     owner: dict[torch.fx.Node, int] = {}
     called: set[str] = set()
