@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from autopar.errors import AutoparError
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
-TPStyle = Literal["colwise", "rowwise", "sequence_parallel"]
+# sequence_parallel: a norm of a token's whole vector (sharded on the sequence under SP); head_norm: a norm of
+# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
 
 
 class _Frozen(BaseModel):
@@ -50,6 +52,9 @@ class TPPattern(_Frozen):
     module_ops: dict[str, int] = Field(
         default={}, description="forward aten ops of each plan module (each runs through DTensor under its style)")
     reason: str = Field(default="", description="why a layer has no tensor-parallel pattern")
+    shared_feeders: list[str] = Field(
+        default=[], description="replicated linears whose output reaches the sharded heads besides through a "
+        "column-parallel linear (DeepSeek's latent KV projection: its rotary key all heads share)")
 
     def allows(self, tp: int) -> bool:
         if tp == 1:

@@ -9,7 +9,7 @@ Each rule is a function here, called by ParallelConfig, make_config and autopar'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cost_models.errors import ConfigError
 from cost_models.model import ModelLike, is_tp_sharded
@@ -320,11 +320,20 @@ class ParallelConfig:
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):
-                    heads = sorted({p.heads for p in layer.tp.pairs if p.heads})
-                    what = f"the {heads[0]} attention heads" if heads else f"{list(layer.tp.divisors)}"
+                    what = _undivided(layer.tp, self.tp)
                     ok = [t for t in range(1, 65) if all(d % t == 0 for d in layer.tp.divisors)]
                     raise ConfigError(f"tp={self.tp} does not divide {what} of layer {layer.name}; "
                                       f"use a tp among {', '.join(map(str, ok))}")
+
+
+def _undivided(pattern: Any, tp: int) -> str:
+    """What of a layer ``tp`` does not divide, in words: its attention heads, its key/value heads (GQA, MQA), or
+    the other sizes its pattern splits (FFN width, vocabulary)."""
+    for attr, words in (("heads", "attention heads"), ("kv_heads", "key/value heads")):
+        sizes = sorted({getattr(p, attr) for p in pattern.pairs if getattr(p, attr)})
+        if sizes and any(n % tp for n in sizes):
+            return f"the {next(n for n in sizes if n % tp)} {words}"
+    return f"{[d for d in pattern.divisors if d % tp] or list(pattern.divisors)}"
 
 
 def check_expert_degrees(*, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> None:

@@ -193,6 +193,21 @@ def test_latent_attention_shards_by_head_and_keeps_the_latent_projections_whole(
     assert sorted(attention.columnwise) == ["self_attn.kv_b_proj", "self_attn.q_b_proj"]
     assert (attention.heads, attention.head_dim, attention.v_head_dim) == (128, 192, 128)
     assert "self_attn.kv_a_proj_with_mqa" not in block.tp.plan and "self_attn.q_a_proj" not in block.tp.plan
+    # the latent KV projection also feeds the heads its rotary key (an in-place write into the keys), not only
+    # through kv_b_proj: under TP its gradient is a sum over the ranks' heads, which autopar launch refuses
+    assert block.tp.shared_feeders == ["self_attn.kv_a_proj_with_mqa"]
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_per_head_norms_and_shared_feeders(name: str) -> None:
+    """Qwen3's q/k norms normalise each head (under TP a rank holds its heads: head_norm, the gradient summed over
+    tp), every other norm a token's whole vector (sequence_parallel); only DeepSeek's latent attention has a
+    replicated projection feeding the heads directly."""
+    blocks = [lp for lp in captured(name).layers if lp.kind == "block"]
+    per_head = {path for lp in blocks for path, style in lp.tp.plan.items() if style == "head_norm"}
+    assert per_head == ({"self_attn.q_norm", "self_attn.k_norm"} if name == "qwen3-30b-a3b" else set()), per_head
+    shared = {path for lp in blocks for path in lp.tp.shared_feeders}
+    assert shared == ({"self_attn.kv_a_proj_with_mqa"} if name.startswith("deepseek") else set()), shared
 
 
 # -- the closed form -------------------------------------------------------------------------------

@@ -69,7 +69,9 @@ def load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
     def build() -> nn.Module:
         config.dtype = torch.get_default_dtype()  # the training dtype, not the config's torch_dtype
         model = model_class(config)  # attention: SDPA where supported, else eager (transformers decides)
-        model.config.use_cache = False
+        for module in model.modules():  # no key/value cache in training; T5's decoder holds a config of its own
+            if hasattr(getattr(module, "config", None), "use_cache"):
+                module.config.use_cache = False
         return HFModel(model, task.inputs)
 
     defaults = {"seq_len": task.fixed_seq or max(task.min_seq, default_seq_len(config))}
@@ -196,7 +198,9 @@ def _input_maker(task: Task, config: Any) -> Callable[[int, int], tuple]:
 
         def prompt(b: int, s: int) -> tuple:
             placeholders = torch.full((b, n_image), int(image_token))
-            return (torch.cat([placeholders, ids(b, s - n_image)], dim=1), torch.randn(b, channels, size, size))
+            text = ids(b, s - n_image)
+            text = torch.where(text == int(image_token), (text + 1) % vocab, text)  # placeholders only where images go
+            return (torch.cat([placeholders, text], dim=1), torch.randn(b, channels, size, size))
         return prompt
     return lambda b, s: (ids(b, s),)
 

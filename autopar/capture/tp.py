@@ -68,10 +68,50 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
         plan[pair.rowwise] = "rowwise"
         divisors.update([pair.heads or 0, pair.kv_heads or 0] if pair.kind == "attention"
                         else [m.out_features for m in col_mods])
+    per_head = _per_head_norms(nodes, module, unit)
     for name, sub in module.named_modules():
         if name and "norm" in type(sub).__name__.lower():
-            plan[name] = "sequence_parallel"
-    return TPPattern(pairs=pairs, plan=plan, divisors=sorted(d for d in divisors if d))
+            plan[name] = "head_norm" if name in per_head else "sequence_parallel"
+    shared = _shared_feeders(g, nodes, [a for a in linears if a not in rows | cols], cols, cores)
+    return TPPattern(pairs=pairs, plan=plan, divisors=sorted(d for d in divisors if d),
+                     shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared))
+
+
+_VIEW_OPS = {"getitem", "slice", "view", "narrow", "select", "as_strided"}
+
+
+def _op(n: torch.fx.Node) -> str:
+    return str(getattr(n.target, "__name__", n.target)).split(".")[0]
+
+
+def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: list[str], cols: set[str],
+                    cores: dict[str, AttentionCore]) -> list[str]:
+    """Replicated linears whose output reaches an attention core other than through a column-parallel linear
+    (DeepSeek's latent KV projection: the rotary key all heads share). Under TP each rank's heads use it, so its
+    gradient is each rank's part of a sum over tp. An in-place op (``key[..., d:] = k_rot``: copy_) feeds the
+    later users of the tensor it writes."""
+    inside = nx.DiGraph(g.subgraph(set(nodes) - cols))
+    for name, n in nodes.items():
+        written = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if name not in inside or not _op(n).endswith("_") or written is None:
+            continue
+        while _op(written) in _VIEW_OPS and written.args and isinstance(written.args[0], torch.fx.Node):
+            written = written.args[0]  # the tensor a slice of which is written
+        inside.add_edges_from((name, u.name) for u in written.users if u.name in inside and u is not n)
+    return [a for a in replicated if any(c in inside and c in nx.descendants(inside, a) for c in cores)]
+
+
+def _per_head_norms(nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str) -> set[str]:
+    """Norm modules (relative paths) whose output keeps a head dimension (…, heads, head_dim): under TP they see
+    their rank's heads only, so their weight's gradient is a sum over the tp ranks."""
+    out = set()
+    for n in nodes.values():
+        sub = _linear_module(module, unit, n)
+        val = n.meta.get("val")
+        if sub is not None and sub is not module and "norm" in type(sub).__name__.lower() and \
+                isinstance(val, torch.Tensor) and val.dim() > 3:
+            out.add(_rel(module_path(n), unit))
+    return out
 
 
 def _is_linear(n: torch.fx.Node, module: nn.Module, unit: str) -> bool:

@@ -59,9 +59,6 @@ def check_plan(spec: RunPlan) -> None:
     if not spec.uniform_tp:
         raise AutoparError("per-layer tensor-parallel degrees with cp > 1 are not supported by the runtime; "
                            "re-plan with one tp for every layer")
-    if p.ep > 1:
-        raise AutoparError("expert parallelism (ep > 1) with cp > 1 is not supported by the runtime yet; re-plan "
-                           "with ep 1 or cp 1")
 
 
 def check_launch(spec: RunPlan, source: str) -> None:
@@ -72,7 +69,41 @@ def check_launch(spec: RunPlan, source: str) -> None:
     from autopar.runtime.init import build_meta
 
     loaded = load_spec(source, spec.model.overrides)
-    check_model(build_meta(loaded.build), loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
+    model = build_meta(loaded.build)
+    check_model(model, loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
+    check_masks(model, loaded.example_inputs, spec.model.seq_len)
+
+
+def check_masks(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
+    """The forward on meta, with positions as under cp: no attention takes an explicit mask (a sliding window,
+    a Hugging Face model's mask), which the split sequence would need split too. A forward that reads values
+    (transformers checking that a mask is all ones) cannot run on meta: then the ranks check it."""
+    tokens = example_inputs(2, seq_len)[0].to("meta")
+    spy = _MaskSpy()
+    try:
+        with torch.no_grad(), spy:
+            model(tokens, positions=torch.arange(seq_len, device="meta").expand(2, seq_len))
+    except Exception:  # noqa: BLE001 - the ranks check what meta cannot tell
+        return
+    if spy.masked:
+        raise AutoparError(f"context parallelism runs attention without an explicit mask; {type(model).__name__} "
+                           "passes attn_mask to scaled_dot_product_attention (a sliding window or a padding mask): "
+                           "re-plan with cp 1")
+
+
+class _MaskSpy(TorchFunctionMode):
+    """Whether any ``F.scaled_dot_product_attention`` call while active had an explicit mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masked = False
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.masked |= (kwargs.get("attn_mask") if "attn_mask" in kwargs else
+                            (args[3] if len(args) > 3 else None)) is not None
+        return func(*args, **kwargs)
 
 
 def check_model(model: nn.Module, example_inputs: Callable[[int, int], tuple], loss_fn: Callable[..., torch.Tensor],
@@ -175,12 +206,16 @@ class ContextParallel:
             raise AutoparError("context parallelism runs attention without an explicit mask (is_causal=True, or "
                                "full attention); this model passes attn_mask to scaled_dot_product_attention")
         c = query.shape[-2] // 2
-        kv = torch.stack((key, value))  # one collective for K and V: (2, batch, heads, 2c, head_dim) per rank
+        # one collective for K and V, side by side: (batch, heads, 2c, key width + value width) per rank (the
+        # widths differ under DeepSeek's latent attention)
+        width = key.shape[-1]
+        kv = torch.cat((key, value), dim=-1)
         gathered = funcol.all_gather_single(kv, 0, self.group).view(self.cp, *kv.shape)
         pieces = {}
         for rank in range(self.cp):  # rank r holds chunks r and 2cp-1-r: put them in sequence order
             pieces[rank], pieces[2 * self.cp - 1 - rank] = gathered[rank, ..., :c, :], gathered[rank, ..., c:, :]
-        keys, values = torch.cat([pieces[j] for j in range(2 * self.cp)], dim=-2).unbind(0)
+        whole = torch.cat([pieces[j] for j in range(2 * self.cp)], dim=-2)
+        keys, values = whole[..., :width], whole[..., width:]
         options = dict(dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
         if not is_causal:
             return F.scaled_dot_product_attention(query, keys, values, **options)

@@ -15,7 +15,9 @@ each hold a part of its gradient (autopar.runtime.cp).
 """
 from __future__ import annotations
 
+import copy
 import inspect
+import logging
 from typing import Any, Callable, Iterable
 
 import torch
@@ -58,7 +60,9 @@ def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, 
 
 
 def _shared_parameter_groups(model: nn.Module, units: list[str]) -> list[list[str]]:
-    """Units in order, those that share a parameter merged into the group of the first of them."""
+    """Units in order, those that share a parameter merged into the group of the first of them; a module outside
+    every unit holding one of a group's parameters (T5's and BART's ``shared`` embedding, tied to the encoder's
+    and decoder's) joins that group, so that no other FSDP group (the root's) claims the parameter."""
     groups: list[list[str]] = []
     group_of_param: dict[int, int] = {}
     for unit in units:
@@ -71,12 +75,41 @@ def _shared_parameter_groups(model: nn.Module, units: list[str]) -> list[list[st
             groups[shared].append(unit)
         for i in ids:
             group_of_param[i] = shared
+    for path, module in model.named_modules():
+        if path and not any(path == unit or path.startswith(unit + ".") for unit in units):
+            holds = {group_of_param[id(p)] for p in module.parameters(recurse=False) if id(p) in group_of_param}
+            if len(holds) == 1:
+                groups[holds.pop()].append(path)
     return groups
 
 
-def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
-    return DistributedDataParallel(model, process_group=meshes.dp_mesh.get_group(),
+def apply_ddp(model: nn.Module, meshes: Meshes, *, find_unused: bool = False) -> nn.Module:
+    """DDP over the dp mesh; ``find_unused``: some parameter gets no gradient (DDP then looks for them each step)."""
+    return DistributedDataParallel(model, process_group=meshes.dp_mesh.get_group(), find_unused_parameters=find_unused,
                                    device_ids=[meshes.device.index] if meshes.device.type == "cuda" else None)
+
+
+def has_unused_parameters(model: nn.Module, example_inputs: Callable[[int, int], tuple],
+                          loss_fn: Callable[..., torch.Tensor], seq_len: int) -> bool:
+    """Does some parameter of ``model`` (on meta) get no gradient from the loss (LLaVA's vision tower, whose last
+    layer's output nothing reads)? One forward and backward of a copy on meta, under FakeTensorMode (transformers
+    then skips its checks of values, as when traced; the copy keeps the mode's references off the model, which
+    materialising swaps in place); True where that cannot tell."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = copy.deepcopy(model)
+    log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs the failure we catch below as an error
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            inputs = tuple(fake.from_tensor(t.to("meta")) for t in example_inputs(1, seq_len))
+            loss_fn(model(*inputs), *inputs).backward()
+    except Exception:  # noqa: BLE001 - a forward meta cannot run (Mixtral's grouped GEMM): let DDP look each step
+        return True
+    finally:
+        log.setLevel(level)
+    return any(p.requires_grad and p.grad is None for p in model.parameters())
 
 
 def zero1_optimizer(params: Iterable[nn.Parameter], meshes: Meshes, optimizer_class: type,

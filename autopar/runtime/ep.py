@@ -325,7 +325,7 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
             continue
         try:
             check_degrees(moe[layer.name].num_experts, ep=p.ep, etp=p.expert_tp, tp=p.tp, dp=p.dp,
-                          expert_ffn=moe[layer.name].expert_ffn_size)
+                          expert_ffn=moe[layer.name].expert_ffn_size, cp=p.cp)
         except ConfigError as err:
             raise AutoparError(f"layer {layer.name}: {err}") from None
         if p.expert_tp > 1 and layer.tp != p.tp:

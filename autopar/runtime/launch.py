@@ -93,6 +93,7 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     and tensor-parallel plans (captured on meta), which the ranks then reuse."""
     check_options(options)
     from autopar.runtime.cp import check_launch, check_plan
+    from autopar.runtime.pp import check_launch as check_split
 
     check_plan(spec)  # what context parallelism needs of the plan (nothing when cp = 1)
     if not Path(source).exists():
@@ -114,6 +115,7 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
 
     layers = model_layers(spec, source)  # imports the model file: the user chose it (see model_source)
     check_launch(spec, source)
+    check_split(spec, source)
     if options.data is not None:
         from autopar.capture import load_spec
         from autopar.runtime.data import check_data_model

@@ -150,7 +150,7 @@ def build_meshes(spec: RunPlan, device: torch.device) -> Meshes:
 def expert_mesh(spec: RunPlan, device: torch.device) -> DeviceMesh:
     """The (pp, edp, ep, etp) mesh of the plan's routed experts (collective: every rank creates it)."""
     p = spec.parallelism
-    ranks = torch.tensor(expert_rank_grid(p.tp, p.dp, p.pp, p.ep, p.expert_tp))
+    ranks = torch.tensor(expert_rank_grid(p.tp, p.dp, p.pp, p.ep, p.expert_tp, p.cp))
     return DeviceMesh(device.type, ranks, mesh_dim_names=("pp", "edp", "ep", "etp"))
 
 

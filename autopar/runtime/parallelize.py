@@ -50,11 +50,12 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_con
 from autopar.errors import AutoparError
 from autopar.runtime.ac import apply_ac, apply_offload
 from autopar.runtime.cp import ContextParallel, apply_cp, check_loss, check_plan, check_positions
-from autopar.runtime.data_parallel import apply_ddp, apply_fsdp, gradient_groups, optimizer_for, sync_gradients
+from autopar.runtime.data_parallel import (apply_ddp, apply_fsdp, gradient_groups, has_unused_parameters,
+                                           optimizer_for, sync_gradients)
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.init import aliases, to_empty
-from autopar.runtime.pp import build_schedule, split_model
+from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.tp import apply_relayout, apply_tp
@@ -82,6 +83,7 @@ class ParallelModel:
     tied: list[TiedCopy] = dataclasses.field(default_factory=list)  # weights tied across pipeline ranks
     canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
     cp: ContextParallel | None = None  # this rank's part of its context-parallel group (cp > 1)
+    pipeline_inputs: PipelineInputs | None = None  # what the last stage's loss reads (pipelined, cp 1)
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -149,7 +151,7 @@ class ParallelModel:
                     losses.append(loss.detach())
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, p.dp * p.cp)
-        sync_gradients(self.expert_grads, p.dp)
+        sync_gradients(self.expert_grads, p.dp * p.cp)
         sync_tied_gradients(self.tied)
         return self._global_loss(losses)
 
@@ -173,11 +175,10 @@ class ParallelModel:
         return self.cp.loss(part(tokens, positions=positions), targets)
 
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
-        target = local[0]
         if self.cp is not None:  # the first stage takes tokens and positions, the loss the targets
             local, target = local[:2], local[2]
-        elif len(local) != 1:
-            raise AutoparError("pipeline parallelism runs models with one input tensor (token ids) for now")
+        else:  # the loss reads its micro-batch's inputs by sample index (any number of inputs: PipelineInputs)
+            target = self.pipeline_inputs.hold(local)
         if self.has_first and self.has_last:
             self.schedule.step(*local, target=target, losses=losses)
         elif self.has_first:
@@ -251,15 +252,18 @@ class _Engines:
 
 
 def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
-                loss_fn: LossFn, loss_parallel: bool = True,
-                init: Callable[[list[nn.Module]], None] | None = None) -> ParallelModel:
+                loss_fn: LossFn, loss_parallel: bool = True, init: Callable[[list[nn.Module]], None] | None = None,
+                example_inputs: Callable[[int, int], tuple] | None = None) -> ParallelModel:
     """Apply the plan to ``model``: full weights on every rank, or a model built on meta, whose shards are
     allocated after sharding and filled by ``init(parts)`` (autopar.runtime.init).
 
     ``tp_plans`` maps a layer name to its capture TP plan (relative module path -> style);
-    ``loss_fn(output, *inputs)`` is the model file's loss."""
+    ``loss_fn(output, *inputs)`` is the model file's loss; ``example_inputs`` the model file's (under DDP, a
+    model on meta is run once on them to learn whether some parameter gets no gradient)."""
     p = spec.parallelism
     engines = _Engines.of(spec)
+    find_unused = engines.ddp and example_inputs is not None and any(q.is_meta for q in model.parameters()) and \
+        has_unused_parameters(model, example_inputs, loss_fn, spec.model.seq_len)
     pipelined = spec.num_chunks > 1
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
     canonical = aliases(model)
@@ -269,7 +273,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     parts = apply_pp(model, spec, meshes)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
-    loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined
+    loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined and \
+        bool(tp_plans.get(spec.layers[-1].name))
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for c, part in parts.items():
         layers = _layers_of(spec, c)
@@ -298,14 +303,16 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         if engines.manual_sync:
             pairs += gradient_groups(part, _layers_of(spec, c), meshes, skip=routed)
         elif engines.ddp:
-            parts[c] = apply_ddp(part, meshes)
+            parts[c] = apply_ddp(part, meshes, find_unused=find_unused)
     schedule, has_first, has_last = None, True, True
+    inputs = PipelineInputs(loss_fn) if pipelined and cp is None else None
     if pipelined:
-        schedule, has_first, has_last = build_schedule(spec, parts, meshes, loss_fn if cp is None else cp.loss)
+        schedule, has_first, has_last = build_schedule(spec, parts, meshes, inputs.loss if inputs else cp.loss)
     return ParallelModel(spec, meshes, parts, loss_fn, loss_parallel, zero1=engines.zero1, schedule=schedule,
                          has_first=has_first, has_last=has_last,
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
-                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp)
+                         expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp,
+                         pipeline_inputs=inputs)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:

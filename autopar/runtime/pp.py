@@ -58,9 +58,10 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
     unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
     try:
         graph = _trace(model, set(unit_layer), positions)
-    except Exception as e:  # a user forward fx cannot follow: say where
+    except Exception as e:  # a user forward fx cannot follow: say where (the first sentence of fx's reason)
+        why = (str(e).splitlines() or [""])[0].split(". ")[0]
         raise AutoparError(f"cannot split {type(model).__name__} into pipeline stages: its forward is not "
-                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {str(e).splitlines()[0]})")
+                           f"fx-traceable with the layers as leaves ({type(e).__name__}: {why})")
     nodes = list(graph.nodes)
     owner: dict[torch.fx.Node, int] = {}
     called: set[str] = set()
@@ -127,6 +128,21 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
     return out
 
 
+def check_launch(spec: RunPlan, source: str) -> None:
+    """Before torchrun: a pipelined plan's model splits into its chunks (on meta: the trace only). A Hugging
+    Face model's forward does not trace with its layers as leaves: one line saying so, not one per rank."""
+    if spec.num_chunks == 1:
+        return
+    from autopar.capture import load_spec
+    from autopar.runtime.init import build_meta
+
+    model = build_meta(load_spec(source, spec.model.overrides).build)
+    try:
+        split_model(model, spec.layers, list(range(spec.num_chunks)), positions=spec.parallelism.cp > 1)
+    except AutoparError as err:
+        raise AutoparError(f"{err}; re-plan with --pp 1") from None
+
+
 def _trace(model: nn.Module, units: set[str], positions: bool) -> torch.fx.Graph:
     """The top-level forward with the layers as leaves. An optional ``positions`` argument not given is fixed to
     None, and its placeholder removed, so the chunks take only the inputs the step passes."""
@@ -160,6 +176,25 @@ class _Stage(PipelineStage):
         if not isinstance(arg, torch.Tensor) and not out.is_floating_point() and not out.is_complex():
             out = out.zero_()
         return out
+
+
+class PipelineInputs:
+    """The model's ``loss_fn(output, *inputs)`` on the last stage, whatever the number of inputs (an
+    encoder-decoder's source and target). torch's schedules give the loss one target tensor, split into
+    micro-batches like the inputs: here the target is each sample's index in this rank's batch, and the loss
+    reads the micro-batch's inputs at those indices from the batch ``hold`` keeps for the step."""
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor]):
+        self.loss_fn = loss_fn
+        self.inputs: tuple[torch.Tensor, ...] = ()
+
+    def hold(self, local: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Keep this step's batch; returns the target to give the schedule (the samples' indices)."""
+        self.inputs = local
+        return torch.arange(local[0].shape[0], device=local[0].device)
+
+    def loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, *(t[index] for t in self.inputs))
 
 
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,

@@ -26,6 +26,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
@@ -35,7 +37,38 @@ from autopar.runtime.mesh import Meshes
 from autopar.plan import LayerAssignment
 
 
-class _SequenceShardedEmbedding(RowwiseParallel):
+class _VocabParallelEmbedding(RowwiseParallel):
+    """RowwiseParallel on an embedding whose token ids need not be its input: a class that makes its own ids in
+    ``forward`` (BART's learned positions take the embeddings, for their shape, and embed ``arange(seq)``) hands
+    ``F.embedding`` a plain tensor, which is made the replicated DTensor the input hook makes of an input."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        out = super()._apply(module, device_mesh)
+        if type(module).forward is not nn.Embedding.forward:
+            forward = module.forward
+
+            @functools.wraps(forward)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with _ReplicatedIndices(device_mesh):
+                    return forward(*args, **kwargs)
+            module.forward = run  # type: ignore[method-assign]
+        return out
+
+
+class _ReplicatedIndices(TorchFunctionMode):
+    """``F.embedding`` of plain indices into a DTensor weight: the indices as a replicated DTensor."""
+
+    def __init__(self, mesh: Any):
+        super().__init__()
+        self.mesh = mesh
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is F.embedding and args and not isinstance(args[0], DTensor) and isinstance(args[1], DTensor):
+            args = (DTensor.from_local(args[0], self.mesh, [Replicate()], run_check=False), *args[1:])
+        return func(*args, **(kwargs or {}))
+
+
+class _SequenceShardedEmbedding(_VocabParallelEmbedding):
     """Vocab-parallel embedding whose output is reduce-scattered on the *sequence* dimension, wherever
     that is: dim 1 for token ids ``(batch, seq)``, dim 0 for a position vector ``(seq,)``
     (``wpe(arange(T))``) — the second-to-last dimension of the output either way."""
@@ -113,6 +146,8 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
         if style == "sequence_parallel":
             if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
                 styles[fqn] = SequenceParallel(use_local_output=whole_layer)
+        elif style == "head_norm":  # a norm over each of this rank's heads: its weight's gradient summed over tp
+            styles[fqn] = SequenceParallel(sequence_dim=-2, use_local_output=True)
         elif style == "colwise":
             if whole_layer:  # the LM head: full logits, or vocab shards for the parallel loss
                 styles[fqn] = ColwiseParallel(input_layouts=seq_in,
@@ -125,7 +160,7 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
         elif style == "rowwise":
             if isinstance(module, nn.Embedding):
                 styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate()) if sequence_parallel
-                               else RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+                               else _VocabParallelEmbedding(input_layouts=Replicate(), output_layouts=Replicate()))
             else:
                 styles[fqn] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
         else:
@@ -163,7 +198,25 @@ def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, d
             for unit in layer.units:
                 module = model.get_submodule(unit)
                 module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
-    _retie(model, ties)
+        if sequence_parallel and styles:
+            for unit in layer.units:
+                model.get_submodule(unit).register_forward_pre_hook(
+                    _sequence_sharded_inputs(meshes.layer_mesh(layer.tp)["tp"]))
+    _retie(model, ties, [unit for layer in layers for unit in layer.units])
+
+
+def _sequence_sharded_inputs(mesh: Any) -> Callable:
+    """Under sequence parallelism every activation between layers is this rank's block of the sequence. A
+    layer's first input is used as such (its norms gather it); a further activation input (the encoder output
+    a decoder block attends to) enters as the DTensor it is, sharded on the sequence, so that the layer reads
+    its whole length and the column-parallel projections that read it gather it."""
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        extra = activation_inputs(args)[1:]
+        if not extra:
+            return None
+        return tuple(DTensor.from_local(a, mesh, [Shard(1)], run_check=False) if i in extra else a
+                     for i, a in enumerate(args))
+    return hook
 
 
 def _tied_parameters(model: nn.Module) -> list[list[str]]:
@@ -173,18 +226,24 @@ def _tied_parameters(model: nn.Module) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-def _retie(model: nn.Module, ties: list[list[str]]) -> None:
+def _retie(model: nn.Module, ties: list[list[str]], units: list[str]) -> None:
     """parallelize_module replaces each module's parameters separately; tied ones must point to one again.
     Vocab-parallel embedding and column-parallel head both shard the (vocab, hidden) weight on dim 0,
-    so a tie survives tensor parallelism when both sides use the same degree (Megatron does the same)."""
+    so a tie survives tensor parallelism when both sides use the same degree (Megatron does the same).
+    A name outside every layer (T5's and BART's ``shared`` embedding, which the encoder's and decoder's
+    embeddings and the LM head tie to, never called itself) takes the layers' copy."""
+    def in_layers(name: str) -> bool:
+        return any(name.startswith(unit + ".") for unit in units)
+
     for names in ties:
-        owner, *others = names
+        used = [name for name in names if in_layers(name)] or names
+        owner = used[0]
         keep = model.get_parameter(owner)
-        for name in others:
+        for name in names:
             other = model.get_parameter(name)
-            if isinstance(keep, DTensor) != isinstance(other, DTensor) or (
+            if name in used and (isinstance(keep, DTensor) != isinstance(other, DTensor) or (
                     isinstance(keep, DTensor) and (keep.placements != other.placements
-                                                   or keep.device_mesh != other.device_mesh)):
+                                                   or keep.device_mesh != other.device_mesh))):
                 raise AutoparError(f"tied weights {owner} and {name} are sharded differently (different tp "
                                    "degrees or styles): give both layers the same tp, or untie them")
             module_path, _, attr = name.rpartition(".")
@@ -229,17 +288,39 @@ def apply_relayout(model: nn.Module, layers: list[LayerAssignment], base_tp: int
             continue
         for unit in layer.units:
             module = model.get_submodule(unit)
-            module.register_forward_pre_hook(_pre_hook(group, base_tp, layer.tp), prepend=True)
+            module.register_forward_pre_hook(_pre_hook(group, base_tp, layer.tp), prepend=True, with_kwargs=True)
             module.register_forward_hook(_post_hook(group, layer.tp, base_tp))
 
 
+def activation_inputs(args: tuple) -> list[int]:
+    """Positions of a layer's batch-major activation inputs: the first argument (ids or hidden states, at
+    least 2-D), and any later one that is another layer's output (an encoder output a decoder block attends
+    to): a tensor with the same batch that autograd tracks. Tables computed from the inputs (a RoPE slice,
+    positions) carry no gradient and stay as they are."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() < 2:
+        return []
+    batch = args[0].shape[0]
+    return [0] + [i for i, a in enumerate(args[1:], 1) if isinstance(a, torch.Tensor) and a.dim() >= 2
+                  and a.shape[0] == batch and a.requires_grad and not isinstance(a, DTensor)]
+
+
+def _batch_major_keywords(kwargs: dict, batch: int) -> list[str]:
+    """Keyword inputs with the layer's batch (a Hugging Face layer's attention mask, ``(batch, 1, q, k)``).
+    A table of batch 1 broadcast over the batch (positions, rotary cos/sin) moves only where the batch is 1,
+    which makes it the same table for every sample."""
+    return [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+            and v.dim() >= 2 and v.shape[0] == batch]
+
+
 def _pre_hook(group: dist.ProcessGroup, tp_from: int, tp_to: int) -> Any:
-    def hook(module: nn.Module, args: tuple) -> tuple | None:
-        moved = bool(args) and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2
-        module._autopar_relayout = moved  # the post-hook moves the output back only if the input moved
-        if moved:
-            return (_Relayout.apply(args[0], group, tp_from, tp_to),) + tuple(args[1:])
-        return None
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        moved = activation_inputs(args)
+        module._autopar_relayout = bool(moved)  # the post-hook moves the output back only if the input moved
+        if not moved:
+            return None
+        keywords = _batch_major_keywords(kwargs, args[0].shape[0])
+        return (tuple(_Relayout.apply(a, group, tp_from, tp_to) if i in moved else a for i, a in enumerate(args)),
+                {k: _Relayout.apply(v, group, tp_from, tp_to) if k in keywords else v for k, v in kwargs.items()})
     return hook
 
 

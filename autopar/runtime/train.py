@@ -68,18 +68,31 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
         from autopar.runtime.ep import check_experts
 
         check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
-    divisors = {layer.name: list(layer.tp.divisors) for layer in profile.layers}
-    # a layer without weights and pattern (dropout, a rotary table) runs whole on each tp rank, on whole
-    # sequences: not under sequence parallelism, which would hand it a shard of the sequence
-    weightless = {layer.name for layer in profile.layers if layer.params == 0 and not layer.tp.plan}
+    if spec.parallelism.cp > 1 and profile.attention_impl == "eager":
+        raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
+                           "computes it op by op (eager attention: Gemma-2's logit soft-capping): re-plan with cp 1")
+    if spec.parallelism.sequence_parallel and Path(source).suffix == ".json" and \
+            any(layer.tp > 1 for layer in spec.layers):  # a Hugging Face config (a model file is .py)
+        raise AutoparError("sequence parallelism runs models whose forward reads the sequence length from its inputs; "
+                           "a Hugging Face model reads it from its embeddings' output, which it shards: re-plan with "
+                           "--no-sequence-parallel")
+    by_name = {layer.name: layer for layer in profile.layers}
     for layer in spec.layers:
-        if layer.tp > 1 and layer.name in weightless and spec.parallelism.sequence_parallel:
-            raise AutoparError(f"layer {layer.name} has no tensor-parallel pattern: it cannot run on sequence "
-                               "shards; re-plan with --no-sequence-parallel")
-        if layer.tp > 1 and layer.name not in weightless and (not plans[layer.name] or
-                                                                any(d % layer.tp for d in divisors[layer.name])):
-            raise AutoparError(f"layer {layer.name}: tp {layer.tp} does not fit the model (no tensor-parallel "
-                               f"pattern, or it must divide {divisors[layer.name]}: heads, features, vocab)")
+        captured = by_name[layer.name]
+        if layer.tp > 1 and captured.tp.shared_feeders:
+            raise AutoparError(f"layer {layer.name}: tp {layer.tp}: {', '.join(captured.tp.shared_feeders)} stays "
+                               "whole on every tp rank but feeds the sharded heads directly (a rotary key all heads "
+                               "share), whose gradient the runtime does not sum over tp; re-plan with --tp 1")
+        if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
+            continue
+        # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an
+        # unpadded vocabulary): the layer runs whole on each of its tp ranks, as the cost model prices it
+        # (cost_models.model.is_tp_sharded); not under sequence parallelism, which hands it a shard of the sequence
+        if spec.parallelism.sequence_parallel:
+            raise AutoparError(f"layer {layer.name} has no tensor-parallel pattern for tp {layer.tp}: it runs whole "
+                               "on each tp rank and cannot take sequence shards; re-plan with "
+                               "--no-sequence-parallel")
+        plans[layer.name] = {}
     return names, plans
 
 
@@ -134,6 +147,7 @@ def build(spec: RunPlan, loaded: LoadedModel, meshes: Meshes, *, loss_parallel: 
     """The plan's model built on meta and parallelized; each rank allocates and fills only its shards."""
     model = init_mod.build_meta(loaded.spec.build)
     return parallelize(model, spec, meshes, tp_plans=loaded.tp_plans, loss_fn=loaded.spec.loss_fn,
+                       example_inputs=loaded.spec.example_inputs,
                        loss_parallel=loss_parallel, init=initializer(loaded, spec, seed=seed, weights=weights))
 
 
