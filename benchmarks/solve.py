@@ -154,6 +154,7 @@ def long_context(limit: float) -> None:
     its solve time and status, and the best plan without context parallelism (--cp 1) for comparison."""
     from autopar.pricing import priced_hardware
     from autopar.profile import load_profile
+    from autopar.search import runnable_pins
 
     _, h100 = priced_hardware("h100-80gb", dtype="bf16")  # as `autopar solve --gpu h100-80gb` prices it
     print(f"{'model':<12} {'seq':>7} {'GPUs':>5} {'search':<6} {'status':>9} {'solve s':>8} {'cpu s':>6} {'solves':>6}  "
@@ -161,6 +162,7 @@ def long_context(limit: float) -> None:
     for name, config, seq, gpus, batch in LONG:
         profile = load_profile(str(ROOT / "examples" / "hf" / config), seq_len=seq)
         for label, pins in (("free", Pins()), ("cp 1", Pins(cp=1))):
+            pins, _ = runnable_pins(profile, pins, "autopar")  # what `autopar solve` searches: what launch runs
             cpu = time.process_time()
             r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit, pins=pins)
             cpu = time.process_time() - cpu

@@ -37,13 +37,15 @@ pytestmark = [pytest.mark.dist,
 SOLVES = {
     2: [("gpt", "free"), ("gpt", "pp2_1f1b"), ("gpt", "pp2_interleaved"), ("gpt", "tp2"), ("gpt", "offload"),
         ("llama", "tp2_sp"), ("llama", "cp2"), ("llama", "dp2_zero2"), ("llama", "pp2_gpipe"),
-        ("encdec", "tp2_sp"), ("encdec", "tp2"), ("encdec", "pp2_interleaved"), ("encdec", "cp2"),
-        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2")],
+        ("encdec", "tp2_sp"), ("encdec", "tp2"), ("encdec", "pp2_interleaved"),
+        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2"), ("hf/llama-3-8b", "tp2")],
     4: [("gpt", "tp2_pp2"), ("llama", "tp2_dp2_sp_zero3"), ("encdec", "tp2_pp2"), ("moe-mixtral", "cp2_tp2"),
         ("moe-deepseek", "tp2_ep2_etp1"), ("moe-deepseek", "cp2_ep2")],
 }
-# what `autopar launch` refuses before torchrun, and why (the runtime cannot run it; one line)
-REFUSED = {("encdec", "cp2"): "context parallelism splits token ids"}
+# what `autopar solve` refuses to plan for autopar's runtime, and why (the runtime cannot run it; one line): a free
+# solve leaves the feature out (autopar.search.runnable_pins), a pin on it is this error
+REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids",
+           ("hf/llama-3-8b", "pp2_1f1b"): "cannot split HFModel into pipeline stages"}
 
 
 def _variant(model: str, world: int, label: str) -> sp.Variant:
@@ -69,10 +71,12 @@ def _job(world: int, tmp: Path) -> dict:
     accepted: dict[str, dict] = {}
     out: dict[tuple[str, str], list] = {}
     with sp.captures_once():
-        for model, label in SOLVES[world]:
+        for model, label in SOLVES[world] + (list(REFUSED) if world == 2 else []):
             plans = sp.solved(model, world, _variant(model, world, label))
-            assert not isinstance(plans, str), f"{model} {label}: the solver found no plan ({plans})"
             out[model, label] = []
+            if isinstance(plans, str):  # the solver's one line: REFUSED says which solves must give one
+                out[model, label].append((f"{model}/{label}", plans))
+                continue
             for plan in plans:
                 name, checked = f"{model}/{sp.shape_of(plan)}", sp.preflight(plan)
                 out[model, label].append((name, checked if isinstance(checked, str) else None))
@@ -94,6 +98,7 @@ def _job(world: int, tmp: Path) -> dict:
 
 
 CASES = [(world, model, label) for world, solves in SOLVES.items() for model, label in solves]
+CASES += [(2, model, label) for model, label in REFUSED]
 
 
 @pytest.mark.parametrize("world,model,label", CASES, ids=[f"w{w}-{m}-{v}" for w, m, v in CASES])
@@ -101,6 +106,8 @@ def test_solved_plans_launch_and_train_like_one_process(world: int, model: str, 
                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
     runs = _job(world, tmp_path_factory.getbasetemp())[model, label]
     assert runs, "the solver emitted no plan"
+    if (model, label) not in REFUSED:
+        assert not any(name == f"{model}/{label}" for name, _ in runs), f"{model} {label}: no plan: {runs}"
     for name, result in runs:
         if (model, label) in REFUSED:
             assert isinstance(result, str) and REFUSED[model, label] in result, (name, result)

@@ -21,6 +21,7 @@ from autopar.runtime import init as init_mod
 from autopar.runtime.data import Batches, SyntheticBatches
 from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
 from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
+from autopar.runtime.support import check_attention, check_heads, check_source, replan
 
 
 @dataclasses.dataclass
@@ -68,21 +69,15 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
         from autopar.runtime.ep import check_experts
 
         check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
-    if spec.parallelism.cp > 1 and profile.attention_impl == "eager":
-        raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
-                           "computes it op by op (eager attention: Gemma-2's logit soft-capping): re-plan with cp 1")
-    if spec.parallelism.sequence_parallel and Path(source).suffix == ".json" and \
-            any(layer.tp > 1 for layer in spec.layers):  # a Hugging Face config (a model file is .py)
-        raise AutoparError("sequence parallelism runs models whose forward reads the sequence length from its inputs; "
-                           "a Hugging Face model reads it from its embeddings' output, which it shards: re-plan with "
-                           "--no-sequence-parallel")
+    if spec.parallelism.cp > 1:
+        replan(check_attention, profile, "cp 1")
+    if spec.parallelism.sequence_parallel and any(layer.tp > 1 for layer in spec.layers):
+        replan(check_source, source, "--no-sequence-parallel")
     by_name = {layer.name: layer for layer in profile.layers}
     for layer in spec.layers:
         captured = by_name[layer.name]
-        if layer.tp > 1 and captured.tp.shared_feeders:
-            raise AutoparError(f"layer {layer.name}: tp {layer.tp}: {', '.join(captured.tp.shared_feeders)} stays "
-                               "whole on every tp rank but feeds the sharded heads directly (a rotary key all heads "
-                               "share), whose gradient the runtime does not sum over tp; re-plan with --tp 1")
+        if layer.tp > 1:
+            replan(check_heads, [captured], "--tp 1")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an

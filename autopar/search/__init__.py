@@ -8,6 +8,8 @@ engine.py runs the branch and bound, brute.py is the exhaustive reference the te
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -50,6 +52,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         raise NoValidConfiguration(f"--gpus {gpus} is not a whole number of {gpus_per_node}-GPU nodes")
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
+    pins, limits = runnable_pins(profile, pins, engine)
     batch = global_batch or profile.global_batch or gpus
     corners = robust_scenarios(raw, load_engine(engine))
     worst = next(c.hw for c in corners if c.name == "all slow")
@@ -75,4 +78,31 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
                         max(1.0, time_limit_s / 4), robust=robust, known={"all slow": result} if robust else None)
         plans.append(plan_of(profile, estimate, hw, gpus_per_node=gpus_per_node, hardware_name=str(hardware_file or gpu),
                              solver=info, engine=engine, uncertainty=spread))
+        if limits:
+            plans[-1] = plans[-1].model_copy(update={"notes": [*plans[-1].notes, *limits]})
     return plans
+
+
+def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str]]:
+    """For engine ``autopar``: the pins that keep the search to what `autopar launch` runs on this model (a
+    feature its runtime refuses is fixed off), and one note per feature left out. A pin the user gave on such a
+    feature is a one-line error: the plan would not start. Profiles whose model file is not here are searched
+    in full (nothing to check)."""
+    if engine != "autopar" or not Path(profile.source).exists():
+        return pins, []
+    from autopar.runtime.support import unsupported  # builds the model on meta: imports torch
+
+    off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1}
+    limits = unsupported(profile)
+    fixed, notes = {}, []
+    for feature, why in limits.items():
+        given = getattr(pins, feature)
+        if given is not None and given != off[feature]:
+            flag = "--" + feature.replace("_", "-")
+            raise AutoparError(f"{flag} {given}: autopar launch cannot run it on this model ({why}); pick "
+                               f"another --engine to plan for it (megatron, torchtitan, …), or drop {flag}")
+        fixed[feature] = off[feature]
+        why = re.split(r"[;:] re-plan with", why)[0]
+        notes.append(f"searched without {feature} (autopar's runtime cannot run it on this model: {why}); "
+                     "--engine megatron or torchtitan plans it for those engines")
+    return dataclasses.replace(pins, **fixed), notes

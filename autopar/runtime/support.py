@@ -1,0 +1,121 @@
+"""What autopar's own runtime can run of a model, asked before the search.
+
+`autopar solve` (engine ``autopar``, the default) searches only plans that `autopar launch` runs on this model:
+each feature below is tried here on the model built on the meta device, by the same checks the launcher runs
+before torchrun (no process group, no storage), and a feature the runtime refuses is left out of the search
+with the launcher's one-line reason as a note on the plan. Other engines (``--engine megatron`` …) run their
+own code and are searched in full.
+
+The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp), ``tp`` (no replicated
+projection feeds the sharded heads directly: autopar.runtime.train.model_layers), ``sequence_parallel``
+(a Hugging Face model reads the sequence length from its sharded embeddings), ``cp`` (one token-id input, a
+``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp) and ``ep``
+(the MoE modules follow the expert contract: autopar.runtime.ep).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from autopar.errors import AutoparError
+
+FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep")
+
+
+def overrides_of(profile: Any) -> dict[str, str]:
+    """The profile's build_model keywords as ``--set`` gives them (strings)."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()}
+
+
+def unsupported(profile: Any) -> dict[str, str]:
+    """feature -> why autopar's runtime cannot run it on this model (one line), for the features of FEATURES it
+    refuses; empty when it runs them all. ``profile``: the model's ModelProfile (its source is rebuilt on meta)."""
+    from autopar.capture import load_spec
+    from autopar.runtime.init import build_meta
+
+    loaded = load_spec(profile.source, overrides_of(profile))
+    out: dict[str, str] = {}
+    for feature, check in (("pp", _pipeline), ("tp", _tensor), ("sequence_parallel", _sequence_parallel),
+                           ("cp", _context), ("ep", _experts)):
+        try:
+            check(profile, loaded, build_meta(loaded.build))
+        except AutoparError as err:
+            out[feature] = str(err)
+    return out
+
+
+def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
+    """Two chunks at the middle layer: the split needs only the top-level trace, wherever the cut falls."""
+    from autopar.plan import LayerAssignment
+    from autopar.runtime.pp import split_model
+
+    if len(profile.layers) < 2:
+        raise AutoparError("a model of one layer has no pipeline cut")
+    half = len(profile.layers) // 2
+    layers = tuple(LayerAssignment(name=layer.name, stage=int(i >= half), tp=1)
+                   for i, layer in enumerate(profile.layers))
+    split_model(model, layers, [0, 1])
+
+
+def replan(check: Callable[[Any], None], arg: Any, change: str) -> None:
+    """``check(arg)``, its one line ending with the change that would run (what the launcher says)."""
+    try:
+        check(arg)
+    except AutoparError as err:
+        raise AutoparError(f"{err}; re-plan with {change}") from None
+
+
+def check_heads(layers: Any) -> None:
+    """A replicated linear feeding the sharded heads directly (DeepSeek's latent KV projection, whose rotary key
+    all heads share) needs its gradient summed over tp on that path only, which the runtime does not do."""
+    for layer in layers:
+        if layer.tp.shared_feeders:
+            raise AutoparError(f"layer {layer.name}: {', '.join(layer.tp.shared_feeders)} stays whole on every tp "
+                               "rank but feeds the sharded heads directly (a rotary key all heads share), whose "
+                               "gradient the runtime does not sum over tp")
+
+
+def check_source(source: str) -> None:
+    """Sequence parallelism: not for a Hugging Face config (a model file is .py)."""
+    if Path(source).suffix == ".json":
+        raise AutoparError("sequence parallelism runs models whose forward reads the sequence length from its "
+                           "inputs; a Hugging Face model reads it from its embeddings' output, which it shards")
+
+
+def check_attention(profile: Any) -> None:
+    if profile.attention_impl == "eager":
+        raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
+                           "computes it op by op (eager attention: Gemma-2's logit soft-capping)")
+
+
+def _tensor(profile: Any, loaded: Any, model: Any) -> None:
+    check_heads(profile.layers)
+
+
+def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
+    check_source(profile.source)
+
+
+def _context(profile: Any, loaded: Any, model: Any) -> None:
+    from autopar.runtime.cp import check_masks, check_model
+
+    if not any(pair.kind == "attention" for layer in profile.layers for pair in layer.tp.pairs):
+        return  # the search gives such a model cp 1 anyway (autopar.search.space.cp_degrees)
+    check_attention(profile)
+    check_model(model, loaded.example_inputs, loaded.loss_fn, 2)
+    check_masks(model, loaded.example_inputs, profile.seq_len)
+
+
+def _experts(profile: Any, loaded: Any, model: Any) -> None:
+    from autopar.runtime.ep import check_moe_module, moe_modules
+
+    for layer in profile.layers:
+        if layer.moe is None:
+            continue
+        for unit in layer.name.split("+"):
+            found = moe_modules(model.get_submodule(unit))
+            if found is None:
+                raise AutoparError(f"layer {unit}: the runtime does not find the experts capture priced")
+            moe, experts, info = found
+            check_moe_module(unit, moe, experts, info.num_experts)
