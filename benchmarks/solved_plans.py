@@ -55,6 +55,7 @@ def run(accepted: dict[str, dict], world: int, tmp: Path) -> dict[str, dict]:
         return {}
     plans, out = tmp / "plans.json", tmp / "out.json"
     plans.write_text(json.dumps(accepted))
+    out.unlink(missing_ok=True)  # a result of the previous model is not this one's
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "AUTOPAR_PG_TIMEOUT_S": "60"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                            str(ROOT / "tests" / "solved_plans_worker.py"), "--plans", str(plans), "--out", str(out)],
@@ -88,7 +89,7 @@ def main() -> None:
                     counts["refused"] += 1
                     print(f"{name:60s} w{world} {label:20s} refused: {reason}", flush=True)
                 for name, result in run(accepted, world, Path(tmp)).items():
-                    label = accepted[name]["variant"]
+                    label = accepted.get(name, {}).get("variant", "?")
                     ok = "error" not in result and result["loss_diff"] <= TOLERANCE
                     counts["launched" if ok else "failed"] += 1
                     what = f"launched, losses within {result['loss_diff']:.1e}" if "error" not in result else \

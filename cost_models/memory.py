@@ -43,13 +43,29 @@ class StageMemory:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.reserve
 
 
-def model_state_bytes(params_per_gpu: float, precision: Precision, *, dp: int,
-                      zero_stage: int) -> tuple[float, float, float]:
+def accumulates_unsharded(zero_stage: int, pp: int, num_microbatches: int) -> bool:
+    """Does FSDP2 (ZeRO-2/3 as autopar launch and torchtitan run them) hold a stage's whole gradients, and under
+    ZeRO-3 its whole parameters, between the step's micro-batches?
+
+    - ZeRO-2 over several micro-batches: gradient accumulation keeps the unsharded gradients and reduce-scatters
+      once, at the last micro-batch (FSDP2 ``set_requires_gradient_sync(False)``), as the sync this model prices
+      once per step; sharded gradients would need a reduce-scatter per micro-batch instead (DeepSpeed ZeRO-2).
+    - ZeRO-3 under pipeline parallelism: torch.distributed.pipelining (``backward_maybe_with_nosync``) sets
+      ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` for every backward but the
+      last, so after a micro-batch's backward its stage's parameters stay gathered and its gradients unsharded
+      until the step's last backward (torchtitan turns reshard_after_forward off under pp for the same reason).
+    ZeRO-3 without pipelining reshards and reduce-scatters per micro-batch (zero3_layer_time prices it)."""
+    return (zero_stage == 2 and num_microbatches > 1) or (zero_stage == 3 and pp > 1)
+
+
+def model_state_bytes(params_per_gpu: float, precision: Precision, *, dp: int, zero_stage: int,
+                      accumulating: bool = False) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes on one GPU for ``params_per_gpu`` parameters (already / tp).
-    Optimizer = master params + master grads + Adam moments: sharded from ZeRO-1, grads from 2, params at 3."""
+    Optimizer = master params + master grads + Adam moments: sharded from ZeRO-1, grads from 2, params at 3;
+    ``accumulating`` (accumulates_unsharded): gradients, and ZeRO-3's parameters, held whole during the step."""
     shard = max(1, dp)
-    params = params_per_gpu * precision.param_bytes / (shard if zero_stage >= 3 else 1)
-    grads = params_per_gpu * precision.grad_bytes / (shard if zero_stage >= 2 else 1)
+    params = params_per_gpu * precision.param_bytes / (shard if zero_stage >= 3 and not accumulating else 1)
+    grads = params_per_gpu * precision.grad_bytes / (shard if zero_stage >= 2 and not accumulating else 1)
     optimizer = params_per_gpu * precision.optimizer_bytes / (shard if zero_stage >= 1 else 1)
     return params, grads, optimizer
 

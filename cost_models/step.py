@@ -22,8 +22,8 @@ from cost_models.compute import attention_core_times, layer_compute, memory_time
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import (StageMemory, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
-                                offload_resident, remat_peak_bytes)
+from cost_models.memory import (StageMemory, accumulates_unsharded, kept_activation_bytes, microbatches_in_flight,
+                                model_state_bytes, offload_resident, remat_peak_bytes)
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import PipelineTime, pipeline_time
@@ -196,7 +196,8 @@ class CostModel:
         devices = cfg.tp * cfg.grad_replicas
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
                    cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
-                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm)
+                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm,
+                   accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches))
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -253,15 +254,16 @@ class CostModel:
         layer's parameters (the search asks for every micro-batch size)."""
         own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
         dense = own - experts
+        whole = accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
         state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copies = self._step_work_of(
-            dense, copy, dp_l, cfg.zero_stage, precision, link_dp)
+            dense, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
         sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
             gpn = cfg.gpus_per_node or self.hw.gpus_per_node
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
             e_state, _, e_over, e_exposed, e_opt, e_zero3, _, e_edge, e_copies = self._step_work_of(
-                experts, 0.0, edp, cfg.zero_stage, precision, link_e)
+                experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole)
             state = tuple(a + b for a, b in zip(state, e_state))
             sync = (sync[0] + e_over * experts, sync[1] + e_exposed * experts, sync[2] + e_opt * experts)
             zero3, edge = zero3 + e_zero3, edge + e_edge
@@ -286,17 +288,17 @@ class CostModel:
             cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
 
     def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
-                      link_dp: comm.Link) -> tuple:
+                      link_dp: comm.Link, accumulating: bool) -> tuple:
         key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node,
-               link_dp.nodes)
+               link_dp.nodes, accumulating)
         work = self._step_work.get(key)
         if work is None or work[-1] is not precision:
-            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, zero_stage, precision, link_dp) + \
-                (precision,)
+            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, zero_stage, precision, link_dp,
+                                                                accumulating) + (precision,)
         return work[:-1]
 
     def _layer_step_work(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
-                         link_dp: comm.Link) -> tuple:
+                         link_dp: comm.Link, accumulating: bool) -> tuple:
         """(state, tied state, overlappable and exposed sync and optimizer seconds per parameter, ZeRO-3
         traffic of the layer and of its tied copy) for ``own`` parameters on one GPU and ``copy`` tied ones."""
         over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=zero_stage, param_bytes=precision.param_bytes,
@@ -308,8 +310,9 @@ class CostModel:
         edge = comm.zero3_edge_time(own, dp=dp_l, param_bytes=precision.param_bytes, grad_bytes=precision.grad_bytes,
                                     link=link_dp, hw=self.hw) if zero_stage == 3 else 0.0
         copies = zero3_copy_times(own, precision, self.hw) if zero_stage == 3 and dp_l > 1 else (0.0, 0.0)
-        return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage),
-                model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage), over, exposed, opt, zero3,
+        return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage, accumulating=accumulating),
+                model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage, accumulating=accumulating),
+                over, exposed, opt, zero3,
                 zero3_tied, edge, copies)
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
@@ -459,7 +462,7 @@ def device_in_flight(cfg: ParallelConfig, d: int) -> float:
 def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[str, float], terms: dict[str, float],
                      shape: StepShape) -> DeviceEstimate:
     memory = StageMemory(params=q["state_params"], grads=q["state_grads"], optimizer=q["state_optimizer"],
-                         activations=terms["activations"], buffers=q["gather_buffer"],
+                         activations=terms["activations"], buffers=q["gather_buffer"] + q["cp_buffer"],
                          reserve=shape.reserve_bytes + terms["fragmentation"])  # the reserve holds what fragments
     return DeviceEstimate(
         stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),

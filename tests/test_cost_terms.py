@@ -9,7 +9,7 @@ from cost_models.comm import (GRAD_BUCKET_BYTES, Link, all_gather_time, all_redu
                               tp_layer_comm, zero3_layer_time)
 from cost_models.compute import layer_compute
 from cost_models.config import PRECISIONS, default_precision
-from cost_models.memory import (kept_activation_bytes, microbatches_in_flight, model_state_bytes,
+from cost_models.memory import (accumulates_unsharded, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
                                 remat_peak_bytes, tp_saved_bytes)
 from cost_models.pipeline import ideal_bubble_fraction, pipeline_time
 
@@ -205,6 +205,53 @@ def test_bytes_per_parameter_reproduce_published_breakdowns() -> None:
     assert sum(model_state_bytes(1, default_precision("bf16"), dp=4, zero_stage=1)) == pytest.approx(9)
     assert sum(model_state_bytes(1, sm, dp=4, zero_stage=1)) == pytest.approx(8)
     assert sum(model_state_bytes(1, sm, dp=4, zero_stage=3)) == pytest.approx(5)   # everything / 4
+
+
+def test_fsdp_gradient_accumulation_holds_whole_state() -> None:
+    """ZeRO-2 over several micro-batches accumulates unsharded gradients (one reduce-scatter per step, as priced);
+    ZeRO-3 under torch.distributed.pipelining keeps a stage's parameters gathered and gradients whole between
+    its backwards (backward_maybe_with_nosync); ZeRO-3 alone reshards every micro-batch."""
+    assert [accumulates_unsharded(z, pp, m) for z, pp, m in
+            [(2, 1, 1), (2, 1, 4), (2, 2, 4), (3, 1, 8), (3, 2, 8), (1, 1, 8), (0, 4, 8)]] == \
+        [False, True, True, False, True, False, False]
+    bf16 = default_precision("bf16")                                     # 2 + 4 + 12 bytes per parameter
+    assert model_state_bytes(1, bf16, dp=4, zero_stage=2) == pytest.approx((2, 1, 3))
+    assert model_state_bytes(1, bf16, dp=4, zero_stage=2, accumulating=True) == pytest.approx((2, 4, 3))
+    assert model_state_bytes(1, bf16, dp=4, zero_stage=3, accumulating=True) == pytest.approx((2, 4, 3))
+    toy = model([layer(i, params=1_000_000) for i in range(4)])
+    mem = [CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=pp, dp=4, micro_batch=1, num_microbatches=m,
+                                                      zero_stage=z)).devices[0].memory
+           for z, pp, m in [(2, 1, 1), (2, 1, 4), (3, 1, 4), (3, 2, 4)]]
+    assert mem[0].grads == pytest.approx(4e6 * 4 / 4) and mem[1].grads == pytest.approx(4e6 * 4)
+    assert mem[2].params == pytest.approx(4e6 * 2 / 4) and mem[3].params == pytest.approx(2e6 * 2)  # 2 layers
+
+
+def test_accumulating_zero2_is_zero1_in_every_term() -> None:
+    """Why the search leaves ZeRO-2 out when a step has several micro-batches (autopar.search.space.outer_choices):
+    holding whole gradients it prices exactly as ZeRO-1 (the same once-per-step sync, the same memory)."""
+    toy = model([layer(i, params=1_000_000) for i in range(6)])
+    for pp, m, schedule in [(1, 4, "1f1b"), (2, 4, "1f1b"), (2, 4, "interleaved"), (3, 6, "gpipe")]:
+        one, two = (CostModel(toy, HW).evaluate(ParallelConfig(
+            tp=2, pp=pp, dp=2, micro_batch=1, num_microbatches=m, zero_stage=z, schedule=schedule,
+            virtual_stages=2 if schedule == "interleaved" else 1, recompute="selective")) for z in (1, 2))
+        assert one.terms == two.terms and one.step_time_s == two.step_time_s
+        assert [d.memory for d in one.devices] == [d.memory for d in two.devices]
+
+
+def test_reported_memory_is_the_memory_the_solver_constrains() -> None:
+    """Every device's StageMemory adds up to the composition's memory term (what CP-SAT holds under the capacity):
+    the context-parallel K/V buffer and ZeRO-3's gather buffer included (the cp buffer was once left out, so a
+    plan over the capacity by it was reported as fitting)."""
+    toy = model([layer(i, params=1_000_000) for i in range(4)])
+    for cfg in (ParallelConfig(tp=1, pp=2, dp=2, micro_batch=1, num_microbatches=4, cp=2, zero_stage=1),
+                ParallelConfig(tp=2, pp=1, dp=4, micro_batch=2, num_microbatches=2, zero_stage=3),
+                ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=4, cp=4, schedule="interleaved",
+                               virtual_stages=2)):
+        est = CostModel(toy, HW).evaluate(cfg)
+        assert any(est.terms[f"cp_buffer_{d}"] or est.terms[f"gather_buffer_{d}"] for d in range(cfg.pp))
+        for d, dev in enumerate(est.devices):
+            assert dev.memory.total == pytest.approx(est.terms[f"memory_{d}"], rel=1e-9)
+            assert dev.memory.buffers == est.terms[f"cp_buffer_{d}"] + est.terms[f"gather_buffer_{d}"]
 
 
 def test_activation_bytes_under_tp_sp_and_recompute() -> None:

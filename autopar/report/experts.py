@@ -22,7 +22,7 @@ from rich.table import Table
 from autopar.errors import AutoparError
 from autopar.plan import Plan, expert_rank_grid
 from autopar.report.explain import MS, _groups, nodes_spanned
-from cost_models.memory import model_state_bytes
+from cost_models.memory import accumulates_unsharded, model_state_bytes
 
 GIB = 2**30
 
@@ -68,7 +68,9 @@ def price_experts(plan: Plan) -> list[StageExperts]:
         out.append(StageExperts(
             stage=stage, layers=len(mine), a2a_fwd_s=(min(c.a2a_fwd_s for c in mine), max(c.a2a_fwd_s for c in mine)),
             a2a_bwd_s=(min(c.a2a_bwd_s for c in mine), max(c.a2a_bwd_s for c in mine)), params=params,
-            state_bytes=model_state_bytes(params, precision, dp=cfg.expert_dp, zero_stage=cfg.zero_stage)))
+            state_bytes=model_state_bytes(params, precision, dp=cfg.expert_dp, zero_stage=cfg.zero_stage,
+                                          accumulating=accumulates_unsharded(cfg.zero_stage, cfg.pp,
+                                                                             cfg.num_microbatches))))
     return out
 
 

@@ -65,6 +65,19 @@ COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # mixed precis
 _WRAPPER_SEGMENTS = ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 
 
+def accumulation(part: nn.Module, *, last: bool, zero_stage: int) -> contextlib.AbstractContextManager:
+    """Gradient accumulation over a step's micro-batches, synced once, on the last (as Megatron and the cost model,
+    cost_models.memory.accumulates_unsharded): DDP's ``no_sync``; FSDP2 under ZeRO-1/2 keeps the unsharded
+    gradients and the gathered parameters until then (``set_requires_gradient_sync``,
+    ``set_reshard_after_backward``). ZeRO-3 reshards and reduce-scatters every micro-batch, as priced."""
+    if isinstance(part, DistributedDataParallel):
+        return contextlib.nullcontext() if last else part.no_sync()
+    if isinstance(part, FSDPModule) and zero_stage < 3:
+        part.set_requires_gradient_sync(last)
+        part.set_reshard_after_backward(last)
+    return contextlib.nullcontext()
+
+
 @dataclasses.dataclass
 class ParallelModel:
     """This rank's share of the model (one chunk, or several under interleaved 1F1B) and how to train it."""
@@ -142,10 +155,7 @@ class ParallelModel:
                 size = p.micro_batch_size
                 for k in range(m):
                     micro = tuple(t[k * size:(k + 1) * size] for t in local)
-                    # DDP syncs gradients once per step, on the last micro-batch (as Megatron and the cost model)
-                    sync = part.no_sync() if isinstance(part, DistributedDataParallel) and k < m - 1 else \
-                        contextlib.nullcontext()
-                    with sync:
+                    with accumulation(part, last=k == m - 1, zero_stage=p.zero_stage):
                         loss = self._loss(part, micro)
                         (loss / m).backward()
                     losses.append(loss.detach())

@@ -24,6 +24,7 @@ from cost_models import CostModel, ParallelConfig
 from cost_models.algebra import FloatAlgebra
 from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_cuts, device_time, layer_row, memory
 from cost_models.config import default_precision
+from cost_models.memory import accumulates_unsharded
 from cost_models.partition import interleaved_balance
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
@@ -110,7 +111,8 @@ class LowerBound:
         return opts
 
     def _degrees(self, cfg: ParallelConfig) -> list[int]:
-        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel, cfg.cp)
+        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel, cfg.cp,
+               accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches))
         if key not in self._block_degrees:
             self._block_degrees[key] = block_degrees(self.cost, cfg, self.gpus_per_node)
         return self._block_degrees[key]
@@ -121,7 +123,8 @@ class LowerBound:
         first stage does not hold)."""
         return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
                 cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
-                cfg.cp, cfg.cp_comm, cfg.ep, cfg.expert_tp, cfg.moe_imbalance)
+                cfg.cp, cfg.cp_comm, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches),
+                cfg.ep, cfg.expert_tp, cfg.moe_imbalance)  # the expert degrees last: _layer_options drops them
 
     def _memory_limits(self, cfg: ParallelConfig) -> tuple[tuple[float, float], tuple[float, float]]:
         """Two necessary conditions on the layers' memory, each a knapsack (micro-batches in flight, capacity).

@@ -156,6 +156,8 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
             for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
                 if pins.zero is not None and zero != pins.zero:
                     continue
+                if zero == 2 and m > 1 and pins.zero is None:
+                    continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)
                 for sp in _sp_choices(tp, pins):
                     for schedule, v in _schedules(pp, m, n_layers, pins):
                         for offload in ((False, True) if pins.offload is None else (pins.offload,)):
