@@ -130,7 +130,7 @@ def moe(limit: float) -> None:
     whatever else the machine runs)."""
     h100 = load_hardware("h100-80gb")
     print(f"{'model':<14} {'GPUs':>5} {'status':>9} {'gap':>6} {'wall s':>7} {'CPU s':>6} {'solves':>6}  {'plan':<56} "
-          f"{'s/step':>7}")
+          f"{'s/step':>7} {'GiB':>5}")
     for name, config, gpus, batch in (("DeepSeek-V3", "deepseek-v3.json", 2048, 8192),
                                       ("Mixtral-8x22B", "mixtral-8x22b-v0.1.json", 256, 1024)):
         profile = capture_model(str(ROOT / "examples" / "hf" / config), {}, seq_len=4096)
@@ -142,7 +142,7 @@ def moe(limit: float) -> None:
                 f"z{c.zero_stage}{' sp' if c.sequence_parallel else ''} {c.schedule}"
                 f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
         print(f"{name:<14} {gpus:>5} {r.status:>9} {100 * _gap(r):>5.2f}% {r.wall_s:>7.2f} {cpu:>6.2f} {r.solved:>6}  {plan:<56} "
-              f"{r.best[0].estimate.step_time_s:>7.3f}")
+              f"{r.best[0].estimate.step_time_s:>7.3f} {max(d.memory.total for d in r.best[0].estimate.devices) / 2**30:>5.1f}")
 
 
 # name, Hugging Face config, sequence length, GPUs (H100, 8 per node), global batch in samples

@@ -38,7 +38,7 @@ SOLVES = {
     2: [("gpt", "free"), ("gpt", "pp2_1f1b"), ("gpt", "pp2_interleaved"), ("gpt", "tp2"), ("gpt", "offload"),
         ("llama", "tp2_sp"), ("llama", "cp2"), ("llama", "dp2_zero2"), ("llama", "pp2_gpipe"),
         ("encdec", "tp2_sp"), ("encdec", "tp2"), ("encdec", "pp2_interleaved"),
-        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2"), ("hf/llama-3-8b", "tp2")],
+        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2")],
     4: [("gpt", "tp2_pp2"), ("llama", "tp2_dp2_sp_zero3"), ("encdec", "tp2_pp2"), ("moe-mixtral", "cp2_tp2"),
         ("moe-deepseek", "tp2_ep2_etp1"), ("moe-deepseek", "cp2_ep2")],
 }
