@@ -111,16 +111,14 @@ class LowerBound:
         return opts
 
     def _degrees(self, cfg: ParallelConfig) -> list[int]:
-        key = (cfg.tp, cfg.dp, cfg.micro_batch, cfg.zero_stage, cfg.sequence_parallel, cfg.cp,
-               accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches))
+        key = self._options_key(cfg)[:-3]
         if key not in self._block_degrees:
             self._block_degrees[key] = block_degrees(self.cost, cfg, self.gpus_per_node)
         return self._block_degrees[key]
 
     def _options_key(self, cfg: ParallelConfig) -> tuple:
-        """What a layer's rows on the first stage depend on (CostModel.layer_costs' setting, whose tp and dp
-        links follow from tp, dp and the node size; the pipeline link only prices a tied copy, which the
-        first stage does not hold)."""
+        """What a layer's rows on the first stage depend on (CostModel.layer_costs' setting, whose tp and dp links
+        follow from tp, dp and the node size; the pipeline link only prices a tied copy, not on the first stage)."""
         return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
                 cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
                 cfg.cp, cfg.cp_comm, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches),
