@@ -88,7 +88,7 @@ def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins,
     feature its runtime refuses is fixed off), and one note per feature left out. A pin the user gave on such a
     feature is a one-line error: the plan would not start. Profiles whose model file is not here are searched
     in full (nothing to check)."""
-    if engine != "autopar" or not Path(profile.source).exists():
+    if engine.lower() != "autopar" or not Path(profile.source).exists():
         return pins, []
     from autopar.runtime.support import unsupported  # builds the model on meta: imports torch
 
