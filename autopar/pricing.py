@@ -7,7 +7,6 @@ AutoparError with the same one-line message.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from autopar.errors import AutoparError
@@ -120,7 +119,7 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
             layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=t, dp=cfg.tp * cfg.dp // t,
                                           recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
     model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
-                     overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()},
+                     overrides=profile.overrides,
                      experts=experts_of(profile))
     return Plan(world_size=cfg.gpus, model=model,
                 cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),

@@ -162,6 +162,12 @@ class ModelProfile(_Frozen):
     def saved_bytes(self, batch: int) -> int:
         return sum(layer.saved_bytes_per_sample * batch + layer.saved_bytes_fixed for layer in self.layers)
 
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The build_model keywords it was captured with, as ``--set key=value`` gives them (a plan's
+        ``model.overrides``): strings, other values as JSON."""
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in self.model_kwargs.items()}
+
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         write_atomic(Path(path), self.model_dump_json(indent=1))

@@ -194,10 +194,10 @@ class CostModel:
         out = []
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.grad_replicas
+        whole = accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
         setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
                    cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
-                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm,
-                   accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches))
+                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm, whole)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -220,7 +220,7 @@ class CostModel:
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
             if getattr(layer, "moe", None):
                 c = self._with_experts(c, layer, cfg, mode)
-            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision))
+            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision, whole))
             self._full_cache[key] = out[-1]
         return out
 
@@ -248,13 +248,13 @@ class CostModel:
                          cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
-                        precision: Precision) -> LayerCost:
+                        precision: Precision, whole: bool) -> LayerCost:
         """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
         state and tied-copy sync filled in. None of it depends on the micro-batch, so it is cached by the
-        layer's parameters (the search asks for every micro-batch size)."""
+        layer's parameters (the search asks for every micro-batch size). ``whole``: the step holds whole
+        gradients (memory.accumulates_unsharded)."""
         own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
         dense = own - experts
-        whole = accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
         state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copies = self._step_work_of(
             dense, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
         sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer

@@ -14,7 +14,6 @@ projection feeds the sharded heads directly: autopar.runtime.train.model_layers)
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,23 +22,19 @@ from autopar.errors import AutoparError
 FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep")
 
 
-def overrides_of(profile: Any) -> dict[str, str]:
-    """The profile's build_model keywords as ``--set`` gives them (strings)."""
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in profile.model_kwargs.items()}
-
-
 def unsupported(profile: Any) -> dict[str, str]:
     """feature -> why autopar's runtime cannot run it on this model (one line), for the features of FEATURES it
     refuses; empty when it runs them all. ``profile``: the model's ModelProfile (its source is rebuilt on meta)."""
     from autopar.capture import load_spec
     from autopar.runtime.init import build_meta
 
-    loaded = load_spec(profile.source, overrides_of(profile))
+    loaded = load_spec(profile.source, profile.overrides)
+    model = build_meta(loaded.build)  # no check changes it: a trace, a forward on meta, a look at modules
     out: dict[str, str] = {}
     for feature, check in (("pp", _pipeline), ("tp", _tensor), ("sequence_parallel", _sequence_parallel),
                            ("cp", _context), ("ep", _experts)):
         try:
-            check(profile, loaded, build_meta(loaded.build))
+            check(profile, loaded, model)
         except AutoparError as err:
             out[feature] = str(err)
     return out
