@@ -203,6 +203,26 @@ def distinct(plans: list[dict]) -> list[dict]:
     return out
 
 
+def one_process_losses(loaded: Any, spec: Any, steps: int, lr: float) -> list[float]:
+    """The whole model of ``spec`` (``loaded``: autopar.runtime.train.LoadedModel) trained in one process for
+    ``steps`` steps on the launcher's synthetic batches with its optimizer (fused AdamW at ``lr``): what a launched
+    plan's per-step losses must equal."""
+    from autopar.runtime.launch import fused_adamw
+    from autopar.runtime.train import build_model, synthetic_batch
+
+    model = build_model(loaded, spec)
+    optimizer = fused_adamw(list(model.parameters()), lr)
+    losses = []
+    for step in range(steps):
+        batch = synthetic_batch(loaded, spec, step)
+        optimizer.zero_grad()
+        loss = loaded.spec.loss_fn(model(*batch), *batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 _CAPTURES: dict[str, Any] = {}
 
 

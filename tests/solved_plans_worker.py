@@ -30,7 +30,8 @@ import torch.distributed as dist  # noqa: E402
 from autopar.plan import RunPlan, parse_run_plan  # noqa: E402
 from autopar.runtime import launch  # noqa: E402
 from autopar.runtime.mesh import finish, init_distributed  # noqa: E402
-from autopar.runtime.train import LoadedModel, build_model, synthetic_batch  # noqa: E402
+from autopar.runtime.train import LoadedModel  # noqa: E402
+from solved_plans import one_process_losses  # noqa: E402 - tests/, the script's own folder
 
 STEPS = 2
 LR = 1e-2  # AdamW: each step moves the weights enough that a wrong update shows in the next loss
@@ -53,17 +54,7 @@ def _train_whole(spec: RunPlan, layers: list) -> list[float]:
     from autopar.capture import load_spec
 
     loaded = LoadedModel(load_spec(spec.model.source, spec.model.overrides), layers[0], layers[1])
-    model = build_model(loaded, spec)
-    optimizer = launch.fused_adamw(list(model.parameters()), LR)
-    losses = []
-    for step in range(STEPS):
-        batch = synthetic_batch(loaded, spec, step)
-        optimizer.zero_grad()
-        loss = loaded.spec.loss_fn(model(*batch), *batch)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return one_process_losses(loaded, spec, STEPS, LR)
 
 
 def run_plan(name: str, entry: dict, folder: Path) -> dict:

@@ -170,12 +170,12 @@ def test_an_expert_parallel_plan_launches_and_trains_like_one_process(tmp_path: 
     """`autopar estimate --ep 2 --json` of the tiny DeepSeek-style MoE (shared experts, first block dense,
     capacity_factor = E / top_k: nothing dropped) is a plan `autopar launch` runs on 2 ranks: each step's loss
     equals one process training the whole model on the same batches with the launcher's fused AdamW."""
-    import torch
-
     from autopar.capture import load_spec
     from autopar.plan import load_run_plan
-    from autopar.runtime.launch import fused_adamw
-    from autopar.runtime.train import LoadedModel, build_model, synthetic_batch
+    from autopar.runtime.train import LoadedModel
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from solved_plans import one_process_losses
 
     sets = [a for k, v in TINY_MOE.items() for a in ("--set", f"{k}={v}")]
     result = CliRunner().invoke(app, ["estimate", MOE, "--gpus", "2", "--tp", "1", "--pp", "1", "--micro-batch", "2",
@@ -188,15 +188,6 @@ def test_an_expert_parallel_plan_launches_and_trains_like_one_process(tmp_path: 
     spec = load_run_plan(path)
     assert spec.parallelism.ep == 2
     loaded = LoadedModel(load_spec(MOE, spec.model.overrides), [], {})  # the model file, not captured again
-    model = build_model(loaded, spec)
-    optimizer = fused_adamw(list(model.parameters()), 1e-3)  # the launcher's optimizer and default --lr
-    one = []
-    for step in range(STEPS):
-        batch = synthetic_batch(loaded, spec, step)
-        optimizer.zero_grad()
-        loss = loaded.spec.loss_fn(model(*batch), *batch)
-        loss.backward()
-        optimizer.step()
-        one.append(loss.item())
+    one = one_process_losses(loaded, spec, STEPS, 1e-3)  # the launcher's optimizer and default --lr
     assert len(set(one)) == STEPS
     assert max(abs(a - b) for a, b in zip(launched, one)) <= TOLERANCE, (launched, one)

@@ -20,6 +20,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from autopar.plan import LayerAssignment
+from autopar.runtime.wrap import forward_within
 
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
@@ -68,10 +69,4 @@ def apply_ac(model: nn.Module, layers: list[LayerAssignment]) -> list[str]:
 def apply_offload(module: nn.Module, *, pin_memory: bool) -> None:
     """Keep the tensors autograd saves for backward in host memory (``save_on_cpu``) during this module's
     forward; they come back to the device for backward. A no-op copy on CPU-only runs."""
-    forward = module.forward
-
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
-            return forward(*args, **kwargs)
-    module.forward = run  # type: ignore[method-assign]
+    forward_within(module, lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin_memory))

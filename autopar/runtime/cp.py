@@ -24,7 +24,6 @@ rank does the same causal attention work (an early chunk attends to few keys, it
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from typing import Any, Callable
 
@@ -38,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
+from autopar.runtime.wrap import forward_within
 from cost_models import ConfigError
 from cost_models.config import check_context
 
@@ -235,16 +235,7 @@ def apply_cp(model: nn.Module, layers: list[LayerAssignment], run: ContextParall
     parameter names stay the user's). Before activation checkpointing wraps the same forward."""
     for layer in layers:
         for unit in layer.units:
-            module = model.get_submodule(unit)
-            module.forward = _attending(module.forward, run)  # type: ignore[method-assign]
-
-
-def _attending(forward: Callable, run: ContextParallel) -> Callable:
-    @functools.wraps(forward)
-    def under_cp(*args: Any, **kwargs: Any) -> Any:
-        with _ContextParallelAttention(run):
-            return forward(*args, **kwargs)
-    return under_cp
+            forward_within(model.get_submodule(unit), lambda: _ContextParallelAttention(run))
 
 
 class _ContextParallelAttention(TorchFunctionMode):

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 from autopar.errors import AutoparError
 from autopar.runtime.mesh import Meshes
 from autopar.plan import LayerAssignment
+from autopar.runtime.wrap import forward_within
 
 
 class _VocabParallelEmbedding(RowwiseParallel):
@@ -45,13 +46,7 @@ class _VocabParallelEmbedding(RowwiseParallel):
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
         out = super()._apply(module, device_mesh)
         if type(module).forward is not nn.Embedding.forward:
-            forward = module.forward
-
-            @functools.wraps(forward)
-            def run(*args: Any, **kwargs: Any) -> Any:
-                with _ReplicatedIndices(device_mesh):
-                    return forward(*args, **kwargs)
-            module.forward = run  # type: ignore[method-assign]
+            forward_within(module, lambda: _ReplicatedIndices(device_mesh))
         return out
 
 
