@@ -96,7 +96,7 @@ ENGINES: dict[str, Engine] = {
     "autopar": Engine(
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
-        compute=0.97, zero3_copies="per_parameter",
+        compute=0.98, zero3_copies="per_parameter",
         sources={
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
                        "tests/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "

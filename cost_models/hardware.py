@@ -76,12 +76,15 @@ class LockstepCosts:
       for the slowest rank, waking the communication threads), by the compute before it (seconds);
     - DTensor dispatch under a tensor-parallel style: ``module_s`` per styled module, ``op_s`` per
       forward aten op of it, ``collective_s`` per collective DTensor issues; forward and backward
-      together (the cost model gives the forward a third, as it does compute)."""
+      together (the cost model gives the forward a third, as it does compute);
+    - ``noise_per_rank``: share of a ZeRO-3 layer's compute lost per rank of its sharding group to lock-step
+      noise (lockstep.zero3_sync)."""
 
     sync: LogTable | None = None
     module_s: float = 0.0
     op_s: float = 0.0
     collective_s: float = 0.0
+    noise_per_rank: float = 0.0
 
     def sync_after(self, compute_s: float) -> float:
         return self.sync(compute_s) if self.sync is not None and compute_s > 0 else 0.0
@@ -285,7 +288,8 @@ def _lockstep(f: HardwareFile) -> LockstepCosts:
     sync = f.collective_sync_overhead_us_by_compute_us
     d = f.dtensor_overhead_us
     return LockstepCosts(sync=LogTable(tuple((x * 1e-6, v * 1e-6) for x, v in sync)) if sync else None,
-                         module_s=d.per_module * 1e-6, op_s=d.per_op * 1e-6, collective_s=d.per_collective * 1e-6)
+                         module_s=d.per_module * 1e-6, op_s=d.per_op * 1e-6, collective_s=d.per_collective * 1e-6,
+                         noise_per_rank=f.lockstep_noise_per_rank)
 
 
 def _kernels(f: HardwareFile) -> KernelCosts:

@@ -67,6 +67,10 @@ class HardwareFile(_Strict):
     heavy_op_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
     optimizer_bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
     collective_sync_overhead_us_by_compute_us: Points | None = None
+    # Share of a ZeRO-3 layer's compute lost per rank of its sharding group to lock-step noise: a rank's delay
+    # (OS and host jitter, clock changes) holds up every rank at the layer's gathers, so the loss grows with
+    # the group (lockstep.zero3_sync).
+    lockstep_noise_per_rank: float = Field(default=0.0, ge=0, le=1e-2)
     dtensor_overhead_us: DTensorOverhead = DTensorOverhead()
     heavy_op_bandwidth_efficiency_by_kernel: dict[str, float] = {}
     backward_over_forward_by_kernel: dict[str, float] = {}

@@ -59,8 +59,20 @@ def tp_lockstep(layer: LayerLike, *, tp: int, sequence_parallel: bool, fwd_s: fl
     return sync_fwd + dispatch / 3.0, sync_bwd + 2.0 * dispatch / 3.0
 
 
-def zero3_sync(fwd_s: float, bwd_s: float, hw: HardwareProfile) -> float:
-    """Sync overhead of one layer's ZeRO-3 collectives per micro-batch: its parameter gather waited on
-    after the previous layer's forward, and in backward the gather and the gradient reduce-scatter."""
+def zero3_sync(fwd_s: float, bwd_s: float, hw: HardwareProfile, ranks: int) -> float:
+    """Sync overhead of one layer's ZeRO-3 collectives per micro-batch on a stage of ``ranks`` GPUs: its
+    parameter gather waited on after the previous layer's forward, and in backward the gather and the gradient
+    reduce-scatter; plus the lock-step noise of the group, ``noise_per_rank`` × ranks of the layer's compute.
+
+    The noise term is the amplification of per-rank noise by collectives (Petrini, Kerbyson & Pakin 2003,
+    "The Case of the Missing Supercomputer Performance", SC03; Hoefler, Schneider & Lumsdaine 2010,
+    "Characterizing the Influence of System Noise on Large-Scale Applications by Simulation", SC10): a delay
+    on any one rank holds up every rank at the next collective, so with rare delays the share of time lost
+    grows in proportion to the number of ranks. A ZeRO-3 layer gathers its parameters across its data-parallel
+    group every forward and backward and its tensor-parallel collectives join the groups, so every GPU of the
+    stage is held in lock-step layer by layer; gradient syncs once per step and pipeline transfers between two
+    ranks are not priced with it."""
+    if fwd_s <= 0 and bwd_s <= 0:
+        return 0.0
     sync = hw.lockstep.sync_after
-    return sync(fwd_s) + 2 * sync(bwd_s / 2) if fwd_s > 0 or bwd_s > 0 else 0.0
+    return sync(fwd_s) + 2 * sync(bwd_s / 2) + hw.lockstep.noise_per_rank * ranks * (fwd_s + bwd_s)

@@ -220,7 +220,7 @@ class CostModel:
                             executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
             if getattr(layer, "moe", None):
                 c = self._with_experts(c, layer, cfg, mode)
-            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision, whole))
+            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision, whole, devices))
             self._full_cache[key] = out[-1]
         return out
 
@@ -248,11 +248,12 @@ class CostModel:
                          cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
-                        precision: Precision, whole: bool) -> LayerCost:
+                        precision: Precision, whole: bool, devices: int) -> LayerCost:
         """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
         state and tied-copy sync filled in. None of it depends on the micro-batch, so it is cached by the
         layer's parameters (the search asks for every micro-batch size). ``whole``: the step holds whole
-        gradients (memory.accumulates_unsharded)."""
+        gradients (memory.accumulates_unsharded). ``devices``: the stage's GPUs, which its layers' ZeRO-3 gathers
+        (over dp) and tensor-parallel collectives (over tp) hold in lock-step."""
         own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
         dense = own - experts
         state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copies = self._step_work_of(
@@ -269,7 +270,7 @@ class CostModel:
             zero3, edge = zero3 + e_zero3, edge + e_edge
             copies = (copies[0] + e_copies[0], copies[1] + e_copies[1])
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
-        z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw) if zero3 > 0 else 0.0
+        z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw, devices) if zero3 > 0 else 0.0
         fwd, bwd = c.fwd_s + copies[0], c.bwd_s + copies[1]
         # Compute beside ZeRO-3's traffic runs slower: overlap_penalty per second of it that hides, layer by layer —
         # a layer's traffic up to what its own compute without recomputation (forward and twice it) can hide: the

@@ -109,6 +109,8 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
         hw, reduce_scatter_bandwidth_ratio=_speed(hw.reduce_scatter_bandwidth_ratio, u, d))),
     "collective_sync_overhead_us_by_compute_us": (COMMUNICATION, lambda hw, u, d: replace(
         hw, lockstep=replace(hw.lockstep, sync=_cost_table(hw.lockstep.sync, u, d) if hw.lockstep.sync else None))),
+    "lockstep_noise_per_rank": (COMMUNICATION, lambda hw, u, d: replace(
+        hw, lockstep=replace(hw.lockstep, noise_per_rank=_cost(hw.lockstep.noise_per_rank, u, d)))),
     "collective_time_scale_by_op_mbytes": (COMMUNICATION, lambda hw, u, d: replace(
         hw, collective_scale={op: _cost_table(t, u, d) for op, t in hw.collective_scale.items()})),
     "overlap_compute_slowdown": (COMMUNICATION, lambda hw, u, d: replace(

@@ -117,6 +117,20 @@ LLM_FOUNDRY = [
       for g, mb, ga, t in ((128, 10, 1, 18647), (64, 10, 1, 19001), (16, 8, 1, 19085), (8, 8, 2, 19271))],
 ]
 
+# llm-foundry's "H100 80GB BF16 (Large Scale, >= 128 GPUs)" table (added at commit 5e85bd6, when setup.py pinned
+# torch 2.1: FSDP1 through Composer, amp_bf16): its FULL_SHARD rows, each model at 128, 256 and 512 GPUs with the
+# same local batch, so each GPU's work is the same and what it loses per GPU from 128 GPUs is the cost of scale.
+# The hardware profiles' lockstep_noise_per_rank is fitted to that loss (benchmarks/engines.py --fit-noise) and
+# tests/test_engines.py checks it. Left out: the 1B and 3B rows (SHARD_GRAD_OP: FSDP1 gathers parameters layer
+# by layer in forward and keeps them for backward, a stage autopar does not price).
+LLM_FOUNDRY_H100_SCALE = [
+    _mpt(size, 2048, "h100-80gb", gpus, micro, 1, ac, tps, False)
+    for size, micro, ac, by_gpus in (("70b", 8, True, ((128, 1058), (256, 1035), (512, 1007))),
+                                     ("30b", 8, True, ((128, 2199), (256, 2148), (512, 2115))),
+                                     ("13b", 16, True, ((128, 5080), (256, 4989), (512, 4952))),
+                                     ("7b", 6, False, ((128, 10475), (256, 10119), (512, 9670))))
+    for gpus, tps in by_gpus]
+
 # BLOOM (Megatron-DeepSpeed): 112 heads of 128, vocabulary padded to 250880, sequence 2048, global batch 2048,
 # bf16 with DeepSpeed's BF16 optimizer (ZeRO-1 equivalent), full recomputation (--checkpoint-activations),
 # Megatron's unfused attention with its default attention dropout. Tokens/s per GPU = 2048 · 2048 / (s/it · GPUs).
@@ -135,6 +149,21 @@ DEEPSPEED = [
 ]
 
 RUNS = {"torchtitan": TORCHTITAN, "autopar": LLM_FOUNDRY, "deepspeed": DEEPSPEED}
+
+
+def scale_losses(hw_of: Any, profile_of: Any, runs: list[Run] = LLM_FOUNDRY_H100_SCALE) -> list[tuple[str, float, float]]:
+    """(run, published, predicted) throughput per GPU of each run relative to the same model's run on the fewest
+    GPUs, for the runs other than that one: what scale costs, with the absolute level of each model divided out.
+    ``hw_of(run)``: the hardware to price it on; ``profile_of(run)``: its model profile."""
+    out = []
+    for run in runs:
+        base = min((r for r in runs if r.model == run.model), key=lambda r: r.gpus)
+        if run is base:
+            continue
+        predicted = (predicted_tokens_per_s_per_gpu(run, profile_of(run), hw_of(run)) /
+                     predicted_tokens_per_s_per_gpu(base, profile_of(base), hw_of(base)))
+        out.append((run.name, run.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu, predicted))
+    return out
 
 
 def hardware(name: str) -> HardwareProfile:
