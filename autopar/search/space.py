@@ -151,6 +151,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
         if (family is not None and (tp, cp) != family) or (family is None and (tp, cp) in deferred):
             continue
         cp_comm = (pins.cp_comm or "all_gather") if cp > 1 else "all_gather"
+        experts = expert_choices(profile, tp=tp, dp=dp, pins=pins, cp=cp)
         for b in _micro_batches(global_batch, tp, cp, dp, pins):
             m = global_batch // (b * dp)
             for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
@@ -161,7 +162,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                 for sp in _sp_choices(tp, pins):
                     for schedule, v in _schedules(pp, m, n_layers, pins):
                         for offload in ((False, True) if pins.offload is None else (pins.offload,)):
-                            for ep, etp in expert_choices(profile, tp=tp, dp=dp, pins=pins, cp=cp):
+                            for ep, etp in experts:
                                 yield ParallelConfig(
                                     tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
                                     recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
