@@ -4,13 +4,23 @@ Printed figures, not a test.
 
     python benchmarks/solve.py                 # everything
     python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe | long
+    python benchmarks/solve.py --part table --against 90d8915   # and the table's solve times at another
+                                               # revision (its own benchmark, from a temporary git worktree,
+                                               # run first so the two never share the CPU): 90d8915 is the
+                                               # first model, before overlap, FSDP's schedule, fragmentation
+                                               # and context parallelism were priced
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,9 +45,28 @@ def gpt(layers: int, hidden: int, heads: int, seq: int = 2048):  # noqa: ANN201
                          "n_head": str(heads), "vocab_size": "51200", "block_size": str(seq)}, seq_len=seq)
 
 
-def table(limit: float) -> None:
+def solve_times_at(rev: str, limit: float) -> dict[str, float]:
+    """The table's solve time per row at git revision ``rev``: that revision's own benchmark, run from a
+    temporary worktree of this repository."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            out = subprocess.run([sys.executable, "benchmarks/solve.py", "--part", "table", "--time-limit", str(limit)],
+                                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                                 text=True, check=True).stdout
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    names = {row[0] for row in ROWS}
+    return {f[0]: float(f[3]) for f in (line.split() for line in out.splitlines()) if len(f) > 3 and f[0] in names}
+
+
+def table(limit: float, against: str | None = None) -> None:
+    then = solve_times_at(against, limit) if against else {}
     print(f"{'row':>5} {'GPUs':>5} {'status':>9} {'solve s':>8} {'gap':>7} {'solves':>6}  {'plan':<44} "
-          f"{'TFLOP/s':>8} {'Megatron cfg':>12} {'gain':>6}")
+          f"{'TFLOP/s':>8} {'Megatron cfg':>12} {'gain':>6}" + (f" {against[:9]:>9}" if against else ""))
+    total = 0.0
     for name, heads, hidden, layers, tp, pp, gpus, micro, batch in ROWS:
         profile = gpt(layers, hidden, heads)
         r = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
@@ -51,7 +80,10 @@ def table(limit: float) -> None:
                 f"{' offload' if c.offload_activations else ''}")
         print(f"{name:>5} {gpus:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * gap:>6.2f}% {r.solved:>6}  {plan:<44} "
               f"{best.tflops_per_gpu:>8.1f} {megatron.tflops_per_gpu:>12.1f} "
-              f"{megatron.step_time_s / best.step_time_s:>5.2f}x")
+              f"{megatron.step_time_s / best.step_time_s:>5.2f}x" + (f" {then.get(name, math.nan):>9.2f}" if then else ""))
+        total += r.wall_s
+    print(f"solve time, ten rows: {total:.2f} s" +
+          (f"; at {against}: {sum(then.values()):.2f} s ({len(then)} rows)" if then else ""))
 
 
 def _gap(r) -> float:  # noqa: ANN001 - a SearchResult
@@ -186,11 +218,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=PARTS, nargs="*", default=PARTS)
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--against", metavar="REV", help="also the table's solve times at this git revision")
     args = parser.parse_args()
     for part in args.part:
         start = time.perf_counter()
-        parts = {"table": table, "layers": layers_growth, "gpus": gpus_growth, "nonuniform": nonuniform, "moe": moe,
-                 "long": long_context}
+        parts = {"table": partial(table, against=args.against), "layers": layers_growth, "gpus": gpus_growth,
+                 "nonuniform": nonuniform, "moe": moe, "long": long_context}
         parts[part](args.time_limit)
         print(f"[{part}: {time.perf_counter() - start:.1f} s]\n")
 

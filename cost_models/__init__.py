@@ -6,7 +6,8 @@ and a HardwareProfile (cost_models.hardware) and returns a StepEstimate (cost_mo
 from cost_models.config import PRECISIONS, ParallelConfig, Precision, default_precision, make_config
 from cost_models.errors import ConfigError
 from cost_models.hardware import HardwareProfile, builtin_names, hardware_from_dict, load_hardware
-from cost_models.step import CostModel, DeviceEstimate, StepEstimate, evaluate
+from cost_models.estimate import DeviceEstimate, StepEstimate
+from cost_models.step import CostModel, evaluate
 
 __all__ = ["PRECISIONS", "ConfigError", "CostModel", "DeviceEstimate", "HardwareProfile", "ParallelConfig",
            "Precision", "StepEstimate", "builtin_names", "default_precision", "evaluate", "hardware_from_dict",

@@ -44,6 +44,8 @@ class LogTable:
             raise ConfigError("a hardware table needs points [[x, value], ...] with x > 0 ascending")
         if any(v < 0 for _, v in self.points):
             raise ConfigError("hardware table values must be ≥ 0; fix the hardware profile")
+        object.__setattr__(self, "_xs", xs)  # looked up on every collective and GEMM the search prices
+        object.__setattr__(self, "_logs", [math.log10(x) for x in xs])
 
     def __call__(self, x: float) -> float:
         pts = self.points
@@ -51,9 +53,9 @@ class LogTable:
             return pts[0][1]
         if x >= pts[-1][0]:
             return pts[-1][1]
-        i = bisect.bisect_right([p[0] for p in pts], x)
-        (x0, e0), (x1, e1) = pts[i - 1], pts[i]
-        w = (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+        i = bisect.bisect_right(self._xs, x)
+        e0, e1 = pts[i - 1][1], pts[i][1]
+        w = (math.log10(x) - self._logs[i - 1]) / (self._logs[i] - self._logs[i - 1])
         return e0 + w * (e1 - e0)
 
 

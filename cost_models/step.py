@@ -11,7 +11,7 @@ as Megatron's published TFLOP/s do); ``model`` counts 3 × forward (MFU, PaLM ap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
@@ -22,79 +22,12 @@ from cost_models.compute import attention_core_times, layer_compute, memory_time
 from cost_models.config import ParallelConfig, Precision, default_precision
 from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import (StageMemory, accumulates_unsharded, kept_activation_bytes, microbatches_in_flight,
+from cost_models.memory import (accumulates_unsharded, kept_activation_bytes, microbatches_in_flight,
                                 model_state_bytes, offload_resident, remat_peak_bytes)
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
-from cost_models.pipeline import PipelineTime, pipeline_time
-
-
-@dataclass(frozen=True)
-class DeviceEstimate:
-    """One pipeline device (stage); times per micro-batch unless named otherwise."""
-
-    stage: int
-    layers: tuple[tuple[int, int], ...]    # [start, end) layer ranges of its model chunks
-    fwd_s: float
-    bwd_s: float
-    compute_s: float
-    tp_comm_s: float
-    ep_comm_s: float                       # expert dispatch and combine (all-to-all)
-    cp_comm_s: float                       # context parallelism's K/V exchange, exposed (context.py)
-    pp_comm_s: float
-    offload_s: float
-    zero3_comm_s: float
-    time_per_microbatch_s: float
-    dp_comm_tail_s: float                  # gradient sync past this device's last backward (per step)
-    optimizer_s: float                     # per step
-    params_per_gpu: float
-    microbatches_in_flight: float
-    memory: StageMemory
-
-
-@dataclass(frozen=True)
-class StepEstimate:
-    config: ParallelConfig
-    hardware: str
-    precision: Precision
-    step_time_s: float
-    breakdown_s: dict[str, float]
-    pipeline: PipelineTime
-    devices: tuple[DeviceEstimate, ...]
-    executed_flops: float
-    model_flops: float
-    tokens_per_step: int
-    peak_flops_per_gpu: float
-    memory_capacity_bytes: float
-    notes: tuple[str, ...] = field(default=())
-    # every term of the composed step by name (composition.named_terms): what the solver's guard compares
-    terms: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.step_time_s
-
-    @property
-    def tflops_per_gpu(self) -> float:
-        """Hardware-executed FLOPs (recomputation included) per second per GPU, in TFLOP/s."""
-        return self.executed_flops / self.step_time_s / self.config.gpus / 1e12
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs utilisation: 3 × forward FLOPs / (step time × GPUs × peak)."""
-        return self.model_flops / (self.step_time_s * self.config.gpus * self.peak_flops_per_gpu)
-
-    @property
-    def peak_memory_bytes(self) -> float:
-        return max(d.memory.total for d in self.devices)
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
-
-    @property
-    def bubble_fraction(self) -> float:
-        return self.pipeline.bubble_fraction
+from cost_models.estimate import StepEstimate, breakdown, device_estimate
+from cost_models.pipeline import pipeline_time
 
 
 class CostModel:
@@ -107,6 +40,7 @@ class CostModel:
         self._representative: dict[str, LayerLike] = {}
         for layer in model.layers:
             self._representative.setdefault(layer.block_id, layer)
+        self.blocks = [lp for lp in self._representative.values() if lp.kind == "block"]  # one per kind of block
         self._cache: dict[tuple, LayerCost] = {}
         self._full_cache: dict[tuple, LayerCost] = {}  # layer_costs: by block, mode, degree and setting
         self._links: dict[tuple, tuple[comm.Link, comm.Link, comm.Link]] = {}
@@ -206,23 +140,31 @@ class CostModel:
                 out.append(self._full_cache[key])
                 continue
             dp_l = devices // t
-            b = cfg.micro_batch * t // cfg.tp
-            link_t = tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn)
             link_dp = dp_link if t == cfg.tp else comm.group_link(self.hw, dp_l, t, gpn)
-            c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
-                                tp_link=link_t, attention_kernel=cfg.attention_kernel,
-                                attention_dropout=cfg.attention_dropout, cp=cfg.cp, cp_comm=cfg.cp_comm,
-                                gpus_per_node=gpn)
-            if t != cfg.tp:
-                enter, leave = self.conversion_times(layer, cfg, t)
-                share = dp_l / cfg.dp  # replicas × samples each = the stage's micro-batch, as at cfg.tp
-                c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
-                            executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
-            if getattr(layer, "moe", None):
-                c = self._with_experts(c, layer, cfg, mode)
+            c = self.option_run_cost(cfg, tp_link, i, mode, t)
             out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision, whole, devices))
             self._full_cache[key] = out[-1]
         return out
+
+    def option_run_cost(self, cfg: ParallelConfig, tp_link: comm.Link, i: int, mode: str, t: int) -> LayerCost:
+        """Layer i's cost at recomputation ``mode`` and degree t as it runs, per micro-batch (its compute, its
+        tensor-, context- and expert-parallel traffic, its activations), before the per-step work that depends
+        on the data-parallel degree and the ZeRO stage (``_with_step_work``): what option_costs starts from."""
+        layer = self.model.layers[i]
+        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        b = cfg.micro_batch * t // cfg.tp
+        c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
+                            tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
+                            attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
+                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn)
+        if t != cfg.tp:
+            enter, leave = self.conversion_times(layer, cfg, t)
+            share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
+            c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
+                        executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
+        if getattr(layer, "moe", None):
+            c = self._with_experts(c, layer, cfg, mode)
+        return c
 
     def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str) -> LayerCost:
         """A MoE layer's dense cost with its routed experts added (experts.py)."""
@@ -412,7 +354,7 @@ class CostModel:
         shape = self.step_shape(cfg, precision, dp_link)
         leaves = [self.device_leaves(d, cfg, ranges, costs, tp_link, pp_link) for d in range(cfg.pp)]
         step = compose(FloatAlgebra(), leaves, shape)
-        devices = tuple(_device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
+        devices = tuple(device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
                         for d in range(cfg.pp))
         pipe = pipeline_time([dev.time_per_microbatch_s for dev in devices], num_microbatches=cfg.num_microbatches,
                              schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
@@ -420,7 +362,7 @@ class CostModel:
         executed = replicas * sum(c.executed_flops for c in costs)
         model_flops = replicas * sum(c.model_flops for c in costs)
         return StepEstimate(config=cfg, hardware=hw.name, precision=precision, step_time_s=step["step"],
-                            breakdown_s=_breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
+                            breakdown_s=breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
                             devices=devices, executed_flops=executed, model_flops=model_flops,
                             tokens_per_step=cfg.global_batch * model.seq_len,
                             peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes,
@@ -458,36 +400,6 @@ def device_in_flight(cfg: ParallelConfig, d: int) -> float:
     n = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches, schedule=cfg.schedule,
                                virtual_stages=cfg.virtual_stages)
     return offload_resident(n) if cfg.offload_activations else n
-
-
-def _device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[str, float], terms: dict[str, float],
-                     shape: StepShape) -> DeviceEstimate:
-    memory = StageMemory(params=q["state_params"], grads=q["state_grads"], optimizer=q["state_optimizer"],
-                         activations=terms["activations"], buffers=q["gather_buffer"] + q["cp_buffer"],
-                         reserve=shape.reserve_bytes + terms["fragmentation"])  # the reserve holds what fragments
-    return DeviceEstimate(
-        stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
-        fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], ep_comm_s=q["a2a"],
-        cp_comm_s=q["cp"],
-        pp_comm_s=q["p2p"],
-        offload_s=terms["offload"], zero3_comm_s=terms["zero3"], time_per_microbatch_s=terms["time"],
-        dp_comm_tail_s=terms["dp_tail"], optimizer_s=q["optimizer"], params_per_gpu=q["params"],
-        microbatches_in_flight=shape.in_flight[d], memory=memory)
-
-
-def _breakdown(devices: tuple[DeviceEstimate, ...], step: dict, pipe: PipelineTime, m: int) -> dict[str, float]:
-    """Where the step's time goes: the slowest device's per-micro-batch parts × m, the bubble, and the tail
-    of the device that finishes last, split into its optimizer step and the gradient sync before it."""
-    slow = max(devices, key=lambda dev: dev.time_per_microbatch_s)
-    ends = step["ends"]
-    last = max(range(len(devices)), key=lambda d: ends[d])
-    tail = step["tail"]
-    optimizer = min(tail, devices[last].optimizer_s)
-    return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "ep_comm": m * slow.ep_comm_s,
-            "cp_comm": m * slow.cp_comm_s,
-            "pp_comm": m * slow.pp_comm_s,
-            "offload": m * slow.offload_s, "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),
-            "bubble": pipe.bubble_s, "optimizer": optimizer}
 
 
 def evaluate(model: ModelLike, cfg: ParallelConfig, hw: HardwareProfile) -> StepEstimate:

@@ -7,19 +7,23 @@ Derived from the step's one composition (cost_models/composition.py), not a copy
   ``_busy_bound``); max_d T_d ≥ the mean, ≥ device_time of the heaviest layer alone, and ≥ the least slowest
   device of any placement of whole blocks within each device's memory (placement.py, granularity.py);
 - memory: Σ_d ``memory`` ≤ pp·capacity with the fewest micro-batches in flight and no rematerialisation
-  or gather buffer (all ≥ 0): a fractional knapsack over each block's options, solved exactly by its LP;
+  or gather buffer (all ≥ 0): a fractional knapsack over each block's options, solved exactly by its LP
+  (relaxations.py);
 - the step: ``pipeline_total`` of those bounds (it grows with both arguments when m ≥ 1/v); the strong bound
   adds device 0's tail for the blocks the other devices cannot hold (granularity.least_step_with_tail).
+Levels, each at least the one before (the search refines a choice only as far as it must, engine._Queue):
+coarse (the layers as they run, before the per-step work that depends on dp and ZeRO), cheap (rows with that
+work, no memory), the knapsack's, quick (with the placement of whole blocks) and strong.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable
 
 from autopar.search.cpsat import block_degrees
 from autopar.search.granularity import least_step_with_tail
 from autopar.search.placement import Layers, Placement, place
+from autopar.search.relaxations import cover_breakpoints, golden_max, knapsack_busy, least_cost_cover
 from cost_models import CostModel, ParallelConfig
 from cost_models.algebra import FloatAlgebra
 from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_cuts, device_time, layer_row, memory
@@ -40,7 +44,7 @@ class Option:
     def __init__(self, row: dict[str, float], fragmentation: float = 0.0):
         self.row = row
         self._alone: dict[tuple, float] = {}
-        self.busy = row["fwd"] + row["bwd"] + unhidden(row)  # compute and the traffic nothing hides
+        self.busy = busy(row)
         # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
         # flight, and what each micro-batch in flight adds (the formula is linear in them), the allocator's
         # fragmentation of those activations included (it only grows with the rematerialised and gathered bytes)
@@ -70,6 +74,8 @@ class LowerBound:
         for i, lp in enumerate(cost.model.layers):
             self._counts[lp.block_id] = self._counts.get(lp.block_id, 0) + 1
             self._rep.setdefault(lp.block_id, i)
+        # a cut after layer i sends layer i's output: one layer of each kind (but the last) stands for all
+        self._cuts = list({lp.block_id: i for i, lp in reversed(list(enumerate(cost.model.layers[:-1])))}.values())
         self._entries: dict[tuple, _Entry] = {}
         self._layers: dict[tuple, list[Option]] = {}
         self._block_degrees: dict[tuple, list[int]] = {}
@@ -79,6 +85,7 @@ class LowerBound:
         self._limits: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
         self._slowest: dict[tuple, Placement] = {}
         self._times: dict[tuple, tuple[float, ...]] = {}  # placement's per-device block times
+        self._coarse: dict[tuple, float] = {}
 
     def options(self, cfg: ParallelConfig) -> list[tuple[int, list[Option]]]:
         """Per distinct layer: (how many, its options): blocks may take any degree and mode, the rest run at
@@ -103,12 +110,17 @@ class LowerBound:
         opts = self._layers.get(key)
         if opts is None:
             precision = cfg.precision or default_precision(cost.model.dtype)
-            degrees = self._degrees(cfg) if layer.kind == "block" else [cfg.tp]
-            choices = [(t, k) for t in degrees for k in self.modes] if layer.kind == "block" else [(cfg.tp, "none")]
-            costs = cost.option_costs(cfg, cost.links(cfg), precision, [(i, k, t) for t, k in choices])
+            costs = cost.option_costs(cfg, cost.links(cfg), precision, self._choices(cfg, i))
             opts = self._layers[key] = [Option(layer_row(c, copy=False), cost.hw.allocator_fragmentation)
                                         for c in costs]
         return opts
+
+    def _choices(self, cfg: ParallelConfig, i: int) -> list[tuple[int, str, int]]:
+        """Layer i's options as (i, recomputation, degree): a block any degree and mode, another layer the
+        stage's degree without recomputation."""
+        if self.cost.model.layers[i].kind != "block":
+            return [(i, "none", cfg.tp)]
+        return [(i, k, t) for t in self._degrees(cfg) for k in self.modes]
 
     def _degrees(self, cfg: ParallelConfig) -> list[int]:
         key = self._options_key(cfg)[:-3]
@@ -157,7 +169,7 @@ class LowerBound:
             vkey = (key, lam, mu)
             busy = self._knapsack.get(vkey)
             if busy is None:
-                busy = self._knapsack[vkey] = max(_knapsack_busy(
+                busy = self._knapsack[vkey] = max(knapsack_busy(
                     entry.options, f, cap, weight=lambda o: lam * o.row["fwd"] + mu * o.row["bwd"] +
                     (2 - lam - mu) * k * o.row["kept"] + unhidden(o.row))
                     for f, cap in zip(in_flight, caps))
@@ -165,8 +177,8 @@ class LowerBound:
 
         lam = mu = 1.0
         for _ in range(2):
-            lam = _golden_max(lambda x: value(x, mu))
-            mu = _golden_max(lambda x: value(lam, x))
+            lam = golden_max(lambda x: value(x, mu))
+            mu = golden_max(lambda x: value(lam, x))
         return max(value(lam, mu), value(0.0, 0.0), value(1.0, 1.0))
 
     def _shape(self, cfg: ParallelConfig) -> StepShape:
@@ -187,17 +199,39 @@ class LowerBound:
         if key not in self._p2p:
             cost = self.cost
             tp_link, _, pp_link = cost.links(cfg)
-            times = [cost.boundary_time(i, cfg, tp_link, pp_link) for i in range(len(cost.model.layers) - 1)] or [0.0]
+            times = [cost.boundary_time(i, cfg, tp_link, pp_link) for i in self._cuts] or [0.0]
             self._p2p[key] = (min(times), max(times))
         return self._p2p[key]
 
-    def __call__(self, cfg: ParallelConfig) -> float:
-        """A quick lower bound (the memory knapsack with the fewest micro-batches in flight): cheap enough for
-        every outer choice; ``strong`` is at least as high."""
-        total, heaviest, _ = self.parts(cfg, strong=False)
+    def __call__(self, cfg: ParallelConfig, placed: bool = True) -> float:
+        """A quick lower bound (the memory knapsack with the fewest micro-batches in flight and, ``placed``,
+        the placement of whole blocks); ``strong`` is at least as high. Without the placement it is cheaper:
+        most choices the search refines are closed by the knapsack alone (it finds most cannot fit)."""
+        total, heaviest, _ = self.parts(cfg, strong=False, placed=placed)
         if total == math.inf:
             return math.inf
         return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
+
+    def coarse(self, cfg: ParallelConfig) -> float:
+        """A lower bound from how the layers run alone (CostModel.option_run_cost: compute, tensor-, context- and
+        expert-parallel traffic, at each layer's fastest option) and the pipeline transfers: no per-step work,
+        so it does not depend on dp or the ZeRO stage and the few settings it does depend on serve every
+        choice. What each outer choice gets first; ``cheap`` is at least as high (its rows add the step work
+        to these, which only adds time)."""
+        gpn = cfg.gpus_per_node or self.cost.hw.gpus_per_node
+        degrees = self._degrees(cfg)
+        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.attention_kernel, cfg.attention_dropout, gpn,
+               cfg.cp, cfg.cp_comm, cfg.ep, cfg.expert_tp, cfg.moe_imbalance, tuple(degrees))
+        per_microbatch = self._coarse.get(key)
+        if per_microbatch is None:
+            cost, layers = self.cost, self.cost.model.layers
+            tp_link = cost.links(cfg)[0]
+            per_microbatch = self._coarse[key] = sum(
+                self._counts[layers[i].block_id] * min(busy(layer_row(cost.option_run_cost(cfg, tp_link, j, k, t),
+                                                                      copy=False)) for j, k, t in self._choices(cfg, i))
+                for i in self._rep.values())
+        total = per_microbatch + 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
+        return pipeline_total(total / cfg.pp, total, cfg.num_microbatches, cfg.virtual_stages)
 
     def cheap(self, cfg: ParallelConfig) -> float:
         """A lower bound without the memory knapsack (every layer at its fastest option): what every outer
@@ -235,9 +269,10 @@ class LowerBound:
             bound = max(bound, self._step_with_tail(cfg, shape, total, max(total / cfg.pp, heaviest), items))
         return bound
 
-    def parts(self, cfg: ParallelConfig, strong: bool = True) -> tuple[float, float, float]:
-        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer, least Σ busy); inf: cannot
-        fit. ``strong``: every memory condition and the offload transfers, else the quick ones."""
+    def parts(self, cfg: ParallelConfig, strong: bool = True, placed: bool = True) -> tuple[float, float, float]:
+        """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer and, ``placed``, the placement
+        of whole blocks, least Σ busy); inf: cannot fit. ``strong``: every memory condition and the offload
+        transfers, else the quick ones."""
         key = self._options_key(cfg)
         entry = self._entry(cfg, key)
         shape = self._shape(cfg)
@@ -247,7 +282,7 @@ class LowerBound:
         knapsack_key = (key, in_flight, memory_cap)
         busy = self._knapsack.get(knapsack_key)
         if busy is None:
-            busy = self._knapsack[knapsack_key] = max(_knapsack_busy(entry.options, f, cap)
+            busy = self._knapsack[knapsack_key] = max(knapsack_busy(entry.options, f, cap)
                                                       for f, cap in zip(in_flight, memory_cap))
         if busy == math.inf:
             return math.inf, math.inf, math.inf
@@ -255,7 +290,9 @@ class LowerBound:
         total = entry.busy_bound(shape, busy, p2p)
         if strong and shape.host_s_per_byte is not None:
             total = max(total, self._offload_bound(cfg, entry, shape, knapsack_key, in_flight, p2p))
-        heaviest = max(entry.heaviest(shape, at_least=total / cfg.pp), self.slowest(cfg, shape))
+        heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
+        if placed:
+            heaviest = max(heaviest, self.slowest(cfg, shape))
         if heaviest == math.inf:  # no placement of the blocks fits the devices' memory
             return math.inf, math.inf, math.inf
         return total, heaviest, busy
@@ -332,7 +369,7 @@ class LowerBound:
                             ((o.row["dpo"] - o.row["bwd"] * shape.dp_overlap / v) if with_overlap else 0.0)
                             for o in opts)
                 items.append((n, most, least, block == first))
-            tails.append(_least_cost_cover(items, need))
+            tails.append(least_cost_cover(items, need))
         return pipeline_total(max(busy / pp, heaviest), busy, m, v) + max(tails) < upper
 
 
@@ -385,7 +422,7 @@ def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, 
                             items: list[tuple[int, float, float, bool]]) -> float:
     """The step's lower bound with device 0's tail: device 0 finishes its last backward last, so the step
     includes its end (composition.device_tail + optimizer), at least the least tail of any set of layers
-    with its busy time b₀ (``_least_cost_cover`` over ``items``: convex, piecewise linear in b₀). With
+    with its busy time b₀ (``least_cost_cover`` over ``items``: convex, piecewise linear in b₀). With
     b₀ = x·B (B: the least Σ busy), max_d T_d ≥ max(x·B, (1 − x)·B/(pp − 1), heaviest, mean), so
         step ≥ min over x of (m − 1/v)·max(…) + Σ T/v + cover(x·B),
     a sum of convex piecewise-linear functions of x: its minimum lies at a breakpoint of one of them."""
@@ -396,105 +433,16 @@ def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, 
     if busy <= 0:
         return pipeline_total(floor, total, m, v)
     points = {0.0, 1.0, 1.0 / pp, floor / busy, 1.0 - (pp - 1) * floor / busy}
-    points.update(w / busy for w in _cover_breakpoints(items))
+    points.update(w / busy for w in cover_breakpoints(items))
     return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) +
-               _least_cost_cover(items, x * busy) for x in points if 0.0 <= x <= 1.0)
+               least_cost_cover(items, x * busy) for x in points if 0.0 <= x <= 1.0)
+
+
+def busy(row: dict[str, float]) -> float:
+    """A row's compute and the traffic nothing hides: the least it adds to its device's time."""
+    return row["fwd"] + row["bwd"] + unhidden(row)
 
 
 def unhidden(row: dict[str, float]) -> float:
     """A row's traffic that adds to a device's time in full (composition.UNHIDDEN)."""
     return sum(row[name] for name in UNHIDDEN)
-
-
-def _golden_max(f: Callable[[float], float], iterations: int = 12) -> float:
-    """The x in [0, 1] maximising a concave ``f``, to 0.618^iterations (golden-section search); the ends are
-    candidates too (a piecewise-linear f may peak there)."""
-    ratio = (math.sqrt(5) - 1) / 2
-    lo, hi = 0.0, 1.0
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = f(a), f(b)
-    for _ in range(iterations):
-        if fa < fb:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = f(b)
-        else:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = f(a)
-    return max((0.0, 1.0, a, b), key=f)
-
-
-def _knapsack_busy(options: list[tuple[int, list[Option]]], in_flight: float, capacity: float,
-                   weight: Callable[[Option], float] | None = None) -> float:
-    """The least Σ busy (or Σ ``weight``) over the layers with the options chosen by the memory knapsack:
-    Σ_layers memory(option) ≤ capacity (pp stages' memory less their reserves); inf: nothing fits. The LP
-    optimum: from each layer's fastest option, upgrade along its lower convex hull of (memory, time),
-    cheapest seconds per byte first."""
-    busy = used = 0.0
-    upgrades = []  # (seconds per byte saved, bytes saved, seconds added)
-    for n, opts in options:
-        hull = _lower_hull(sorted((o.memory(in_flight), weight(o) if weight else o.busy) for o in opts))
-        start = min(range(len(hull)), key=lambda h: (hull[h][1], hull[h][0]))
-        busy += n * hull[start][1]
-        used += n * hull[start][0]
-        for h in range(start, 0, -1):
-            saved, added = hull[h][0] - hull[h - 1][0], hull[h - 1][1] - hull[h][1]
-            upgrades.append((added / saved if saved > 0 else math.inf, n * saved, n * added))
-    excess = used - capacity
-    for _, saved, added in sorted(upgrades):
-        if excess <= 0:
-            break
-        take = min(1.0, excess / saved)
-        busy += take * added
-        excess -= take * saved
-    return math.inf if excess > 1e-6 * max(1.0, used) else busy
-
-
-def _cover_order(items: list[tuple[int, float, float, bool]]) -> tuple[float, float, list[tuple]]:
-    """(cost and time of what every cover takes: the forced units and every unit of non-positive cost, the
-    rest as (time per cost, count, time, cost), the most time per cost first)."""
-    cost = taken = 0.0
-    rest = []
-    for n, time_i, cost_i, forced in items:
-        if forced:
-            cost, taken, n = cost + cost_i, taken + time_i, n - 1
-        if cost_i <= 0:
-            cost, taken = cost + n * cost_i, taken + n * time_i
-        elif n > 0:
-            rest.append((time_i / cost_i, n, time_i, cost_i))
-    return cost, taken, sorted(rest, reverse=True)
-
-
-def _least_cost_cover(items: list[tuple[int, float, float, bool]], need: float) -> float:
-    """min Σ x_i·cost_i subject to Σ x_i·time_i ≥ need, 0 ≤ x_i ≤ count_i, one unit of each forced item
-    taken: the LP optimum — every item of non-positive cost, then the most time per unit cost first."""
-    total, taken, rest = _cover_order(items)
-    need -= taken
-    for _, n, time_i, cost_i in rest:
-        if need <= 0:
-            break
-        take = min(n, need / time_i)
-        total += take * cost_i
-        need -= take * time_i
-    return max(total, 0.0)
-
-
-def _cover_breakpoints(items: list[tuple[int, float, float, bool]]) -> list[float]:
-    """The needs at which ``_least_cost_cover``'s slope changes (it is linear between them)."""
-    _, taken, rest = _cover_order(items)
-    points = [taken]
-    for _, n, time_i, _ in rest:
-        points.append(points[-1] + n * time_i)
-    return points
-
-
-def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Lower convex hull of (memory, time) points sorted by memory: the LP-efficient options."""
-    hull: list[tuple[float, float]] = []
-    for p in points:
-        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= \
-                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
-            hull.pop()
-        hull.append(p)
-    return hull

@@ -26,6 +26,13 @@ from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
 from autopar.search.cuts import Cut, segments, starts
 
 MODES = ("none", "selective", "full")
+# CP-SAT's workers per inner solve. Eight is CP-SAT's full portfolio (default, max and no LP, core-based, quick
+# restarts, reduced costs, first-solution and LNS workers), not a thread count to match the cores: these models
+# find their optimum at once and spend their time proving it, and which worker proves fastest varies from model
+# to model and seed to seed. GPT-145B's pipelined choices on 1536 A100 (benchmarks/solve.py), six seeds each on
+# this 2-core machine: 2 workers 0.2–11 s per solve and 5 of 6 over 10 s on one choice, 8 workers 0.25–0.42 s
+# and 0.6–6 s on that one; small models' solves cost the same either way.
+CP_SAT_WORKERS = 8
 LEAVES = [name for name, unit in SUMMED.items() if unit]  # the summed leaves the step reads ("params" is a label)
 
 
@@ -45,7 +52,7 @@ def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> l
     """Tensor-parallel degrees a block may take besides the stage's own: divisors of the stage's tp·dp
     devices inside a node that keep the local micro-batch whole and that every block's pattern admits.
     Only without ZeRO, sequence and context parallelism (what the runtime runs with per-layer degrees)."""
-    blocks = list({lp.block_id: lp for lp in cost.model.layers if lp.kind == "block"}.values())  # one per kind
+    blocks = cost.blocks
     if cfg.zero_stage or cfg.sequence_parallel or cfg.cp > 1 or any(getattr(lp, "moe", None) for lp in blocks):
         return [cfg.tp]  # a MoE model's experts take their own degree (etp) instead
     devices = cfg.tp * cfg.dp

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from autopar.errors import NoValidConfiguration
 from autopar.profile import ModelProfile
 from autopar.search.bound import LowerBound
-from autopar.search.cpsat import MODES, InnerResult, block_degrees, solve_inner
+from autopar.search.cpsat import CP_SAT_WORKERS, MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
 from autopar.search.space import Pins, choice_key, context_families, family_templates, outer_choices
@@ -139,13 +139,13 @@ class _Search:
         del self.best[self.top_k:]
 
     def skip(self, cfg: ParallelConfig, pins: Pins) -> bool:
-        """Offload only adds time when the same choice fits without it; a choice whose strong lower bound or
-        once-per-step tail rules it out is never solved."""
+        """Offload only adds time when the same choice fits without it; a choice whose once-per-step tail
+        rules it out is never solved (its strong bound is the queue's, _Queue.pop)."""
         if cfg.offload_activations and pins.offload is None and \
                 replace(cfg, offload_activations=False) in self.fits_without_offload:
             return True
         kth = self.kth()
-        return kth is not None and (self.lower_bound.strong(cfg) >= kth or not self.lower_bound.beats(cfg, kth))
+        return kth is not None and not self.lower_bound.beats(cfg, kth)
 
     def solve(self, cfg: ParallelConfig, lb: float, time_limit_s: float, threads: int,
               degrees: list[int] | None) -> None:
@@ -189,9 +189,10 @@ def _frozen_heap() -> Iterator[None]:
 
 def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
-           threads: int = 2, per_layer_tp: bool = True,
+           threads: int = CP_SAT_WORKERS, per_layer_tp: bool = True,
            progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
-    """``progress(visited, total, best step time)`` is called after each outer choice is settled."""
+    """``progress(visited, total, best step time)`` is called after each outer choice is settled; ``threads``:
+    CP-SAT's workers per inner solve (cpsat.CP_SAT_WORKERS)."""
     with _frozen_heap():
         return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
                        allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, time_limit_s=time_limit_s,
@@ -199,39 +200,50 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
 
 
 class _Queue:
-    """The outer choices by lower bound, refined lazily: each enters with the cheap bound (no memory
-    knapsack, LowerBound.cheap) and gets the quick bound only when it reaches the front, so the many
-    choices the incumbent closes are never refined (best-first search with lazy evaluation). A deferred family
-    of choices (space.context_families) enters with one bound on all of them and is enumerated when it reaches
-    the front."""
+    """The outer choices by lower bound, refined lazily: each enters with the coarse bound (the layers as they
+    run, no per-step work: LowerBound.coarse), and each time it reaches the front it gets the next bound: the
+    cheap one (no memory knapsack), the memory knapsack's, the quick one (with the placement of whole blocks)
+    and, when the caller asks, the strong one. So the many
+    choices the incumbent closes are never refined (best-first search with lazy evaluation) and the choices
+    that are solved come in the order of their strong bounds: among near-tied choices the one most likely
+    best is solved first, and its step closes the others without a solve. A deferred family of choices
+    (space.context_families) enters with one bound on all of them and is enumerated when it reaches the
+    front."""
 
-    FAMILY, CHEAP, QUICK = 0, 1, 2  # what an entry's bound is
+    FAMILY, COARSE, CHEAP, KNAPSACK, QUICK, STRONG = range(6)  # what an entry's bound is
 
     def __init__(self, bound: LowerBound, choices: Iterator[ParallelConfig],
                  families: list[tuple[float, Callable[[], Iterator[ParallelConfig]]]] = ()):  # type: ignore[assignment]
         self.bound = bound
-        self.heap: list[tuple] = [(bound.cheap(cfg), n, self.CHEAP, cfg) for n, cfg in enumerate(choices)]
+        self.heap: list[tuple] = [(bound.coarse(cfg), n, self.COARSE, cfg) for n, cfg in enumerate(choices)]
         self.total = len(self.heap)
         self.heap += [(lb, self.total + k, self.FAMILY, expand) for k, (lb, expand) in enumerate(families)
                       if lb < math.inf]
         self.counter = len(self.heap)
         heapq.heapify(self.heap)
 
-    def pop(self) -> tuple[float, int, ParallelConfig] | None:
-        """The choice of least quick bound, with that bound (None: no choice left that can fit)."""
+    def pop(self, strong: bool = False) -> tuple[float, int, ParallelConfig] | None:
+        """The choice of least quick bound (``strong``: of least strong bound), with that bound (None: no
+        choice left that can fit)."""
         while self.heap:
             lb, n, kind, item = heapq.heappop(self.heap)
-            if kind == self.QUICK:
+            if kind == self.STRONG or (kind == self.QUICK and not strong):
                 return lb, n, item
+            if kind == self.QUICK:
+                heapq.heappush(self.heap, (max(lb, self.bound.strong(item)), n, self.STRONG, item))
+                continue
             if kind == self.FAMILY:
                 for cfg in item():
                     self.total += 1
                     self.counter += 1
-                    heapq.heappush(self.heap, (max(lb, self.bound.cheap(cfg)), self.counter, self.CHEAP, cfg))
+                    heapq.heappush(self.heap, (max(lb, self.bound.coarse(cfg)), self.counter, self.COARSE, cfg))
                 continue
-            quick = self.bound(item)
-            if quick < math.inf:  # else it cannot fit
-                heapq.heappush(self.heap, (max(lb, quick), n, self.QUICK, item))
+            if kind == self.COARSE:
+                heapq.heappush(self.heap, (max(lb, self.bound.cheap(item)), n, self.CHEAP, item))
+                continue
+            refined = self.bound(item, placed=kind == self.KNAPSACK)
+            if refined < math.inf:  # else it cannot fit
+                heapq.heappush(self.heap, (max(lb, refined), n, kind + 1, item))
         return None
 
     def push(self, item: tuple[float, int, ParallelConfig]) -> None:
@@ -267,7 +279,7 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
         state.solve(first, state.lower_bound(first), time_limit_s / 10, threads,
                     block_degrees(cost, first, gpus_per_node) if per_layer_tp else None)
     visited = 0
-    while (item := queue.pop()) is not None:
+    while (item := queue.pop(strong=True)) is not None:
         lb, _, cfg = item
         if progress is not None:
             progress(visited, queue.total, state.best[0].estimate.step_time_s if state.best else None)

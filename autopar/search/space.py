@@ -18,6 +18,7 @@ Dominated choices left out unless pinned, because the cost model can never prefe
 from __future__ import annotations
 
 import dataclasses
+import functools
 from math import gcd
 from typing import Iterator
 
@@ -52,8 +53,9 @@ class Pins:
     moe_imbalance: float | None = None    # not searched: the load the plan assumes (None: the default)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=None)
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross_node_tp: bool) -> list[int]:
