@@ -297,9 +297,10 @@ class LowerBound:
             return math.inf, math.inf, math.inf
         return total, heaviest, busy
 
-    def slowest(self, cfg: ParallelConfig, shape: StepShape) -> float:
-        """max_d T_d ≥ the least slowest device of any placement of whole blocks (placement.py)."""
-        return self._placement(cfg, shape).slowest if cfg.pp > 1 else 0.0
+    def slowest(self, cfg: ParallelConfig, shape: StepShape | None = None) -> float:
+        """max_d T_d ≥ the least slowest device of any placement of whole blocks (placement.py), for every plan
+        of ``cfg`` that fits."""
+        return self._placement(cfg, shape or self._shape(cfg)).slowest if cfg.pp > 1 else 0.0
 
     def _placement(self, cfg: ParallelConfig, shape: StepShape) -> Placement:
         key = (self._options_key(cfg), cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages,

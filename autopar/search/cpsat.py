@@ -14,6 +14,7 @@ construction. What is the solver's own is how a device's leaves are read from th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ortools.sat.python import cp_model
 
@@ -23,7 +24,7 @@ from cost_models.composition import (LARGEST, SUMMED, TERM_UNITS, TIME, compose,
 from cost_models.config import default_precision
 from cost_models.partition import interleaved_balance
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
-from autopar.search.cuts import Cut, segments, starts
+from autopar.search.cuts import Cut, canonical, interchangeable_chunks, segments, starts
 
 MODES = ("none", "selective", "full")
 # CP-SAT's workers per inner solve. Eight is CP-SAT's full portfolio (default, max and no LP, core-based, quick
@@ -146,6 +147,7 @@ class InnerModel:
                                             *balance)
         # counts[d, j, option]: how many blocks of type j on device d take that option (the rest: the base)
         self.counts: dict[tuple[int, str, tuple[int, str]], cp_model.IntVar] = {}
+        self.symmetric: list[tuple[int, int]] = []  # pairs of chunks kept in size order (break_symmetry)
         self.leaves = [self._device_leaves(d) for d in range(cfg.pp)]
         self.step = compose(self.algebra, self.leaves, tab.shape)
         model.minimize(self.step["step"].expr)
@@ -210,8 +212,24 @@ class InnerModel:
         step = self.step["step"]
         self.model.add(step.expr <= (round(upper_bound_s / TIME_UNIT_S) + 1) * step.den)
 
+    def break_symmetry(self) -> None:
+        """Keep one plan of each set that differ only in how a device's interchangeable chunks share their
+        blocks (cuts.interchangeable_chunks); not with ``fix``, whose cuts may be any of the set."""
+        self.symmetric = interchangeable_chunks(segments(self.cost.model.layers), self.cfg.pp, self.C, self.L)
+        size = [self.cuts[c + 1].position - self.cuts[c].position for c in range(self.C)]
+        for a, b in self.symmetric:
+            self.model.add(size[a] >= size[b])
+
+    def slowest_at_least(self, seconds: float) -> None:
+        """max_d T_d ≥ ``seconds``: a valid inequality from the outer bound (bound.LowerBound.slowest: no plan
+        that fits has a faster slowest device). The LP relaxation spreads blocks over devices fractionally, so
+        without it CP-SAT proves the integer split's floor by branching (GPT-145B's pipelined choices: 0.3–1.8 s
+        per proof, 0.13–0.4 s with it, six seeds each)."""
+        t_max = self.step["t_max"]
+        self.model.add(t_max.expr >= max(0, math.floor(seconds / TIME_UNIT_S) - 1) * t_max.den)
+
     def hint(self, counts: tuple[int, ...]) -> None:
-        for c, start in enumerate(starts(counts)[1:-1], start=1):
+        for c, start in enumerate(starts(canonical(counts, self.symmetric))[1:-1], start=1):
             self.cuts[c].hint(self.model, start)
 
     def fix(self, cfg: ParallelConfig) -> None:
@@ -265,14 +283,20 @@ class InnerModel:
 
 def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...], time_limit_s: float,
                 threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None,
-                degrees: list[int] | None = None, fix: ParallelConfig | None = None) -> InnerResult:
+                degrees: list[int] | None = None, fix: ParallelConfig | None = None,
+                slowest_s: float = 0.0) -> InnerResult:
     """Solve one outer choice. ``degrees``: the tensor-parallel degrees blocks may choose (default: only
-    cfg.tp); ``fix``: a configuration whose cuts and per-layer options the solution must take."""
+    cfg.tp); ``fix``: a configuration whose cuts and per-layer options the solution must take; ``slowest_s``: a
+    lower bound on the slowest device of every plan that fits (InnerModel.slowest_at_least)."""
     inner = InnerModel(cost, cfg, modes, degrees)
     if fix is not None:
         inner.fix(fix)
+    else:
+        inner.break_symmetry()
     if hint is not None:
         inner.hint(hint)
     if upper_bound_s is not None:
         inner.bound(upper_bound_s)
+    if slowest_s > 0:
+        inner.slowest_at_least(slowest_s)
     return inner.solve(time_limit_s, threads)

@@ -92,6 +92,34 @@ class Cut:
                 model.add_hint(self.nonzero[g], inside and position > seg.start)
 
 
+def interchangeable_chunks(segs: list[Segment], pp: int, chunks: int, n_layers: int) -> list[tuple[int, int]]:
+    """Pairs (c, c + pp) of one device's consecutive chunks whose layers, and those of every chunk between
+    them, lie in one run of identical blocks whatever the cuts (a cut c sits in [c, n_layers − chunks + c]).
+    Such chunks may trade sizes: the cuts between them shift over identical blocks, so every device keeps the
+    same layers and sends the same transfers, and the plan the same step and memory. Requiring each pair's
+    first chunk to be no smaller than its second leaves one plan of every such set (sorting a device's sizes
+    reaches it), so the optimum stays while the search need not prove it again for each permutation (with
+    pp·v chunks of 1 or 2 blocks there are billions)."""
+    out = []
+    for c in range(1, chunks - pp):
+        first, end = c, n_layers - chunks + c + pp + 1  # the earliest start of chunk c, the latest end of c + pp
+        if any(seg.length > 1 and seg.start <= first and end <= seg.start + seg.length for seg in segs):
+            out.append((c, c + pp))
+    return out
+
+
+def canonical(counts: Sequence[int], pairs: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """``counts`` with each pair of interchangeable chunks in non-increasing size (the same plan)."""
+    out = list(counts)
+    changed = True
+    while changed:
+        changed = False
+        for a, b in pairs:
+            if out[a] < out[b]:
+                out[a], out[b], changed = out[b], out[a], True
+    return tuple(out)
+
+
 def starts(counts: Sequence[int]) -> list[int]:
     """Cut positions (0, c₀, c₀ + c₁, …, L) of chunk sizes ``counts``."""
     out = [0]

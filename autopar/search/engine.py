@@ -153,7 +153,7 @@ class _Search:
         cost = self.cost
         inner = solve_inner(cost, cfg, modes=self.modes, time_limit_s=time_limit_s, threads=threads,
                             upper_bound_s=self.kth(), hint=stage_layer_counts(cost.model.layers, cfg.chunks),
-                            degrees=degrees)
+                            degrees=degrees, slowest_s=self.lower_bound.slowest(cfg))
         self.solved += 1
         if inner.status not in ("OPTIMAL", "INFEASIBLE"):
             self.all_optimal = False
