@@ -107,7 +107,7 @@ ENGINE = typer.Option(metavar="|".join(ENGINES), callback=one_of("--engine", tup
 
 # -- the search ---------------------------------------------------------------------------------------------
 TIME_LIMIT = typer.Option(metavar="SECONDS", callback=_positive_seconds, help="seconds the search may take")
-THREADS = typer.Option(callback=at_least(1), metavar="K", help="CP-SAT worker threads")
+THREADS = typer.Option(callback=at_least(1), metavar="K", help="CP-SAT workers per inner solve (default: its full portfolio of 8, whatever the cores)")
 
 # -- output ---------------------------------------------------------------------------------------------------
 JSON = typer.Option("--json", help="print JSON instead of tables")

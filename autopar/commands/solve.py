@@ -24,7 +24,7 @@ def solve_command(
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
-    threads: Annotated[int, options.THREADS] = 2,
+    threads: Annotated[Optional[int], options.THREADS] = None,
     tp: Annotated[Optional[int], pinned("tp")] = None,
     pp: Annotated[Optional[int], pinned("pp")] = None,
     dp: Annotated[Optional[int], pinned("dp")] = None,

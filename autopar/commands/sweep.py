@@ -25,7 +25,7 @@ def sweep_command(
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
-    threads: Annotated[int, options.THREADS] = 2,
+    threads: Annotated[Optional[int], options.THREADS] = None,
     output: Annotated[Optional[Path], options.output("also plot throughput and scaling efficiency to this image "
                                                      "(.png, .svg, .pdf)")] = None,
     json_: Annotated[bool, options.JSON] = False,

@@ -66,7 +66,7 @@ def parse_seq_lens(text: str) -> list[int]:
 
 def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = DEFAULT_HARDWARE,
           hardware_file: str | Path | None = None, global_batch: int | None = None,
-          seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int = 2,
+          seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int | None = None,
           overrides: Mapping[str, str] | None = None, dtype: str = "bf16",
           progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
     """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's).

@@ -18,7 +18,6 @@ from autopar.pricing import plan_of, priced_hardware
 from autopar.plan import Plan, SolverInfo
 from autopar.profile import ModelProfile, load_profile
 from autopar.search.explain import explain_infeasible
-from autopar.search.cpsat import CP_SAT_WORKERS
 from autopar.search.engine import SearchResult, search
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
@@ -37,7 +36,7 @@ def solve(model: str | Path | ModelProfile, *, gpus: int, **options: object) -> 
 
 def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus_per_node: int = 8,
                 gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch: int | None = None,
-                seq_len: int | None = None, time_limit_s: float = 60.0, threads: int = CP_SAT_WORKERS, pins: Pins = Pins(),
+                seq_len: int | None = None, time_limit_s: float = 60.0, threads: int | None = None, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
                 dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None,
                 engine: str = DEFAULT_ENGINE, robust: bool = False, regret: bool = True) -> list[Plan]:

@@ -189,14 +189,14 @@ def _frozen_heap() -> Iterator[None]:
 
 def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
-           threads: int = CP_SAT_WORKERS, per_layer_tp: bool = True,
+           threads: int | None = None, per_layer_tp: bool = True,
            progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
     """``progress(visited, total, best step time)`` is called after each outer choice is settled; ``threads``:
-    CP-SAT's workers per inner solve (cpsat.CP_SAT_WORKERS)."""
+    CP-SAT's workers per inner solve (None: cpsat.CP_SAT_WORKERS)."""
     with _frozen_heap():
         return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
                        allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, time_limit_s=time_limit_s,
-                       threads=threads, per_layer_tp=per_layer_tp, progress=progress)
+                       threads=threads or CP_SAT_WORKERS, per_layer_tp=per_layer_tp, progress=progress)
 
 
 class _Queue:
