@@ -3,7 +3,7 @@
     import autopar
     plan = autopar.solve("examples/gpt.py", gpus=64)          # the fastest plan that fits (CP-SAT)
     plan.save("plan.json"); autopar.Plan.load("plan.json")
-    est = autopar.estimate("examples/gpt.py", gpus=64, tp=8, pp=2, micro_batch=1, global_batch=512)
+    est = autopar.estimate("examples/gpt.py", gpus=64, tp=8, pp=2, micro_batch_size=1, global_batch_size=512)
 
 Importing autopar does not import torch; tracing a model (or running a plan) does.
 """

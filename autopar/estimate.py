@@ -2,30 +2,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from autopar.errors import AutoparError
 from autopar.plan import Plan
-from autopar.pricing import attention_kernel as pricing_kernel
-from autopar.pricing import plan_of, priced_hardware
-from autopar.profile import ModelProfile, load_profile
+from autopar.pricing import attention_kernel, plan_of, priced_hardware
+from autopar.profile import ModelProfile
+from autopar.models import load_profile
 from autopar.search.robust import assess, scenarios
 from cost_models import ConfigError, CostModel, make_config
+from cost_models.config import default
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
 
 
 def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_per_node: int = 8,
-             gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, tp: int = 1, pp: int = 1,
-             dp: int | None = None, micro_batch: int = 1, global_batch: int | None = None,
-             seq_len: int | None = None, zero: int = 0, recompute: str = "full", sequence_parallel: bool = False,
-             schedule: str = "1f1b", virtual_stages: int = 1, offload_activations: bool = False,
-             attention_kernel: str = "fused", attention_dropout: bool = False,
-             overrides: Mapping[str, str] | None = None, dtype: str = "bf16", ep: int = 1, etp: int | None = None,
-             moe_imbalance: float | None = None, engine: str = DEFAULT_ENGINE, cp: int = 1,
-             cp_comm: str = "all_gather") -> Plan:
+             gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None,
+             global_batch_size: int | None = None, seq_len: int | None = None,
+             overrides: Mapping[str, str] | None = None, dtype: str = "bf16", engine: str = DEFAULT_ENGINE,
+             **choices: Any) -> Plan:
     """Predict step time and memory of one configuration under ``engine`` (cost_models/engines.py), with its
-    range over the hardware profile's uncertainties; raises AutoparError if it cannot run.
+    range over the hardware profile's uncertainties; raises AutoparError if it cannot run. ``choices``: the
+    configuration's declared decisions by name (cost_models/config.py: tp, pp, dp, micro_batch_size, zero_stage,
+    …); the rest take their declared defaults, dp the GPUs the other degrees leave.
 
     A configuration that runs but does not fit in memory is returned with ``prediction.fits`` false and
     the reason in ``notes``."""
@@ -35,14 +34,12 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
     try:
         profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)
-        batch = global_batch if global_batch is not None else \
-            (profile.global_batch or micro_batch * gpus // (tp * cp * pp))
-        cfg = make_config(gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=batch, zero_stage=zero,
-                          recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule,
-                          virtual_stages=virtual_stages, offload_activations=offload_activations,
-                          gpus_per_node=gpus_per_node, attention_kernel=pricing_kernel(profile, attention_kernel),
-                          attention_dropout=attention_dropout, ep=ep, etp=etp, moe_imbalance=moe_imbalance, cp=cp,
-                          cp_comm=cp_comm)
+        given = {name: value for name, value in choices.items() if value is not None}
+        degrees = {name: given.get(name, default(name)) for name in ("tp", "cp", "pp", "micro_batch_size")}
+        batch = global_batch_size if global_batch_size is not None else (
+            profile.global_batch or degrees["micro_batch_size"] * gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"]))
+        given["attention_kernel"] = attention_kernel(profile, given.get("attention_kernel", default("attention_kernel")))
+        cfg = make_config(gpus, global_batch_size=batch, gpus_per_node=gpus_per_node, **given)
         result = CostModel(profile, hw).evaluate(cfg)
         spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, 0.0)
     except ConfigError as err:

@@ -10,13 +10,15 @@ import math
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from autopar.errors import AutoparError
-from autopar.profile import write_atomic
-from cost_models import PRECISIONS, ConfigError
-from cost_models.config import (check_batch, check_context, check_expert_degrees, check_layer_degree,
-                                 check_schedule, check_sequence_parallel, check_world, default)
+from autopar.files import write_atomic
+from cost_models import ConfigError, ParallelConfig
+from cost_models.config import Recompute
+from cost_models.decisions import declarations
+from cost_models.model import Dtype
+from cost_models.rules import check_batch, check_context, check_layer_degree
 
 PLAN_VERSION = 1
 
@@ -31,11 +33,6 @@ class ClusterSpec(_Frozen):
     hardware: str = Field(description="hardware profile name, or the path of the profile file used")
 
 
-def _default(name: str) -> object:
-    """Defaults are the cost model's (cost_models.config.ParallelConfig): written once."""
-    return default(name)
-
-
 def _checked(rule: object, *args: object, **kwargs: object) -> None:
     """A cost_models rule inside a pydantic validator: its ConfigError becomes the validation error's text."""
     try:
@@ -44,39 +41,24 @@ def _checked(rule: object, *args: object, **kwargs: object) -> None:
         raise ValueError(str(err)) from None
 
 
-class Parallelism(_Frozen):
-    """Degrees and schedule. gpus = tp × cp × pp × dp; global batch = micro_batch_size × dp × num_microbatches.
-    Per-layer recomputation and tensor-parallel degrees are in Plan.layers; ``recompute`` records the
-    model-wide mode the plan was made with."""
+def _declared_fields() -> dict[str, object]:
+    """The plan's "parallelism" keys: every decision cost_models/config.py declares a plan key, with its type,
+    default and help, and the derived global batch after the micro-batches."""
+    out: dict[str, object] = {}
+    for d in declarations(ParallelConfig):
+        if not d.declared.plan:
+            continue
+        limits = {"ge": d.declared.minimum, "le": d.declared.maximum} if d.base in (int, float) else {}
+        out[d.name] = (d.annotation, Field(... if d.required else d.default, description=d.declared.help,
+                                           **{k: v for k, v in limits.items() if v is not None}))
+        if d.name == "num_microbatches":
+            out["global_batch_size"] = (int, Field(default=0, description="micro_batch_size × dp × num_microbatches "
+                                                                          "(derived if left out)"))
+    return out
 
-    tp: int = Field(ge=1)
-    pp: int = Field(ge=1)
-    dp: int = Field(ge=1)
-    micro_batch_size: int = Field(ge=1)
-    num_microbatches: int = Field(ge=1)
-    global_batch_size: int = Field(default=0, description="micro_batch_size × dp × num_microbatches (derived if "
-                                                          "left out)")
-    zero_stage: Literal[0, 1, 2, 3] = _default("zero_stage")  # type: ignore[assignment]
-    recompute: Literal["none", "selective", "full"] = _default("recompute")  # type: ignore[assignment]
-    sequence_parallel: bool = _default("sequence_parallel")  # type: ignore[assignment]
-    schedule: Literal["1f1b", "gpipe", "interleaved"] = _default("schedule")  # type: ignore[assignment]
-    virtual_stages: int = Field(default=_default("virtual_stages"), ge=1)
-    offload_activations: bool = _default("offload_activations")  # type: ignore[assignment]
-    attention_kernel: Literal["fused", "unfused"] = _default("attention_kernel")  # type: ignore[assignment]
-    attention_dropout: bool = _default("attention_dropout")  # type: ignore[assignment]
-    precision: str | None = Field(default=None, description="bytes-per-parameter recipe (cost_models.PRECISIONS); "
-                                                            "none: the dtype's default recipe")
-    ep: int = Field(default=_default("ep"), ge=1, description="expert-parallel degree: routed experts sharded over "
-                                                               "ep GPUs of a stage (mixture of experts)")
-    etp: int | None = Field(default=_default("etp"), ge=1, description="the experts' tensor-parallel degree "
-                                                                        "(none: tp, Megatron-Core's default)")
-    moe_imbalance: float | None = Field(default=_default("moe_imbalance"), description="busiest GPU's expert load "
-                                                                                       "over the average (none: default)")
-    cp: int = Field(default=_default("cp"), ge=1, description="context-parallel degree: every sequence split over cp "
-                                                               "GPUs (world = tp × cp × pp × dp)")
-    cp_comm: Literal["all_gather", "ring"] = Field(
-        default=_default("cp_comm"), description="how context-parallel attention gets the other ranks' keys and values: "
-        "all_gather (Llama 3; what autopar launch runs) or ring (passed around, overlapped: Megatron's p2p)")
+
+class _ParallelismRules(_Frozen):
+    """The rules of a plan's parallelism, cost_models' own (a ParallelConfig of the same decisions checks them)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -89,22 +71,29 @@ class Parallelism(_Frozen):
         return raw
 
     @model_validator(mode="after")
-    def _rules(self) -> "Parallelism":
-        _checked(check_batch, self.global_batch_size, micro_batch=self.micro_batch_size, dp=self.dp,
-                 num_microbatches=self.num_microbatches)
-        _checked(check_schedule, self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
-                 num_microbatches=self.num_microbatches)
-        if self.ep > 1 or self.etp is not None:
-            _checked(check_expert_degrees, ep=self.ep, etp=self.expert_tp, tp=self.tp, dp=self.dp, cp=self.cp)
-        _checked(check_sequence_parallel, self.sequence_parallel, tp=self.tp)
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(f"precision '{self.precision}': choose one of {', '.join(PRECISIONS)}")
+    def _rules(self) -> Self:
+        _checked(check_batch, self.global_batch_size, micro_batch_size=self.micro_batch_size,  # type: ignore[attr-defined]
+                 dp=self.dp, num_microbatches=self.num_microbatches)  # type: ignore[attr-defined]
+        _checked(self.config().check)
         return self
+
+    def config(self, **layout: object) -> ParallelConfig:
+        """The cost model's configuration of these decisions (one name each: no field is converted)."""
+        return ParallelConfig(**{name: getattr(self, name) for name in _PLAN_KEYS}, **layout)  # type: ignore[arg-type]
 
     @property
     def expert_tp(self) -> int:
         """The experts' tensor-parallel degree: etp, or the stage's tp when the plan leaves it out."""
-        return self.etp if self.etp is not None else self.tp
+        return self.config().expert_tp
+
+
+_PLAN_KEYS = [d.name for d in declarations(ParallelConfig) if d.declared.plan]
+Parallelism = create_model(  # type: ignore[call-overload]
+    "Parallelism", __base__=_ParallelismRules, __module__=__name__,
+    __doc__="Degrees and schedule, one key per decision cost_models/config.py declares. gpus = tp × cp × pp × dp; "
+            "global batch = micro_batch_size × dp × num_microbatches. Per-layer recomputation and tensor-parallel "
+            "degrees are in Plan.layers; ``recompute`` records the model-wide mode the plan was made with.",
+    **_declared_fields())
 
 
 class Breakdown(_Frozen):
@@ -220,19 +209,6 @@ def _numbers(model: BaseModel, where: str = "") -> list[tuple[str, float]]:
     return out
 
 
-def expert_rank_grid(tp: int, dp: int, pp: int, ep: int, etp: int, cp: int = 1) -> list[list[list[list[int]]]]:
-    """The experts' view of the ranks, ``grid[pp_rank][edp_rank][ep_rank][etp_rank]``: Megatron-Core's expert
-    rank order (megatron/core/parallel_state.py, core_v0.16.1: the expert ``RankGenerator`` over
-    etp × ep × edp × pp in the order tp-ep-dp-pp). Within a pipeline stage's tp·dp consecutive ranks the
-    experts' tensor-parallel rank is fastest, then the expert-parallel rank, then the expert data-parallel
-    rank (context parallelism folds into it): rank = pp_rank·(tp·cp·dp) + edp_rank·(ep·etp) + ep_rank·etp +
-    etp_rank, edp = tp·cp·dp / (ep·etp)."""
-    stage = tp * cp * dp
-    edp = stage // (ep * etp)
-    return [[[[p * stage + d * ep * etp + e * etp + t for t in range(etp)] for e in range(ep)]
-              for d in range(edp)] for p in range(pp)]
-
-
 class ExpertsRef(_Frozen):
     """A mixture-of-experts model's experts, as exporters name them (Megatron's --num-experts, --moe-router-topk)."""
 
@@ -251,7 +227,7 @@ class ModelRef(_Frozen):
     source: str = ""
     overrides: dict[str, str] = Field(default={}, description="build_model keywords, as --set key=value gives them")
     seq_len: int = Field(ge=1)
-    dtype: Literal["fp32", "bf16", "fp16"]
+    dtype: Dtype
     experts: ExpertsRef | None = Field(default=None, description="the model's routed experts, if any")
 
 
@@ -264,7 +240,7 @@ class LayerAssignment(_Frozen):
     stage: int = Field(ge=0)
     tp: int = Field(ge=1)
     dp: int = Field(default=0, description="the stage's tp × dp devices / tp (derived if left out)")
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Recompute = "none"
 
     @property
     def units(self) -> list[str]:
@@ -305,8 +281,8 @@ class RunPlan(_Frozen):
     @model_validator(mode="after")
     def _rules(self) -> "RunPlan":
         par = self.parallelism
-        _checked(check_world, self.world_size, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
-        _checked(check_context, par.cp, seq_len=self.model.seq_len, cp_comm=par.cp_comm)
+        _checked(par.config().degrees.check, self.world_size)
+        _checked(check_context, par.cp, seq_len=self.model.seq_len)
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("a layer appears twice in plan.layers: every layer must be assigned exactly once")
@@ -322,7 +298,7 @@ class RunPlan(_Frozen):
                 raise ValueError(f"layer {layer.name}: stage jumps from {previous} to {layer.stage}; every stage "
                                  "needs at least one layer")
             previous = layer.stage
-            _checked(check_layer_degree, layer.name, layer.tp, tp=par.tp, dp=par.dp, micro_batch=par.micro_batch_size,
+            _checked(check_layer_degree, layer.name, layer.tp, tp=par.tp, dp=par.dp, micro_batch_size=par.micro_batch_size,
                      zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel, cp=par.cp)
             if layer.tp * layer.dp != self.stage_devices:
                 raise ValueError(f"layer {layer.name}: tp({layer.tp}) * dp({layer.dp}) != the stage's "
@@ -339,7 +315,7 @@ class RunPlan(_Frozen):
         return self.parallelism.pp * self.parallelism.virtual_stages
 
     @property
-    def global_batch(self) -> int:
+    def global_batch_size(self) -> int:
         return self.parallelism.global_batch_size
 
     @property
@@ -412,7 +388,7 @@ class Plan(RunPlan):
     def _cluster(self) -> "Plan":
         if self.cluster.gpus != self.world_size:
             raise ValueError(f"cluster.gpus({self.cluster.gpus}) != world_size({self.world_size})")
-        tokens, pred = self.global_batch * self.model.seq_len, self.prediction
+        tokens, pred = self.global_batch_size * self.model.seq_len, self.prediction
         if not math.isclose(pred.tokens_per_s * pred.step_time_s, tokens, rel_tol=1e-6):
             raise ValueError(f"prediction.tokens_per_s ({pred.tokens_per_s:g}) is not the global batch × seq_len "
                              f"({tokens}) / step_time_s ({pred.step_time_s:g}): predict the plan again")

@@ -7,13 +7,14 @@ AutoparError with the same one-line message.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from autopar.errors import AutoparError
 from autopar.plan import (Breakdown, ClusterSpec, ExpertsRef, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism,
                           Plan, Prediction, RunPlan, SolverInfo, StagePrediction, Uncertainty)
 from autopar.profile import ModelProfile
-from cost_models import PRECISIONS, ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
+from cost_models import ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import GIB
 from cost_models.partition import chunk_ranges, stage_layer_counts
@@ -31,6 +32,15 @@ def priced_hardware(gpu: str, hardware_file: str | Path | None = None, *, dtype:
         raise AutoparError(str(err)) from None
 
 
+def engine_model(profile: ModelProfile, hw: HardwareProfile, engine: str) -> CostModel:
+    """The cost model of ``profile`` on ``hw`` (as loaded) as ``engine`` runs it: every price of a plan after it is
+    made (predict, explain) goes through here or priced_hardware, so two prices of one plan compare."""
+    try:
+        return CostModel(profile, load_engine(engine).on(hw))
+    except ConfigError as err:
+        raise AutoparError(str(err)) from None
+
+
 def attention_kernel(profile: ModelProfile, requested: str = "fused") -> str:
     """The attention kernel a run of this model uses: an eager (unfused) implementation materialises the
     S×S scores whatever the plan asks."""
@@ -38,25 +48,18 @@ def attention_kernel(profile: ModelProfile, requested: str = "fused") -> str:
 
 
 def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
-    """The cost model's configuration of a plan (degrees, batch split, cuts, per-layer modes and degrees,
-    every flag); raises AutoparError if the plan is not for this profile."""
+    """The cost model's configuration of a plan: its decisions (one name each), the cluster's node size, its cuts
+    and per-layer modes and degrees; raises AutoparError if the plan is not for this profile."""
     names = [layer.name for layer in profile.layers]
     if [layer.name for layer in plan.layers] != names:
         raise AutoparError(f"the plan's layers are not the model's ({len(plan.layers)} vs {len(names)} layers); "
                            "pass the model and overrides the plan was made for")
     par = plan.parallelism
     degrees = tuple(layer.tp for layer in plan.layers)
-    gpus_per_node = plan.cluster.gpus_per_node if isinstance(plan, Plan) else None
-    return ParallelConfig(
-        tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch_size, num_microbatches=par.num_microbatches,
-        zero_stage=par.zero_stage, recompute=par.recompute, sequence_parallel=par.sequence_parallel,
-        schedule=par.schedule, virtual_stages=par.virtual_stages, offload_activations=par.offload_activations,
-        gpus_per_node=gpus_per_node, precision=PRECISIONS[par.precision] if par.precision else None,
-        attention_kernel=attention_kernel(profile, par.attention_kernel),  # type: ignore[arg-type]
-        attention_dropout=par.attention_dropout, stage_layers=plan.stage_layers,
-        layer_recompute=tuple(layer.recompute for layer in plan.layers),
-        layer_tp=degrees if any(t != par.tp for t in degrees) else None, ep=par.ep, etp=par.etp,
-        moe_imbalance=par.moe_imbalance, cp=par.cp, cp_comm=par.cp_comm)
+    cfg = par.config(gpus_per_node=plan.cluster.gpus_per_node if isinstance(plan, Plan) else None,
+                     stage_layers=plan.stage_layers, layer_recompute=tuple(layer.recompute for layer in plan.layers),
+                     layer_tp=degrees if any(t != par.tp for t in degrees) else None)
+    return replace(cfg, attention_kernel=attention_kernel(profile, par.attention_kernel))
 
 
 def experts_of(profile: ModelProfile) -> ExpertsRef | None:
@@ -71,14 +74,9 @@ def experts_of(profile: ModelProfile) -> ExpertsRef | None:
 
 
 def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
-    return Parallelism(
-        tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch_size=cfg.micro_batch, num_microbatches=cfg.num_microbatches,
-        global_batch_size=cfg.global_batch, zero_stage=cfg.zero_stage, recompute=cfg.recompute,  # type: ignore[arg-type]
-        sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule,  # type: ignore[arg-type]
-        virtual_stages=cfg.virtual_stages, offload_activations=cfg.offload_activations,
-        attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,  # type: ignore[arg-type]
-        precision=precision, ep=cfg.ep, etp=cfg.etp, moe_imbalance=cfg.moe_imbalance, cp=cfg.cp,
-        cp_comm=cfg.cp_comm)  # type: ignore[arg-type]
+    """A configuration's plan keys (one name each), with the recipe it was priced with."""
+    values = {name: getattr(cfg, name) for name in Parallelism.model_fields if name != "global_batch_size"}
+    return Parallelism(**{**values, "precision": precision, "global_batch_size": cfg.global_batch_size})
 
 
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
@@ -104,7 +102,7 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         worst = max(est.devices, key=lambda d: d.memory.total)
         notes.append(f"does not fit: stage {worst.stage} needs {worst.memory.total / GIB:.1f} GiB per GPU but "
                      f"{hw.name} has {hw.memory_bytes / GIB:.1f} GiB; raise --tp or --pp, use --recompute full, "
-                     "a higher --zero or a smaller --micro-batch")
+                     "a higher --zero-stage or a smaller --micro-batch-size")
     prediction = Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
         peak_memory_gib=est.peak_memory_bytes / GIB, memory_capacity_gib=hw.memory_bytes / GIB, fits=est.fits,
@@ -128,15 +126,16 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
 
 def plan_model(plan: Plan) -> tuple[ModelProfile, ParallelConfig, CostModel]:
     """The plan's model loaded again (its ``model.source`` and overrides), the plan's configuration of it and
-    the cost model on the plan's hardware (what explain prices again); AutoparError if any cannot be had."""
-    from autopar.profile import load_profile
+    the cost model on the plan's hardware as the plan's engine runs it (what explain prices again); AutoparError if
+    any cannot be had."""
+    from autopar.models import load_profile
 
     try:
         profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
                                dtype=plan.model.dtype)
         cfg = config_of(plan, profile)
         cfg.validate(profile)
-        return profile, cfg, CostModel(profile, load_hardware(plan.cluster.hardware))
+        return profile, cfg, engine_model(profile, load_hardware(plan.cluster.hardware), plan.prediction.engine)
     except (ConfigError, ValueError, OSError) as err:
         raise AutoparError(str(err)) from err
 
@@ -146,7 +145,7 @@ def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_
     """The same plan, priced again under ``hw`` (e.g. a calibrated profile) for ``engine`` (default: autopar's own
     runtime, which `autopar validate` runs)."""
     try:
-        est = CostModel(profile, load_engine(engine).on(hw)).evaluate(config_of(plan, profile))
+        est = engine_model(profile, hw, engine).evaluate(config_of(plan, profile))
     except ConfigError as err:
         raise AutoparError(str(err)) from err
     return plan_of(profile, est, hw, gpus_per_node=plan.cluster.gpus_per_node, hardware_name=hardware_name,

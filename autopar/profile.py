@@ -8,14 +8,14 @@ saved_bytes_fixed``. Both parts are measured (meta runs at batch 1 and 2), never
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autopar.errors import AutoparError
+from autopar.files import write_atomic
+from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # sequence_parallel: a norm of a token's whole vector (sharded on the sequence under SP); head_norm: a norm of
@@ -134,7 +134,7 @@ class ModelProfile(_Frozen):
     name: str
     source: str
     model_kwargs: dict[str, object] = {}
-    dtype: Literal["fp32", "bf16", "fp16"]
+    dtype: Dtype
     seq_len: int
     global_batch: int | None = Field(default=None, description="the model file's default, if any")
     params: int
@@ -175,47 +175,6 @@ class ModelProfile(_Frozen):
     @classmethod
     def load(cls, path: str | Path) -> "ModelProfile":
         return cls.model_validate_json(Path(path).read_text())
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename, so no reader sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-
-def load_profile(source: str | Path | ModelProfile, *, overrides: Mapping[str, str] | None = None,
-                 seq_len: int | None = None, dtype: str = "bf16") -> ModelProfile:
-    """A ModelProfile from an object, a saved profile JSON, or a model source capture can trace."""
-    if isinstance(source, ModelProfile):
-        profile = source
-    else:
-        path = Path(source)
-        if path.suffix == ".json" and path.exists() and _is_saved_profile(path):
-            profile = ModelProfile.load(path)
-        else:
-            from autopar.capture import capture_model  # imports torch: only when a model must be traced
-
-            return capture_model(str(source), dict(overrides or {}), seq_len=seq_len, dtype=dtype)
-    if seq_len is not None and seq_len != profile.seq_len:
-        raise AutoparError(f"the profile was captured at seq_len {profile.seq_len}, not {seq_len}; "
-                           "trace the model again at that length or drop --seq-len")
-    return profile
-
-
-def _is_saved_profile(path: Path) -> bool:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return isinstance(raw, dict) and "layers" in raw and "capture" in raw
 
 
 def parse_set(items: list[str]) -> dict[str, str]:

@@ -33,33 +33,33 @@ sys.path.insert(0, str(ROOT))
 from autopar.calibrate.validate import validate  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.estimate import estimate  # noqa: E402
-from autopar.profile import load_profile  # noqa: E402
+from autopar.models import load_profile  # noqa: E402
 
 # Model shapes (examples/*.py build_model keywords) and plans: (name, model, plan options).
 GPT = {"n_layer": "4", "n_embd": "256", "n_head": "8", "vocab_size": "2048", "block_size": "128", "tie_weights": "false"}
 LLAMA = {"n_layer": "4", "dim": "256", "n_head": "8", "n_kv_head": "4", "vocab_size": "2048", "max_seq_len": "128"}
 PLANS = [
-    ("DP (DDP)", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="none")),
-    ("DP + full recompute", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="full")),
-    ("ZeRO-1", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, zero=1, recompute="none")),
-    ("ZeRO-3 (FSDP2)", "gpt", dict(tp=1, pp=1, micro_batch=4, global_batch=16, zero=3, recompute="none")),
-    ("TP 2", "gpt", dict(tp=2, pp=1, micro_batch=8, global_batch=16, recompute="none")),
-    ("TP 2 + SP", "llama", dict(tp=2, pp=1, micro_batch=8, global_batch=16, recompute="none",
+    ("DP (DDP)", "gpt", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=16, recompute="none")),
+    ("DP + full recompute", "gpt", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=16, recompute="full")),
+    ("ZeRO-1", "gpt", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=16, zero_stage=1, recompute="none")),
+    ("ZeRO-3 (FSDP2)", "gpt", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=16, zero_stage=3, recompute="none")),
+    ("TP 2", "gpt", dict(tp=2, pp=1, micro_batch_size=8, global_batch_size=16, recompute="none")),
+    ("TP 2 + SP", "llama", dict(tp=2, pp=1, micro_batch_size=8, global_batch_size=16, recompute="none",
                                 sequence_parallel=True)),
-    ("PP 2, 1F1B", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="none")),
-    ("PP 2, GPipe + selective", "gpt", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="selective",
+    ("PP 2, 1F1B", "gpt", dict(tp=1, pp=2, micro_batch_size=4, global_batch_size=16, recompute="none")),
+    ("PP 2, GPipe + selective", "gpt", dict(tp=1, pp=2, micro_batch_size=4, global_batch_size=16, recompute="selective",
                                             schedule="gpipe")),
-    ("Llama DP", "llama", dict(tp=1, pp=1, micro_batch=4, global_batch=16, recompute="none")),
-    ("Llama PP 2, 1F1B", "llama", dict(tp=1, pp=2, micro_batch=4, global_batch=16, recompute="none")),
+    ("Llama DP", "llama", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=16, recompute="none")),
+    ("Llama PP 2, 1F1B", "llama", dict(tp=1, pp=2, micro_batch_size=4, global_batch_size=16, recompute="none")),
 ]
 MODELS = {"gpt": (ROOT / "examples" / "gpt.py", GPT), "llama": (ROOT / "examples" / "llama.py", LLAMA)}
 SEQ = 128
 # One device: (name, model, plan options); the model's shapes and sequence by --single size.
 SINGLE_PLANS = [
-    ("mb 1, no recompute", "llama", dict(tp=1, pp=1, micro_batch=1, global_batch=4, recompute="none")),
-    ("mb 2, no recompute", "llama", dict(tp=1, pp=1, micro_batch=2, global_batch=4, recompute="none")),
-    ("mb 2, selective", "llama", dict(tp=1, pp=1, micro_batch=2, global_batch=4, recompute="selective")),
-    ("mb 4, full recompute", "llama", dict(tp=1, pp=1, micro_batch=4, global_batch=8, recompute="full")),
+    ("mb 1, no recompute", "llama", dict(tp=1, pp=1, micro_batch_size=1, global_batch_size=4, recompute="none")),
+    ("mb 2, no recompute", "llama", dict(tp=1, pp=1, micro_batch_size=2, global_batch_size=4, recompute="none")),
+    ("mb 2, selective", "llama", dict(tp=1, pp=1, micro_batch_size=2, global_batch_size=4, recompute="selective")),
+    ("mb 4, full recompute", "llama", dict(tp=1, pp=1, micro_batch_size=4, global_batch_size=8, recompute="full")),
 ]
 SINGLE = {  # size: (Llama overrides, sequence length)
     "1b": ({"n_layer": "18", "dim": "2048", "n_head": "16", "n_kv_head": "8", "vocab_size": "32000",

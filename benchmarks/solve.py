@@ -69,13 +69,13 @@ def table(limit: float, against: str | None = None) -> None:
     total = 0.0
     for name, heads, hidden, layers, tp, pp, gpus, micro, batch in ROWS:
         profile = gpt(layers, hidden, heads)
-        r = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
+        r = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=limit)
         best = r.best[0].estimate
         c = best.config
-        megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch=micro,
-                                                                 global_batch=batch, recompute="full"))
+        megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch_size=micro,
+                                                                 global_batch_size=batch, recompute="full"))
         gap = (best.step_time_s - r.bound_s) / best.step_time_s
-        plan = (f"tp{c.tp}{f' cp{c.cp}' if c.cp > 1 else ''} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
+        plan = (f"tp{c.tp}{f' cp{c.cp}' if c.cp > 1 else ''} pp{c.pp} dp{c.dp} b{c.micro_batch_size}x{c.num_microbatches} z{c.zero_stage}"
                 f"{' sp' if c.sequence_parallel else ''} {c.schedule}{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}"
                 f"{' offload' if c.offload_activations else ''}")
         print(f"{name:>5} {gpus:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * gap:>6.2f}% {r.solved:>6}  {plan:<44} "
@@ -98,7 +98,7 @@ def layers_growth(limit: float) -> None:
     print(f"{'layers':>6} {'GPUs':>5} {'status':>9} {'solve s':>8} {'gap':>7} {'solves':>6}")
     for n in (4, 16, 64, 128, 256, 512):
         profile = gpt(n, 4096, 32)
-        r = search(profile, A100, gpus=256, gpus_per_node=8, global_batch=512, time_limit_s=limit)
+        r = search(profile, A100, gpus=256, gpus_per_node=8, global_batch_size=512, time_limit_s=limit)
         print(f"{n:>6} {256:>5} {r.status:>9} {r.wall_s:>8.2f} {100 * _gap(r):>6.2f}% {r.solved:>6}")
 
 
@@ -106,7 +106,7 @@ def gpus_growth(limit: float) -> None:
     print(f"{'GPUs':>6} {'status':>9} {'solve s':>8} {'gap':>7} {'choices':>8} {'solves':>6}")
     profile = gpt(48, 8192, 64)
     for g in (8, 64, 512, 4096, 16384):
-        r = search(profile, A100, gpus=g, gpus_per_node=8, global_batch=max(512, g), time_limit_s=limit)
+        r = search(profile, A100, gpus=g, gpus_per_node=8, global_batch_size=max(512, g), time_limit_s=limit)
         print(f"{g:>6} {r.status:>9} {r.wall_s:>8.2f} {100 * _gap(r):>6.2f}% {r.choices:>8} {r.solved:>6}")
 
 
@@ -117,7 +117,7 @@ def best_uniform(profile, hw, gpus: int, batch: int, pins: Pins):  # noqa: ANN00
     from cost_models.partition import stage_layer_counts
 
     cost, best = CostModel(profile, hw), None
-    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=8, global_batch=batch, pins=pins):
+    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=8, global_batch_size=batch, pins=pins):
         for mode in ("none", "selective", "full"):
             est = cost.evaluate(replace(cfg, recompute=mode, stage_layers=stage_layer_counts(profile.layers, cfg.chunks)))
             if est.fits and (best is None or est.step_time_s < best.step_time_s):
@@ -129,7 +129,7 @@ def nonuniform(limit: float) -> None:
     """Non-uniform plans (free cuts, per-layer recomputation and tp) vs the best uniform plan, on the
     encoder–decoder example (two different stacks) and on GPT with its heavy embedding and LM head, with
     Megatron's distributed optimizer (ZeRO-1) pinned: with ZeRO-3 both fit without pipelining."""
-    pins = Pins(zero=1)
+    pins = Pins(zero_stage=1)
     cases = [("encdec 24+12 layers, d 4096, 16× A100-40GB", "encdec.py",
               {"n_enc_layer": "24", "n_dec_layer": "12", "d_model": "4096", "n_head": "32", "d_ff": "16384",
                "vocab_size": "64000"}, 1024, "a100-40gb", 16, 64),
@@ -139,19 +139,19 @@ def nonuniform(limit: float) -> None:
     for title, file, overrides, seq, gpu, gpus, batch in cases:
         profile = capture_model(str(ROOT / "examples" / file), overrides, seq_len=seq)
         hw = load_hardware(gpu)
-        r = search(profile, hw, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit, pins=pins)
+        r = search(profile, hw, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=limit, pins=pins)
         best = r.best[0].estimate
         c = best.config
         uniform = best_uniform(profile, hw, gpus, batch, pins)
         print(f"{title}: solved {best.step_time_s:.3f} s ({r.status}; tp{c.tp} pp{c.pp} dp{c.dp} "
-              f"b{c.micro_batch}x{c.num_microbatches} cuts {c.stage_layers} "
+              f"b{c.micro_batch_size}x{c.num_microbatches} cuts {c.stage_layers} "
               f"recompute {sorted(set(c.layer_recompute or ('none',)))} "
               f"layer tp {sorted(set(c.layer_tp)) if c.layer_tp else [c.tp]})")
         if uniform is None:
             print("  no uniform plan fits")
             continue
         u = uniform.config
-        print(f"  best uniform {uniform.step_time_s:.3f} s (tp{u.tp} pp{u.pp} dp{u.dp} b{u.micro_batch}x"
+        print(f"  best uniform {uniform.step_time_s:.3f} s (tp{u.tp} pp{u.pp} dp{u.dp} b{u.micro_batch_size}x"
               f"{u.num_microbatches} recompute {u.recompute}); gain {uniform.step_time_s / best.step_time_s:.3f}x")
 
 
@@ -167,10 +167,10 @@ def moe(limit: float) -> None:
                                       ("Mixtral-8x22B", "mixtral-8x22b-v0.1.json", 256, 1024)):
         profile = capture_model(str(ROOT / "examples" / "hf" / config), {}, seq_len=4096)
         cpu = time.process_time()
-        r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit)
+        r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=limit)
         cpu = time.process_time() - cpu
         c = r.best[0].config
-        plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} ep{c.ep} etp{c.expert_tp} b{c.micro_batch}x{c.num_microbatches} "
+        plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} ep{c.ep} etp{c.expert_tp} b{c.micro_batch_size}x{c.num_microbatches} "
                 f"z{c.zero_stage}{' sp' if c.sequence_parallel else ''} {c.schedule}"
                 f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
         print(f"{name:<14} {gpus:>5} {r.status:>9} {100 * _gap(r):>5.2f}% {r.wall_s:>7.2f} {cpu:>6.2f} {r.solved:>6}  {plan:<56} "
@@ -185,7 +185,7 @@ def long_context(limit: float) -> None:
     """The long-context cases of the README: the best plan (context parallelism searched with everything else),
     its solve time and status, and the best plan without context parallelism (--cp 1) for comparison."""
     from autopar.pricing import priced_hardware
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
     from autopar.search import runnable_pins
 
     _, h100 = priced_hardware("h100-80gb", dtype="bf16")  # as `autopar solve --gpu h100-80gb` prices it
@@ -196,7 +196,7 @@ def long_context(limit: float) -> None:
         runnable, _ = runnable_pins(profile, Pins(), "autopar")  # what `autopar solve` searches: what launch runs
         for label, pins in (("free", runnable), ("cp 1", replace(runnable, cp=1))):
             cpu = time.process_time()
-            r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=limit, pins=pins)
+            r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=limit, pins=pins)
             cpu = time.process_time() - cpu
             if not r.best:
                 print(f"{name:<12} {seq:>7} {gpus:>5} {label:<6} {r.status:>9} {r.wall_s:>8.2f} {cpu:>6.1f} "
@@ -204,7 +204,7 @@ def long_context(limit: float) -> None:
                 continue
             best = r.best[0].estimate
             c = best.config
-            plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} b{c.micro_batch}x{c.num_microbatches} z{c.zero_stage}"
+            plan = (f"tp{c.tp} cp{c.cp} pp{c.pp} dp{c.dp} b{c.micro_batch_size}x{c.num_microbatches} z{c.zero_stage}"
                     f"{' sp' if c.sequence_parallel else ''} {c.schedule}"
                     f"{f' v{c.virtual_stages}' if c.virtual_stages > 1 else ''}")
             print(f"{name:<12} {seq:>7} {gpus:>5} {label:<6} {r.status:>9} {r.wall_s:>8.2f} {cpu:>6.1f} {r.solved:>6}  "

@@ -4,7 +4,7 @@ The cost model evaluates it on floats (step.py); the solver builds its CP-SAT mo
 calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model term by term" holds by
 construction. Every term of the step is defined here and nowhere else:
 
-  leaves (per device, summed over its layers: ``layer_row``; or the largest: ``LARGEST``)
+  leaves (per device, summed over its layers: layer_cost.layer_row; or the largest: ``LARGEST``)
       fwd, bwd, tp, a2a, cp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer,
       cp_buffer, z3_edge; p2p (per pipeline cut the device sends across)
   device d, per micro-batch
@@ -32,52 +32,12 @@ are computed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from cost_models.algebra import Algebra
 from cost_models.pipeline import pipeline_total
 
 TIME, SIZE = "s", "B"
-
-
-@dataclass(slots=True)
-class LayerCost:
-    """One layer, one micro-batch, one GPU (what step.CostModel computes for each layer). Not frozen only
-    because the search builds hundreds of thousands of them (a frozen dataclass constructs 2x slower);
-    nothing changes one after it is made: CostModel caches and shares them."""
-
-    fwd_s: float
-    bwd_s: float
-    tp_fwd_s: float
-    tp_bwd_s: float
-    executed_flops: float      # whole layer (all tp ranks), incl. recomputation
-    model_flops: float         # whole layer, 3 × forward
-    kept_bytes: float
-    remat_bytes: float
-    params_per_gpu: float
-    tied_params_per_gpu: float
-    # Per step, this layer's share of the data-parallel and optimizer work (own params, then a tied copy):
-    # linear in parameters, so a device's totals are sums over its layers.
-    state_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)        # params, grads, optimizer on one GPU
-    state_tied_bytes: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    dp_overlappable_s: float = 0.0
-    dp_exposed_s: float = 0.0
-    optimizer_s: float = 0.0
-    tied_dp_overlappable_s: float = 0.0
-    tied_dp_exposed_s: float = 0.0
-    tied_optimizer_s: float = 0.0
-    zero3_s: float = 0.0           # ZeRO-3 gathers and reduce-scatter of this layer, per micro-batch
-    zero3_tied_s: float = 0.0      # the same for a tied copy (on a later stage than its owner)
-    zero3_sync_s: float = 0.0      # lock-step sync of those collectives (never hidden), per micro-batch
-    zero3_edge_s: float = 0.0      # its all-gather + reduce-scatter when it is the first layer (nothing hides them)
-    tied_sync_s: float = 0.0       # gradient all-reduce of a tied copy, per step (on a later stage)
-    gather_buffer_bytes: float = 0.0  # ZeRO-3: this layer's gathered parameters, running and prefetched
-    a2a_fwd_s: float = 0.0         # expert-parallel dispatch and combine (experts.py), forward
-    a2a_bwd_s: float = 0.0         # and backward (recomputation included)
-    expert_params_per_gpu: float = 0.0  # of params_per_gpu, the routed experts' (sharded over ep, reduced over edp)
-    cp_fwd_s: float = 0.0          # context parallelism's K/V exchange (context.py), exposed, forward
-    cp_bwd_s: float = 0.0          # and backward (recomputation included)
-    cp_buffer_bytes: float = 0.0   # its gathered or received K/V (and their gradients) while the layer runs
 
 
 # The leaves a device sums over its layers, with their unit.
@@ -104,28 +64,9 @@ TERM_UNITS: dict[str, str] = {**{k: u for k, u in SUMMED.items() if u}, **LARGES
 DEVICE_TERMS = ("time", "offload", "zero3", "dp_tail", "memory")
 
 
-def layer_row(c: LayerCost, copy: bool) -> dict[str, float]:
-    """What one layer adds to each summed leaf of the device holding it. ``copy``: the device holds a
-    copy of the layer's tied weights (it is not the first pipeline stage: Megatron keeps the word
-    embeddings on the first and last stage and all-reduces their gradients between them)."""
-    k = 1.0 if copy else 0.0
-    return {
-        "fwd": c.fwd_s, "bwd": c.bwd_s, "tp": c.tp_fwd_s + c.tp_bwd_s, "a2a": c.a2a_fwd_s + c.a2a_bwd_s,
-        "cp": c.cp_fwd_s + c.cp_bwd_s, "kept": c.kept_bytes,
-        "params": c.params_per_gpu + k * c.tied_params_per_gpu,
-        "state_params": c.state_bytes[0] + k * c.state_tied_bytes[0],
-        "state_grads": c.state_bytes[1] + k * c.state_tied_bytes[1],
-        "state_optimizer": c.state_bytes[2] + k * c.state_tied_bytes[2],
-        "dpo": c.dp_overlappable_s + k * c.tied_dp_overlappable_s,
-        "dpe": c.dp_exposed_s + k * c.tied_dp_exposed_s,
-        "optimizer": c.optimizer_s + k * c.tied_optimizer_s,
-        "z3": c.zero3_s + k * c.zero3_tied_s, "z3_sync": c.zero3_sync_s, "tied_sync": k * c.tied_sync_s,
-    }
-
-
 def device_chunks(d: int, pp: int, chunks: int) -> list[int]:
     """Model chunks of pipeline device d: chunk c runs on device c mod pp (Megatron's interleaved order)."""
-    return [c for c in range(chunks) if c % pp == d]
+    return list(range(d, chunks, pp))
 
 
 def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
@@ -136,11 +77,6 @@ def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
     for c in device_chunks(d, pp, chunks):
         cuts += ([c + 1] if c < chunks - 1 else []) + ([c] if c > 0 else [])
     return cuts
-
-
-def layer_largest(c: LayerCost) -> dict[str, float]:
-    return {"remat": c.remat_bytes, "gather_buffer": c.gather_buffer_bytes, "cp_buffer": c.cp_buffer_bytes,
-            "z3_edge": c.zero3_edge_s}
 
 
 @dataclass(frozen=True)
@@ -184,10 +120,7 @@ def device_time(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> d
     zero3: Any = 0
     if shape.zero3_overlap is not None:
         zero3 = zero3_time(A, q, shape, d, compute)
-    traffic = q[UNHIDDEN[0]]
-    for name in UNHIDDEN[1:]:
-        traffic = traffic + q[name]
-    time = A.let(compute + traffic + q["p2p"] + offload + zero3, f"T_{d}")
+    time = A.let(compute + unhidden(q) + q["p2p"] + offload + zero3, f"T_{d}")
     return {"time": time, "compute": compute, "offload": offload, "zero3": zero3}
 
 
@@ -211,6 +144,51 @@ def device_tail(A: Algebra, q: Mapping[str, Any], shape: StepShape, d: int) -> A
         last = A.min([dpo, A.time(shape.last_bucket_s)], f"last_bucket_{d}")
     hidden = q["bwd"] * (shape.dp_overlap / shape.v)
     return A.pos(dpo - last - hidden, f"dp_exposed_{d}") + last + q["dpe"] + q["tied_sync"]
+
+
+# -- per-row linear forms: lower (and upper) bounds on what rows add to the terms above, linear in the leaves, so a
+# sum of them over a device's layers bounds the device's term. The search's bounds read these (autopar/search/
+# bound.py, placement.py) instead of restating the step; each says which inequality of the terms above it uses.
+def _sum_of(names: Sequence[str]) -> Callable[[Mapping[str, Any]], Any]:
+    """q → the sum of q[name] over ``names``, written out once (the bounds call these hundreds of thousands of
+    times: a loop costs twice as much)."""
+    return eval("lambda q: " + " + ".join(f"q[{name!r}]" for name in names))  # noqa: S307 - our own leaf names
+
+
+unhidden = _sum_of(UNHIDDEN)
+unhidden.__doc__ = "The traffic device_time adds in full (``UNHIDDEN``)."
+busy = _sum_of(("fwd", "bwd", *UNHIDDEN))
+busy.__doc__ = "Compute and unhidden traffic: what device_time adds in full whatever else it holds."
+
+
+def least_time(q: Mapping[str, Any]) -> Any:
+    """device_time ≥ busy + z3_sync (offload ≥ 0; zero3_time ≥ its never-hidden z3_sync) + transfers."""
+    return busy(q) + q["z3_sync"]
+
+
+def traffic_floor(q: Mapping[str, Any]) -> Any:
+    """device_time ≥ unhidden + z3 + z3_sync + transfers: compute hides no more ZeRO-3 traffic than itself
+    (zero3_time with an overlap ≤ 1: c + max(0, z3 − edge − ov·c) + edge ≥ z3)."""
+    return unhidden(q) + q["z3"] + q["z3_sync"]
+
+
+def zero3_form(q: Mapping[str, Any], overlap: float) -> Any:
+    """device_time ≥ busy + z3 + z3_sync − overlap·(fwd + bwd) + transfers: zero3_time without its max(0, ·)."""
+    return busy(q) + q["z3"] + q["z3_sync"] - (q["fwd"] + q["bwd"]) * overlap
+
+
+def most_time(q: Mapping[str, Any], host_s_per_byte: float | None) -> Any:
+    """device_time ≤ busy + z3 + z3_sync + both offload transfers + transfers: the most a row can add to it."""
+    transfers = 2 * host_s_per_byte * q["kept"] if host_s_per_byte is not None else 0
+    return busy(q) + q["z3"] + q["z3_sync"] + transfers
+
+
+def tail_forms(dp_overlap: float, v: int) -> tuple[Callable[[Mapping[str, Any]], Any], ...]:
+    """Two linear lower bounds on what a row adds to its device's end of step (device_tail + optimizer): (A)
+    dpe + optimizer, as max(0, ·), the last bucket and a tied copy's sync are ≥ 0; (B) dpo − dp_overlap·bwd/v + dpe
+    + optimizer, as max(0, x − last) + last ≥ x."""
+    return (lambda q: q["dpe"] + q["optimizer"],
+            lambda q: q["dpo"] - q["bwd"] * (dp_overlap / v) + q["dpe"] + q["optimizer"])
 
 
 def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -> dict[str, Any]:

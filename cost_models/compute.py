@@ -82,7 +82,7 @@ def attention_time(flops: float, hw: HardwareProfile, dtype: str) -> float:
 
 
 def optimizer_time_per_param(traffic_bytes: float, hw: HardwareProfile) -> float:
-    """Seconds of one fused Adam step per parameter that moves ``traffic_bytes`` (config.Precision)."""
+    """Seconds of one fused Adam step per parameter that moves ``traffic_bytes`` (precision.Precision)."""
     return traffic_bytes / (hw.hbm_bytes_per_s * (hw.optimizer_efficiency or hw.memory_efficiency))
 
 

@@ -6,7 +6,7 @@ transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py):
 
 - **split**: the sequence is cut into 2·cp chunks and rank i holds chunks i and 2·cp − 1 − i
   (Megatron-Core ``get_batch_on_this_cp_rank``), so under a causal mask every rank does the same attention
-  work; Megatron-LM requires the sequence length to be a multiple of 2·cp (config.check_context).
+  work; Megatron-LM requires the sequence length to be a multiple of 2·cp (rules.check_context).
 - **everything but attention's exchange** is per token, so a rank runs it on S/cp tokens of each sample:
   step.py prices a rank's layer as b/cp samples of the full sequence — every per-sample figure (GEMM FLOPs
   and rows, memory-bound bytes, saved activations, tensor-parallel collectives, pipeline transfers, the

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cost_models.composition import StepShape, device_chunks
-from cost_models.config import ParallelConfig, Precision
+from cost_models.config import ParallelConfig
+from cost_models.precision import Precision
 from cost_models.memory import StageMemory
 from cost_models.pipeline import PipelineTime
 

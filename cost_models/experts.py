@@ -30,12 +30,12 @@ included); ``expert_cost`` prices the routed experts as Megatron-Core runs them 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from cost_models import comm
 from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_times
 from cost_models.hardware import HardwareProfile
+from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
 from cost_models.model import LayerLike, heavy_mix, input_bytes
 
 # Switch Transformer (Fedus et al. 2022, §2.2 and Table 1) trains at capacity factor 1.25, the share above an
@@ -83,27 +83,12 @@ class DenseView:
         return getattr(self._base, name)
 
 
-@dataclass(frozen=True)
-class ExpertCost:
-    """The routed experts of one MoE layer, one micro-batch, one GPU."""
-
-    fwd_s: float
-    bwd_s: float
-    a2a_fwd_s: float
-    a2a_bwd_s: float
-    tp_fwd_s: float
-    tp_bwd_s: float
-    executed_flops: float      # one replica's routed work (all its GPUs), recomputation included
-    model_flops: float         # 3 × one replica's routed forward, without capacity padding
-    kept_bytes: float
-    remat_bytes: float
-    params_per_gpu: float
-
-
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
-                dtype_bytes: int) -> ExpertCost:
-    """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU."""
+                dtype_bytes: int) -> LayerCost:
+    """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
+    add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
+    their ``model_flops`` 3 × one replica's routed forward, without capacity padding)."""
     moe = layer.moe  # type: ignore[attr-defined]
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
@@ -130,9 +115,10 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
         a2a_bwd += a2a_fwd
         tp_bwd += tp_fwd
         kept, remat = 0.0, saved
-    return ExpertCost(fwd_s=fwd, bwd_s=bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
-                      executed_flops=executed, model_flops=3.0 * routed, kept_bytes=kept, remat_bytes=remat,
-                      params_per_gpu=moe.num_experts * moe.expert_params / (ep * etp))
+    params = moe.num_experts * moe.expert_params / (ep * etp)
+    return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
+                     Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
+                     Held(kept_bytes=kept, remat_bytes=remat, params_per_gpu=params, expert_params_per_gpu=params))
 
 
 def _tensor_parallel(layer: LayerLike, *, b: int, tp: int, etp: int, gathered: float, sequence_parallel: bool,

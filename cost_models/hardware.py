@@ -18,12 +18,13 @@ from typing import Any, Mapping
 from cost_models import machine
 from cost_models.errors import ConfigError
 from cost_models.hardware_file import HardwareFile, check_hardware_file
+from cost_models.model import DTYPES
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_HARDWARE = "h100-80gb"  # what `--gpu` means when it is left out, in every command and function
 CPU = "cpu"  # this machine, priced from its own calibration (cost_models/machine.py)
 GIB = 1024**3
-_DTYPES = ("bf16", "fp16", "fp32")
+
 # What a ZeRO-3 implementation copies on the compute stream, beyond its collectives: "none" (they write into the
 # parameters and read the gradients in place); "flat" (PyTorch FSDP1: the parameters are views of one flat
 # parameter, so the backward of those views concatenates their gradients into the flat gradient); "per_parameter"
@@ -198,7 +199,7 @@ class HardwareProfile:
     def check_dtype(self, dtype: str) -> None:
         """ConfigError (one line, the dtypes it has) when the device cannot compute in ``dtype``."""
         if dtype not in self.peak_flops:
-            have = [d for d in _DTYPES if d in self.peak_flops]
+            have = [d for d in DTYPES if d in self.peak_flops]
             raise ConfigError(f"{self.name} has no {dtype} arithmetic (its profile lists {', '.join(have)}); "
                               f"train in {have[0]} (--dtype {have[0]}) or pick hardware that has {dtype}")
 

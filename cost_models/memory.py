@@ -1,7 +1,7 @@
 """Memory of one GPU of one pipeline stage: model states, activations in flight, buffers, reserve.
 
 Sources:
-- Bytes per parameter by role: config.Precision (SageMaker's 20-byte breakdown, Amazon SageMaker documentation "Introduction to Model
+- Bytes per parameter by role: precision.Precision (SageMaker's 20-byte breakdown, Amazon SageMaker documentation "Introduction to Model
   Parallelism"; Megatron-LM
   docs/distrib_optimizer.md for the bf16 and fp32 rows and for the distributed optimizer).
 - ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer state (incl. fp32 master copies) over dp,
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.config import Precision
+from cost_models.precision import Precision
 from cost_models.model import (LayerLike, attention_core_saved_bytes_per_sample, attention_scores_per_sample,
                                input_bytes, is_tp_sharded, saved_bytes, unfused_attention_saved_per_score)
 

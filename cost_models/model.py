@@ -7,8 +7,10 @@ micro-batch ``b`` so no other module repeats that arithmetic.
 """
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Literal, Mapping, Protocol, Sequence, get_args
 
+Dtype = Literal["bf16", "fp16", "fp32"]  # the training dtypes: the one list (--dtype, profiles, plans)
+DTYPES: tuple[str, ...] = get_args(Dtype)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 

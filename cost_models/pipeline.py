@@ -29,15 +29,14 @@ class PipelineTime:
         return self.bubble_s / self.total_s if self.total_s > 0 else 0.0
 
 
-def pipeline_time(device_times: Sequence[float], *, num_microbatches: int, schedule: str,
-                  virtual_stages: int = 1) -> PipelineTime:
+def pipeline_time(device_times: Sequence[float], *, num_microbatches: int, virtual_stages: int = 1) -> PipelineTime:
     """Time of the pipelined part of a step; ``device_times[d]``: device d's forward + backward time for
-    one micro-batch (all its chunks, communication included)."""
+    one micro-batch (all its chunks, communication included); ``virtual_stages``: model chunks per device (more
+    than 1 only under the interleaved schedule: rules.check_schedule). GPipe and 1F1B take the same time."""
     if not device_times:
         raise ValueError("a pipeline needs at least one stage")
     slowest = max(device_times)
-    v = virtual_stages if schedule == "interleaved" else 1
-    total = pipeline_total(slowest, sum(device_times), num_microbatches, v)
+    total = pipeline_total(slowest, sum(device_times), num_microbatches, virtual_stages)
     steady = num_microbatches * slowest
     return PipelineTime(total_s=total, steady_s=steady, bubble_s=total - steady)
 

@@ -3,8 +3,9 @@
 CostModel computes each layer's costs (compute, tensor-parallel and data-parallel communication, ZeRO,
 a tied copy's sync, memory) and hands them to ``composition.compose``, where the step is written once
 for both the cost model (evaluated here on floats) and the solver (autopar/search/cpsat.py).
-Per-layer costs depend only on (block_id, micro-batch, tp, SP, recompute) and are cached, so the many
-identical blocks of a deep model are costed once (the solver calls ``CostModel.evaluate`` a lot).
+Per-layer costs are cached by the layer's block and option and the configuration's records (config.py: the layer
+setting, the step setting, the expert shape), so the many identical blocks of a deep model are costed once (the
+solver calls ``CostModel.evaluate`` a lot) and a new field of a record changes every key that depends on it.
 Recomputation applies to layers of kind "block" (Megatron checkpoints transformer layers, never the
 embedding or the LM head). FLOPs: ``executed`` counts what the hardware runs (recomputation included,
 as Megatron's published TFLOP/s do); ``model`` counts 3 × forward (MFU, PaLM appendix B).
@@ -15,19 +16,22 @@ from dataclasses import replace
 
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
+from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_chunks, device_cuts, named_terms
+from cost_models.compute import attention_core_times, layer_compute
+from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
-from cost_models.composition import (LARGEST, SUMMED, LayerCost, StepShape, compose, device_chunks, device_cuts,
-                                     layer_largest, layer_row, named_terms)
-from cost_models.compute import attention_core_times, layer_compute, memory_time, optimizer_time_per_param
-from cost_models.config import ParallelConfig, Precision, default_precision
-from cost_models.experts import DenseView, ExpertCost, expert_cost, imbalance_of
+from cost_models.estimate import StepEstimate, breakdown, device_estimate
+from cost_models.experts import DenseView, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import (accumulates_unsharded, kept_activation_bytes, microbatches_in_flight,
-                                model_state_bytes, offload_resident, remat_peak_bytes)
+from cost_models.layer_cost import (NO_STEP_WORK, Compute, Held, LayerCost, StepWork, Traffic, added, layer_largest,
+                                    layer_row)
+from cost_models.memory import (kept_activation_bytes, microbatches_in_flight, offload_resident,
+                                remat_peak_bytes)
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
-from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.pipeline import pipeline_time
+from cost_models.precision import Precision
+from cost_models.step_work import layer_step_work, zero3_buffer_bytes
 
 
 class CostModel:
@@ -45,8 +49,9 @@ class CostModel:
         self._full_cache: dict[tuple, LayerCost] = {}  # layer_costs: by block, mode, degree and setting
         self._links: dict[tuple, tuple[comm.Link, comm.Link, comm.Link]] = {}
         self._shapes: dict[tuple, StepShape] = {}
-        self._step_work: dict[tuple, tuple] = {}  # _with_step_work: by parameters and data-parallel setting
-        self._experts: dict[tuple, ExpertCost] = {}
+        self._overlaps: dict[tuple, StepShape] = {}  # overlap_shape's, by their values
+        self._step_work: dict[tuple, StepWork] = {}  # _with_step_work: by parameters and data-parallel setting
+        self._experts: dict[tuple, LayerCost] = {}
         self._settings: dict[tuple, int] = {}
 
     # -- one layer -------------------------------------------------------------------------------
@@ -95,16 +100,17 @@ class CostModel:
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
                                                                  dtype=self.model.dtype),
                                 gpus_per_node=context[2], hw=hw, dtype_bytes=self.dtype_bytes) if context else None
-        return LayerCost(fwd_s=c.fwd_s, bwd_s=c.bwd_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
-                         executed_flops=c.executed_flops * split, model_flops=3.0 * c.fwd_flops * split,
-                         kept_bytes=kept_activation_bytes(layer, **kw), remat_bytes=remat_peak_bytes(layer, **kw),
-                         params_per_gpu=layer.params / split, tied_params_per_gpu=layer.tied_params / split,
-                         cp_fwd_s=exchange.fwd_s if exchange else 0.0, cp_bwd_s=exchange.bwd_s if exchange else 0.0,
-                         cp_buffer_bytes=exchange.buffer_bytes if exchange else 0.0)
+        return LayerCost(
+            Compute(fwd_s=c.fwd_s, bwd_s=c.bwd_s, executed_flops=c.executed_flops * split,
+                    model_flops=3.0 * c.fwd_flops * split),
+            Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=exchange.fwd_s if exchange else 0.0,
+                    cp_bwd_s=exchange.bwd_s if exchange else 0.0),
+            Held(kept_bytes=kept_activation_bytes(layer, **kw), remat_bytes=remat_peak_bytes(layer, **kw),
+                 cp_buffer_bytes=exchange.buffer_bytes if exchange else 0.0, params_per_gpu=layer.params / split,
+                 tied_params_per_gpu=layer.tied_params / split), NO_STEP_WORK)
 
-    def layer_costs(self, cfg: ParallelConfig, tp_link: comm.Link, dp_link: comm.Link, pp_link: comm.Link,
-                    precision: Precision, modes: list[str] | None = None,
-                    degrees: list[int] | None = None, only: list[int] | None = None) -> list[LayerCost]:
+    def layer_costs(self, cfg: ParallelConfig, modes: list[str] | None = None, degrees: list[int] | None = None,
+                    only: list[int] | None = None) -> list[LayerCost]:
         """Every layer's cost under ``cfg`` (or under the given per-layer recompute ``modes`` and tensor-
         parallel ``degrees``), with its data-parallel, optimizer, ZeRO-3 and tied-copy work filled in.
         ``only``: compute just these layer indices (in that order)."""
@@ -112,10 +118,9 @@ class CostModel:
         entries = [(i, modes[i] if modes is not None else cfg.layer_mode(i, layers[i].kind),
                     degrees[i] if degrees is not None else cfg.layer_degree(i))
                    for i in (only if only is not None else range(len(layers)))]
-        return self.option_costs(cfg, (tp_link, dp_link, pp_link), precision, entries)
+        return self.option_costs(cfg, entries)
 
-    def option_costs(self, cfg: ParallelConfig, links: tuple[comm.Link, comm.Link, comm.Link], precision: Precision,
-                     entries: list[tuple[int, str, int]]) -> list[LayerCost]:
+    def option_costs(self, cfg: ParallelConfig, entries: list[tuple[int, str, int]]) -> list[LayerCost]:
         """The cost of layer i with recomputation ``mode`` at tensor-parallel degree t, for each (i, mode, t).
 
         A layer at its own degree t ≠ cfg.tp uses the stage's tp·dp devices as t-way tensor parallel ×
@@ -124,14 +129,13 @@ class CostModel:
         the max/min degree ratio for each (forward or backward, whichever direction gathers). Conversions
         are charged per layer, so neighbours at the same degree pay them too (an upper bound). Under context
         parallelism (cp > 1: every layer at the stage's degree) the gradients are reduced over dp·cp GPUs."""
+        links = self.links(cfg)
         tp_link, dp_link, pp_link = links
         out = []
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.grad_replicas
-        whole = accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
-        setting = (cfg.micro_batch, cfg.tp, cfg.dp, cfg.sequence_parallel, cfg.zero_stage, cfg.attention_kernel,
-                   cfg.attention_dropout, gpn, tp_link, dp_link, pp_link, precision, cfg.ep, cfg.expert_tp,
-                   cfg.moe_imbalance, cfg.zero3_overlap, cfg.cp, cfg.cp_comm, whole)
+        whole = cfg.accumulates_unsharded
+        setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links)
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -142,7 +146,7 @@ class CostModel:
             dp_l = devices // t
             link_dp = dp_link if t == cfg.tp else comm.group_link(self.hw, dp_l, t, gpn)
             c = self.option_run_cost(cfg, tp_link, i, mode, t)
-            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, precision, whole, devices))
+            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, whole, devices))
             self._full_cache[key] = out[-1]
         return out
 
@@ -152,7 +156,7 @@ class CostModel:
         on the data-parallel degree and the ZeRO stage (``_with_step_work``): what option_costs starts from."""
         layer = self.model.layers[i]
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
-        b = cfg.micro_batch * t // cfg.tp
+        b = cfg.micro_batch_size * t // cfg.tp
         c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
@@ -160,103 +164,66 @@ class CostModel:
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
-            c = replace(c, tp_fwd_s=c.tp_fwd_s + enter, tp_bwd_s=c.tp_bwd_s + leave,
-                        executed_flops=c.executed_flops * share, model_flops=c.model_flops * share)
+            c = LayerCost(Compute(c.compute.fwd_s, c.compute.bwd_s, c.compute.executed_flops * share,
+                                  c.compute.model_flops * share),
+                          added(c.traffic, Traffic(tp_fwd_s=enter, tp_bwd_s=leave)), c.held, NO_STEP_WORK)
         if getattr(layer, "moe", None):
             c = self._with_experts(c, layer, cfg, mode)
         return c
 
     def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str) -> LayerCost:
-        """A MoE layer's dense cost with its routed experts added (experts.py)."""
-        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
-        imbalance = imbalance_of(layer.moe, cfg.moe_imbalance)  # type: ignore[attr-defined]
-        key = (layer.block_id, cfg.micro_batch, cfg.tp, cfg.expert_tp, cfg.ep, cfg.sequence_parallel, mode, imbalance,
-               gpn, cfg.cp)
+        """A MoE layer's dense cost with its routed experts added (experts.py), record by record."""
+        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             e = self._experts[key] = expert_cost(
                 self._representative[layer.block_id],
-                b=cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch,  # type: ignore[arg-type]
-                seq_len=self.model.seq_len, tp=cfg.tp,
-                etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
-                imbalance=imbalance, gpus_per_node=gpn, hw=self.hw, dtype=self.model.dtype,
+                b=cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size,  # type: ignore[arg-type]
+                seq_len=self.model.seq_len, tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep,
+                sequence_parallel=cfg.sequence_parallel, recompute=mode,
+                imbalance=imbalance_of(layer.moe, cfg.moe_imbalance),  # type: ignore[attr-defined]
+                gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, hw=self.hw, dtype=self.model.dtype,
                 dtype_bytes=self.dtype_bytes)
-        # the step work (state, syncs) is filled in next (_with_step_work): only what the experts add here
-        return LayerCost(c.fwd_s + e.fwd_s, c.bwd_s + e.bwd_s, c.tp_fwd_s + e.tp_fwd_s, c.tp_bwd_s + e.tp_bwd_s,
-                         c.executed_flops + e.executed_flops, c.model_flops + e.model_flops,
-                         c.kept_bytes + e.kept_bytes, c.remat_bytes + e.remat_bytes,
-                         c.params_per_gpu + e.params_per_gpu, c.tied_params_per_gpu, a2a_fwd_s=e.a2a_fwd_s,
-                         a2a_bwd_s=e.a2a_bwd_s, expert_params_per_gpu=e.params_per_gpu, cp_fwd_s=c.cp_fwd_s,
-                         cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
+        return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
-                        precision: Precision, whole: bool, devices: int) -> LayerCost:
+                        whole: bool, devices: int) -> LayerCost:
         """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
-        state and tied-copy sync filled in. None of it depends on the micro-batch, so it is cached by the
-        layer's parameters (the search asks for every micro-batch size). ``whole``: the step holds whole
+        state and tied-copy sync filled in (step_work.py). None of it depends on the micro-batch, so it is cached
+        by the layer's parameters (the search asks for every micro-batch size). ``whole``: the step holds whole
         gradients (memory.accumulates_unsharded). ``devices``: the stage's GPUs, which its layers' ZeRO-3 gathers
         (over dp) and tensor-parallel collectives (over tp) hold in lock-step."""
-        own, copy, experts = c.params_per_gpu, c.tied_params_per_gpu, c.expert_params_per_gpu
-        dense = own - experts
-        state, tied_state, over, exposed, opt, zero3, zero3_tied, edge, copies = self._step_work_of(
-            dense, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
-        sync = (over * dense, exposed * dense, opt * dense)  # seconds per step: overlappable, exposed, optimizer
+        precision = cfg.recipe(self.model.dtype)
+        own, copy, experts = c.held.params_per_gpu, c.held.tied_params_per_gpu, c.held.expert_params_per_gpu
+        work = self._step_work_of(own - experts, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
             gpn = cfg.gpus_per_node or self.hw.gpus_per_node
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
-            e_state, _, e_over, e_exposed, e_opt, e_zero3, _, e_edge, e_copies = self._step_work_of(
-                experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole)
-            state = tuple(a + b for a, b in zip(state, e_state))
-            sync = (sync[0] + e_over * experts, sync[1] + e_exposed * experts, sync[2] + e_opt * experts)
-            zero3, edge = zero3 + e_zero3, edge + e_edge
-            copies = (copies[0] + e_copies[0], copies[1] + e_copies[1])
+            work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole))
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
-        z3_sync = lockstep.zero3_sync(c.fwd_s, c.bwd_s, self.hw, devices) if zero3 > 0 else 0.0
-        fwd, bwd = c.fwd_s + copies[0], c.bwd_s + copies[1]
+        zero3 = work.zero3_s
+        z3_sync = lockstep.zero3_sync(c.compute.fwd_s, c.compute.bwd_s, self.hw, devices) if zero3 > 0 else 0.0
         # Compute beside ZeRO-3's traffic runs slower: overlap_penalty per second of it that hides, layer by layer —
         # a layer's traffic up to what its own compute without recomputation (forward and twice it) can hide: the
         # same for every recomputation option of the layer, so the solver's model keeps its shape (it counts the
         # first all-gather and last reduce-scatter too: at most overlap_penalty × those too much). The once-per-step
         # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
+        fwd = c.compute.fwd_s + work.zero3_copy_fwd_s
         z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
-        return LayerCost(  # not dataclasses.replace: this runs for every layer option the search considers
-            fwd, bwd, c.tp_fwd_s, c.tp_bwd_s, c.executed_flops, c.model_flops, c.kept_bytes, c.remat_bytes,
-            own, copy, state_bytes=state, state_tied_bytes=tied_state,
-            dp_overlappable_s=sync[0], dp_exposed_s=sync[1], optimizer_s=sync[2],
-            tied_dp_overlappable_s=over * copy, tied_dp_exposed_s=exposed * copy, tied_optimizer_s=opt * copy,
-            zero3_s=zero3, zero3_tied_s=zero3_tied, zero3_sync_s=z3_sync, zero3_edge_s=edge, tied_sync_s=tied,
-            gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0,
-            a2a_fwd_s=c.a2a_fwd_s, a2a_bwd_s=c.a2a_bwd_s, expert_params_per_gpu=experts, cp_fwd_s=c.cp_fwd_s,
-            cp_bwd_s=c.cp_bwd_s, cp_buffer_bytes=c.cp_buffer_bytes)
+        rest = StepWork(tied_sync_s=tied, zero3_sync_s=z3_sync,
+                        gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0)
+        return LayerCost(c.compute, c.traffic, c.held, added(work, rest))
 
     def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
-                      link_dp: comm.Link, accumulating: bool) -> tuple:
+                      link_dp: comm.Link, accumulating: bool) -> StepWork:
         key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node,
                link_dp.nodes, accumulating)
         work = self._step_work.get(key)
-        if work is None or work[-1] is not precision:
-            work = self._step_work[key] = self._layer_step_work(own, copy, dp_l, zero_stage, precision, link_dp,
-                                                                accumulating) + (precision,)
-        return work[:-1]
-
-    def _layer_step_work(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
-                         link_dp: comm.Link, accumulating: bool) -> tuple:
-        """(state, tied state, overlappable and exposed sync and optimizer seconds per parameter, ZeRO-3
-        traffic of the layer and of its tied copy) for ``own`` parameters on one GPU and ``copy`` tied ones."""
-        over, exposed = comm.dp_step_rates(dp=dp_l, zero_stage=zero_stage, param_bytes=precision.param_bytes,
-                                           grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
-        opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, self.hw) / (dp_l if zero_stage >= 1 else 1)
-        zero3, zero3_tied = (comm.zero3_layer_time(n, dp=dp_l, param_bytes=precision.param_bytes,
-                                                   grad_bytes=precision.grad_bytes, link=link_dp, hw=self.hw)
-                             if zero_stage == 3 else 0.0 for n in (own, copy))
-        edge = comm.zero3_edge_time(own, dp=dp_l, param_bytes=precision.param_bytes, grad_bytes=precision.grad_bytes,
-                                    link=link_dp, hw=self.hw) if zero_stage == 3 else 0.0
-        copies = zero3_copy_times(own, precision, self.hw) if zero_stage == 3 and dp_l > 1 else (0.0, 0.0)
-        return (model_state_bytes(own, precision, dp=dp_l, zero_stage=zero_stage, accumulating=accumulating),
-                model_state_bytes(copy, precision, dp=dp_l, zero_stage=zero_stage, accumulating=accumulating),
-                over, exposed, opt, zero3,
-                zero3_tied, edge, copies)
+        if work is None:
+            work = self._step_work[key] = layer_step_work(own, copy, dp=dp_l, zero_stage=zero_stage, precision=precision,
+                                                          link=link_dp, accumulating=accumulating, hw=self.hw)
+        return work
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
         """(enter, leave): the all-gathers that move a layer at degree t from and back to the stage's
@@ -266,17 +233,18 @@ class CostModel:
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         hi, lo = max(t, cfg.tp), min(t, cfg.tp)
         group = comm.group_link(self.hw, hi // lo, lo, gpn)
-        b_hi = cfg.micro_batch * hi // cfg.tp
+        b_hi = cfg.micro_batch_size * hi // cfg.tp
         return (comm.all_gather_time(input_bytes(layer, b_hi), hi // lo, group, self.hw),
                 comm.all_gather_time(cut_bytes(layer, b_hi), hi // lo, group, self.hw))
 
-    def last_bucket_s(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> float:
+    def last_bucket_s(self, cfg: ParallelConfig) -> float:
         """Seconds of one full gradient bucket's sync (ZeRO-0/1/2): the last bucket fills only when the
         backward ends, so min(this, the stage's overlappable sync) never hides behind it."""
         if cfg.zero_stage == 3 or cfg.grad_replicas <= 1:
             return 0.0
+        precision = cfg.recipe(self.model.dtype)
         over, _ = comm.dp_step_rates(dp=cfg.grad_replicas, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
-                                     grad_bytes=precision.grad_bytes, link=dp_link, hw=self.hw)
+                                     grad_bytes=precision.grad_bytes, link=self.links(cfg)[1], hw=self.hw)
         return over * comm.GRAD_BUCKET_BYTES / precision.grad_bytes
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
@@ -284,7 +252,7 @@ class CostModel:
         backward). Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then
         all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split. A
         context-parallel rank sends its 1/cp of the tokens."""
-        samples = cfg.micro_batch / cfg.cp if cfg.cp > 1 else cfg.micro_batch
+        samples = cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size
         nbytes = cut_bytes(self.model.layers[index], samples)  # type: ignore[arg-type]
         t = comm.p2p_time(nbytes / cfg.tp, pp_link, self.hw)
         if cfg.tp > 1 and not cfg.sequence_parallel:
@@ -294,11 +262,9 @@ class CostModel:
     def links(self, cfg: ParallelConfig) -> tuple[comm.Link, comm.Link, comm.Link]:
         """(tp, dp, pp) links in Megatron rank order: tp innermost, then cp, dp, pp; the gradient sync's group
         is dp·cp GPUs spaced tp apart."""
-        hw = self.hw
-        gpn = cfg.gpus_per_node or hw.gpus_per_node
-        key = (cfg.tp, cfg.dp, cfg.pp, gpn, cfg.cp)
+        key = (cfg.degrees, cfg.cluster)
         if key not in self._links:
-            self._links[key] = self._group_links(cfg, gpn)
+            self._links[key] = self._group_links(cfg, cfg.gpus_per_node or self.hw.gpus_per_node)
         return self._links[key]
 
     def _group_links(self, cfg: ParallelConfig, gpn: int) -> tuple[comm.Link, comm.Link, comm.Link]:
@@ -310,24 +276,33 @@ class CostModel:
                    comm.intra_node_link(hw))
         return tp_link, dp_link, pp_link
 
-    def step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
-        """The composition's constants for ``cfg`` on this hardware (cached: the search asks often)."""
-        key = (cfg.tp, cfg.dp, cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages, cfg.zero_stage,
-               cfg.offload_activations, cfg.dp_overlap, cfg.zero3_overlap, precision, dp_link, cfg.cp)
-        if key not in self._shapes:
-            self._shapes[key] = self._step_shape(cfg, precision, dp_link)
-        return self._shapes[key]
+    def step_shape(self, cfg: ParallelConfig) -> StepShape:
+        """The composition's constants for ``cfg`` on this hardware (cached by the pipeline's shape and the step
+        setting: the search asks often)."""
+        key = (cfg.pipeline_shape, cfg.step_setting)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = replace(
+                self.overlap_shape(cfg), in_flight=tuple(device_in_flight(cfg, d) for d in range(cfg.pp)),
+                last_bucket_s=self.last_bucket_s(cfg))
+        return shape
 
-    def _step_shape(self, cfg: ParallelConfig, precision: Precision, dp_link: comm.Link) -> StepShape:
+    def overlap_shape(self, cfg: ParallelConfig) -> StepShape:
+        """``cfg``'s step shape but for what takes work to compute (the micro-batches in flight per device, the last
+        gradient bucket): what hides behind what, which the lower bounds read for many configurations. One object
+        per distinct shape (kept by its own values), so what the bounds cache by shape is shared."""
         hw = self.hw
-        return StepShape(
-            pp=cfg.pp, v=cfg.virtual_stages, m=cfg.num_microbatches,
-            in_flight=tuple(device_in_flight(cfg, d) for d in range(cfg.pp)),
-            dp_overlap=cfg.dp_overlap * hw.comm_overlap,
-            zero3_overlap=cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
-            last_bucket_s=self.last_bucket_s(cfg, precision, dp_link),
-            host_s_per_byte=1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None,
-            capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes, fragmentation=hw.allocator_fragmentation)
+        values = (cfg.pp, cfg.virtual_stages, cfg.num_microbatches, cfg.dp_overlap * hw.comm_overlap,
+                  cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
+                  1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None)
+        shape = self._overlaps.get(values)
+        if shape is None:
+            pp, v, m, dp_overlap, zero3_overlap, host = values
+            shape = self._overlaps[values] = StepShape(
+                pp=pp, v=v, m=m, in_flight=(), dp_overlap=dp_overlap, zero3_overlap=zero3_overlap, last_bucket_s=0.0,
+                host_s_per_byte=host, capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes,
+                fragmentation=hw.allocator_fragmentation)
+        return shape
 
     def device_leaves(self, d: int, cfg: ParallelConfig, ranges: list[range], costs: list[LayerCost],
                       tp_link: comm.Link, pp_link: comm.Link) -> dict[str, float]:
@@ -347,51 +322,25 @@ class CostModel:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
         hw, model = self.hw, self.model
-        precision = cfg.precision or default_precision(model.dtype)
-        tp_link, dp_link, pp_link = self.links(cfg)
+        tp_link, _, pp_link = self.links(cfg)
         ranges = chunk_ranges(cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks))
-        costs = self.layer_costs(cfg, tp_link, dp_link, pp_link, precision)
-        shape = self.step_shape(cfg, precision, dp_link)
+        costs = self.layer_costs(cfg)
+        shape = self.step_shape(cfg)
         leaves = [self.device_leaves(d, cfg, ranges, costs, tp_link, pp_link) for d in range(cfg.pp)]
         step = compose(FloatAlgebra(), leaves, shape)
         devices = tuple(device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
                         for d in range(cfg.pp))
         pipe = pipeline_time([dev.time_per_microbatch_s for dev in devices], num_microbatches=cfg.num_microbatches,
-                             schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
+                             virtual_stages=cfg.virtual_stages)
         replicas = cfg.grad_replicas * cfg.num_microbatches  # each layer cost is one tp group's (1/cp of a sample)
-        executed = replicas * sum(c.executed_flops for c in costs)
-        model_flops = replicas * sum(c.model_flops for c in costs)
-        return StepEstimate(config=cfg, hardware=hw.name, precision=precision, step_time_s=step["step"],
+        executed = replicas * sum(c.compute.executed_flops for c in costs)
+        model_flops = replicas * sum(c.compute.model_flops for c in costs)
+        return StepEstimate(config=cfg, hardware=hw.name, precision=cfg.recipe(model.dtype), step_time_s=step["step"],
                             breakdown_s=breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
                             devices=devices, executed_flops=executed, model_flops=model_flops,
-                            tokens_per_step=cfg.global_batch * model.seq_len,
+                            tokens_per_step=cfg.global_batch_size * model.seq_len,
                             peak_flops_per_gpu=hw.peak(model.dtype), memory_capacity_bytes=hw.memory_bytes,
                             terms=named_terms(leaves, step))
-
-
-def zero3_copy_times(params_per_gpu: float, precision: Precision, hw: HardwareProfile) -> tuple[float, float]:
-    """(forward, backward) seconds a layer's ZeRO-3 copies take on the compute stream (hardware.ZERO3_COPIES).
-    FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each all-gather's output copied out into the
-    parameters, before the forward and again before the backward (foreach_all_gather_copy_out: the gathered bytes
-    read and written); after the backward, the unsharded gradients copied into the reduce-scatter's input (foreach_
-    reduce_scatter_copy_in, before the reduce-scatter stream waits on the compute stream: read in the compute dtype,
-    written in the gradient dtype). FSDP1 (torch/distributed/fsdp/_flat_param.py): the parameters are torch.split
-    views of the flat parameter, whose backward concatenates their gradients into the flat gradient (read and
-    written in the gradient dtype); its all-gather writes into the flat parameter itself."""
-    if hw.zero3_copies == "per_parameter":
-        out = memory_time(2 * params_per_gpu * precision.param_bytes, hw)
-        return out, out + memory_time(params_per_gpu * (precision.param_bytes + precision.grad_bytes), hw)
-    if hw.zero3_copies == "flat":
-        return 0.0, memory_time(2 * params_per_gpu * precision.grad_bytes, hw)
-    return 0.0, 0.0
-
-
-def zero3_buffer_bytes(params_per_gpu: float, precision: Precision) -> float:
-    """ZeRO-3's unsharded buffers of a layer at its peak, in its backward: its gathered parameters and the
-    next one's, prefetched; its unsharded gradients in the compute dtype and the reduce-scatter's input in the
-    gradient dtype (PyTorch FSDP2 ``foreach_reduce``, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
-    the reduce-scatter input is allocated in the reduce dtype)."""
-    return params_per_gpu * (3 * precision.param_bytes + precision.grad_bytes)
 
 
 def device_in_flight(cfg: ParallelConfig, d: int) -> float:

@@ -36,7 +36,7 @@ def main(plan_path: str, model_file: str, data: str | None = None, steps: int = 
             local = tokens.local(step, meshes.dp_rank)
         else:  # your data loader goes here: every rank passes this data-parallel rank's share of the global batch
             torch.manual_seed(step)
-            batch = loaded.spec.example_inputs(spec.global_batch, spec.model.seq_len)
+            batch = loaded.spec.example_inputs(spec.global_batch_size, spec.model.seq_len)
             local = pm.local_batch(batch)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

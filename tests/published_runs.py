@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cost_models import PRECISIONS, CostModel, HardwareProfile, hardware_from_dict, make_config
+from cost_models import CostModel, HardwareProfile, hardware_from_dict, make_config
 from cost_models.hardware import PROFILE_DIR
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -42,8 +42,8 @@ class Run:
     gpus: int
     tp: int
     pp: int
-    micro_batch: int
-    global_batch: int
+    micro_batch_size: int
+    global_batch_size: int
     zero: int
     recompute: str
     tokens_per_s_per_gpu: float
@@ -179,9 +179,9 @@ def hardware(name: str) -> HardwareProfile:
 
 
 def config(run: Run, profile: Any):  # noqa: ANN201 - a ParallelConfig
-    cfg = make_config(run.gpus, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch, global_batch=run.global_batch,
+    cfg = make_config(run.gpus, tp=run.tp, pp=run.pp, micro_batch_size=run.micro_batch_size, global_batch_size=run.global_batch_size,
                       zero_stage=run.zero, recompute="none" if run.recompute == "alternate" else run.recompute,
-                      gpus_per_node=8, precision=PRECISIONS[run.precision], attention_kernel=run.attention,
+                      gpus_per_node=8, precision=run.precision, attention_kernel=run.attention,
                       attention_dropout=run.attention == "unfused")
     if run.recompute == "alternate":
         blocks = iter(range(len(profile.layers)))

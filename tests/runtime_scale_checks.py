@@ -141,7 +141,7 @@ def data_in(plan: Callable[..., dict], device: torch.device, tmp: Path) -> dict[
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     ref = []
     for step in range(3):
-        batch = tokens.samples(step * spec.global_batch, spec.global_batch)
+        batch = tokens.samples(step * spec.global_batch_size, spec.global_batch_size)
         sgd.zero_grad()
         loss = loaded.spec.loss_fn(model(batch), batch)
         loss.backward()

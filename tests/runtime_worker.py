@@ -211,7 +211,7 @@ def initial_weights(loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tenso
 
 def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict, dict]:
     cast = cast and spec.model.dtype in COMPUTE_DTYPES  # an fp32 plan has one reference, FSDP or not
-    key = (spec.model.model_dump_json(), spec.global_batch, cast)
+    key = (spec.model.model_dump_json(), spec.global_batch_size, cast)
     if key not in cache:
         cache[key] = reference(loaded, spec, cast)
     return cache[key]

@@ -127,17 +127,17 @@ def variants(world: int, moe: bool) -> list[Variant]:
            Variant(f"pp{world}_1f1b", {"pp": world, "schedule": "1f1b"}),
            Variant(f"pp{world}_gpipe", {"pp": world, "schedule": "gpipe"}),
            Variant("pp2_interleaved", {"pp": 2, "schedule": "interleaved"}),
-           Variant(f"dp{world}_zero1", {"dp": world, "zero": 1}),
-           Variant(f"dp{world}_zero2", {"dp": world, "zero": 2}),
-           Variant(f"dp{world}_zero3", {"dp": world, "zero": 3}),
+           Variant(f"dp{world}_zero1", {"dp": world, "zero_stage": 1}),
+           Variant(f"dp{world}_zero2", {"dp": world, "zero_stage": 2}),
+           Variant(f"dp{world}_zero3", {"dp": world, "zero_stage": 3}),
            Variant("recompute_full", {"recompute": "full"}),
            Variant("recompute_selective", {"recompute": "selective"}),
-           Variant("offload", {"offload": True}),
+           Variant("offload", {"offload_activations": True}),
            Variant("cp2", {"cp": 2})]
     if world == 4:
         out += [Variant("tp2_pp2", {"tp": 2, "pp": 2}),
-                Variant("pp2_dp2_zero1", {"pp": 2, "dp": 2, "zero": 1}),
-                Variant("tp2_dp2_sp_zero3", {"tp": 2, "dp": 2, "sequence_parallel": True, "zero": 3}),
+                Variant("pp2_dp2_zero1", {"pp": 2, "dp": 2, "zero_stage": 1}),
+                Variant("tp2_dp2_sp_zero3", {"tp": 2, "dp": 2, "sequence_parallel": True, "zero_stage": 3}),
                 Variant("pp4_interleaved", {"pp": 4, "schedule": "interleaved"}),
                 Variant("cp2_tp2", {"cp": 2, "tp": 2})]
     if moe:
@@ -150,7 +150,7 @@ def variants(world: int, moe: bool) -> list[Variant]:
 @functools.lru_cache(maxsize=None)
 def profile(model: str, dtype: str = "fp32"):  # noqa: ANN201 - a ModelProfile
     """The model traced once at its tiny shape (the solver and the launcher's check share it)."""
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
 
     source, overrides = MODELS[model]
     return load_profile(str(ROOT / source), overrides=overrides, seq_len=SEQ_OF.get(model, SEQ), dtype=dtype)
@@ -163,7 +163,7 @@ def solved(model: str, world: int, variant: Variant, dtype: str = "fp32") -> lis
     from cost_models import ConfigError
 
     try:
-        plans = solve_top_k(profile(model, dtype), gpus=world, k=variant.top_k, gpu=GPU, global_batch=GLOBAL_BATCH,
+        plans = solve_top_k(profile(model, dtype), gpus=world, k=variant.top_k, gpu=GPU, global_batch_size=GLOBAL_BATCH,
                             dtype=dtype, pins=Pins(**variant.pins), time_limit_s=20, regret=False)
     except (AutoparError, ConfigError) as e:
         return str(e)

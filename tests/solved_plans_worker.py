@@ -44,7 +44,7 @@ def reference(plan: dict, layers: list) -> list[float]:
     """One process training the whole model (the plan's initial weights) on the global batches, with the
     launcher's optimizer (the same for every plan of one model and global batch)."""
     spec = parse_run_plan(plan)
-    key = json.dumps([plan["model"], spec.global_batch], sort_keys=True)
+    key = json.dumps([plan["model"], spec.global_batch_size], sort_keys=True)
     if key not in _references:
         _references[key] = _train_whole(spec, layers)
     return _references[key]

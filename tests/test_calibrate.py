@@ -251,7 +251,7 @@ def test_estimate_accepts_the_calibrated_profile(quick_profile: tuple[Path, dict
     path, _ = quick_profile
     result = runner.invoke(app, ["estimate", str(ROOT / "examples/gpt.py"), "--set", "n_layer=2", "--set", "n_embd=64",
                                  "--set", "n_head=4", "--seq-len", "64", "--gpus", "2", "--gpus-per-node", "2",
-                                 "--tp", "1", "--pp", "1", "--micro-batch", "1", "--global-batch", "4", "--dtype", "fp32",
+                                 "--tp", "1", "--pp", "1", "--micro-batch-size", "1", "--global-batch-size", "4", "--dtype", "fp32",
                                  "--hardware", str(path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["prediction"]["step_time_s"] > 0
@@ -317,7 +317,7 @@ Root Cause (first observed failure):
 
 
 def test_worker_error_names_the_root_cause() -> None:
-    from autopar.calibrate.run import worker_error
+    from autopar.runtime.failure import worker_error
 
     died = worker_error(SIGNAL_REPORT.splitlines())
     assert "SIGSEGV" in died and "rank : 1" in died and "SIGTERM" not in died

@@ -42,8 +42,8 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def plan_file(profile: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("plan") / "plan.json"
-    result = runner.invoke(app, ["estimate", profile, "--gpus", "8", "--tp", "2", "--pp", "2", "--micro-batch", "1",
-                                 "--global-batch", "16", "--json"])
+    result = runner.invoke(app, ["estimate", profile, "--gpus", "8", "--tp", "2", "--pp", "2", "--micro-batch-size", "1",
+                                 "--global-batch-size", "16", "--json"])
     assert result.exit_code == 0, result.output
     out.write_text(result.stdout)
     return out
@@ -58,9 +58,9 @@ def plan_file(profile: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["solve", GPT, "--gpus", "8", "--threads", "0"], "--threads 0: must be at least 1"),
     (["solve", GPT, "--gpus", "0"], "--gpus 0: must be at least 1"),
     (["solve", GPT, "--gpus", "8", "--top-k", "0"], "--top-k 0: must be at least 1"),
-    (["estimate", GPT, "--gpus", "8", "--tp", "0", "--pp", "1", "--micro-batch", "1", "--global-batch", "8"],
+    (["estimate", GPT, "--gpus", "8", "--tp", "0", "--pp", "1", "--micro-batch-size", "1", "--global-batch-size", "8"],
      "--tp 0: must be at least 1"),
-    (["solve", GPT, "--gpus", "8", "--zero", "5"], "--zero 5: choose 0, 1, 2 or 3"),
+    (["solve", GPT, "--gpus", "8", "--zero-stage", "5"], "--zero-stage 5: choose 0, 1, 2 or 3"),
     (["solve", GPT, "--gpus", "8", "--schedule", "zigzag"], "--schedule zigzag: choose 1f1b, gpipe or interleaved"),
     (["trace", GPT, "--batch-size", "0"], "--batch-size 0: must be at least 1"),
     (["launch", "plan.json", "--steps", "0"], "--steps 0: must be at least 1"),
@@ -73,41 +73,41 @@ def test_out_of_range_options_are_refused_by_name(args: list[str], expected: str
 
 
 @pytest.mark.parametrize("command", [["solve", GPT, "--gpus", "8"], ["sweep", GPT, "--gpus", "8"],
-                                     ["estimate", GPT, "--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch", "1",
-                                      "--global-batch", "8"], ["trace", GPT]])
+                                     ["estimate", GPT, "--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch-size", "1",
+                                      "--global-batch-size", "8"], ["trace", GPT]])
 def test_seq_len_zero_names_seq_len_only(command: list[str]) -> None:
     line = one_line_error(*command, "--seq-len", "0")
     assert "--seq-len 0: must be at least 1" in line and "--batch-size" not in line  # solve has no --batch-size
 
 
 def test_a_gpu_count_no_split_can_use_says_which_rule(profile: str) -> None:
-    line = one_line_error("solve", profile, "--gpus", "100000", "--global-batch", "512")
+    line = one_line_error("solve", profile, "--gpus", "100000", "--global-batch-size", "512")
     assert "no split of 100000 GPUs into tp × cp × pp × dp has a data-parallel degree dividing the global batch " \
            "512" in line
     # tp·cp ≤ 32 (tp ≤ 4 with 4 heads; 2·cp divides the 64 tokens; 100000 = 2⁵·5⁵) and pp ≤ 8 (the model's layers:
     # a whole divisor, so 5 at most) leave dp = 100000 / (tp·cp·pp) ≥ 625, and 625 is the smallest batch ≥ 512
     # that a possible dp (625, 1250, ...) divides
-    assert "dp is one of 625, 1250, 2500" in line and "--global-batch 625 (a multiple of dp 625)" in line
+    assert "dp is one of 625, 1250, 2500" in line and "--global-batch-size 625 (a multiple of dp 625)" in line
     assert "pin" not in line  # no pins were given
     pinned = one_line_error("solve", profile, "--gpus", "64", "--tp", "4", "--pp", "4", "--dp", "4",
-                            "--micro-batch", "3", "--global-batch", "512")
-    assert "the pins --tp 4 --pp 4 --dp 4 --micro-batch 3 leave no valid configuration of 64 GPUs" in pinned
+                            "--micro-batch-size", "3", "--global-batch-size", "512")
+    assert "the pins --tp 4 --pp 4 --dp 4 --micro-batch-size 3 leave no valid configuration of 64 GPUs" in pinned
 
 
 def test_sweep_tells_divisibility_from_memory(profile: str) -> None:
-    result = runner.invoke(app, ["sweep", profile, "--gpus", "8,100000", "--global-batch", "512", "--json"])
+    result = runner.invoke(app, ["sweep", profile, "--gpus", "8,100000", "--global-batch-size", "512", "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["gpus"]: r for r in json.loads(result.stdout)}
     assert rows[8]["status"] == "fits" and rows[100000]["status"] == "no valid split"
     assert "data-parallel degree dividing the global batch 512" in rows[100000]["reason"]
-    table = runner.invoke(app, ["sweep", profile, "--gpus", "8,100000", "--global-batch", "512"]).stdout
+    table = runner.invoke(app, ["sweep", profile, "--gpus", "8,100000", "--global-batch-size", "512"]).stdout
     assert "100000 GPUs: no valid split" in table and "does not fit" not in table
 
 
 def test_sequence_parallelism_needs_tensor_parallelism(profile: str, plan_file: Path, tmp_path: Path) -> None:
     message = "sequence parallelism needs tp > 1"
-    assert message in one_line_error("estimate", profile, "--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch",
-                                     "1", "--global-batch", "8", "--sequence-parallel")
+    assert message in one_line_error("estimate", profile, "--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch-size",
+                                     "1", "--global-batch-size", "8", "--sequence-parallel")
     assert message in one_line_error("solve", profile, "--gpus", "8", "--tp", "1", "--sequence-parallel")
     raw = json.loads(plan_file.read_text())
     raw["parallelism"].update(tp=1, dp=4, num_microbatches=4, sequence_parallel=True)

@@ -73,7 +73,7 @@ def test_help_texts_name_only_commands_that_exist() -> None:
 
 def test_one_default_hardware_everywhere() -> None:
     from autopar.estimate import estimate
-    from autopar.report.sweep import sweep
+    from autopar.sweep import sweep
     from autopar.search import solve_top_k
 
     for name in ("estimate", "solve", "sweep"):

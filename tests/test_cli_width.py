@@ -82,8 +82,8 @@ def test_explain_of_a_pipelined_plan(solved: tuple) -> None:
 
 
 def test_estimate_summary(llama: tuple) -> None:
-    args = ["estimate", str(llama[2]), "--gpus", "64", "--tp", "8", "--pp", "4", "--micro-batch", "1",
-            "--global-batch", "512", "--schedule", "interleaved", "--virtual-stages", "2", "--zero", "1"]
+    args = ["estimate", str(llama[2]), "--gpus", "64", "--tp", "8", "--pp", "4", "--micro-batch-size", "1",
+            "--global-batch-size", "512", "--schedule", "interleaved", "--virtual-stages", "2", "--zero-stage", "1"]
     out = run(*args)
     plan = Plan.model_validate_json(run(*args, "--json"))
     assert_whole(out, f"{plan.prediction.step_time_s:.4g}", f"{plan.prediction.tokens_per_s:,.0f}",

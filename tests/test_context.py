@@ -43,9 +43,11 @@ def test_a_cp_rank_runs_its_share_of_every_sample(llama):
     link = comm.intra_node_link(H100)
     whole = cost.layer_cost(layer, b=1, tp=2, sequence_parallel=False, recompute="none", tp_link=link)
     share = cost.layer_cost(layer, b=4, tp=2, sequence_parallel=False, recompute="none", tp_link=link, cp=4)
-    for field in ("fwd_s", "bwd_s", "tp_fwd_s", "tp_bwd_s", "kept_bytes", "executed_flops"):
-        assert getattr(share, field) == pytest.approx(getattr(whole, field), rel=1e-12), field
-    assert share.cp_fwd_s > 0 and whole.cp_fwd_s == 0
+    for record, field in (("compute", "fwd_s"), ("compute", "bwd_s"), ("traffic", "tp_fwd_s"), ("traffic", "tp_bwd_s"),
+                          ("held", "kept_bytes"), ("compute", "executed_flops")):
+        assert getattr(getattr(share, record), field) == pytest.approx(getattr(getattr(whole, record), field),
+                                                                       rel=1e-12), field
+    assert share.traffic.cp_fwd_s > 0 and whole.traffic.cp_fwd_s == 0
 
 
 def _kv_bytes(b: int, tp: int) -> float:
@@ -94,11 +96,11 @@ def test_ring_exposes_only_what_each_step_does_not_hide(llama):
 
 def test_the_cost_model_prices_a_ranks_attention_for_the_ring(llama):
     """The ring's compute per step is the rank's attention core (1/cp of the samples' work) over cp."""
-    cfg = ParallelConfig(tp=1, pp=1, dp=1, cp=4, micro_batch=4, num_microbatches=1, recompute="none",
+    cfg = ParallelConfig(tp=1, pp=1, dp=1, cp=4, micro_batch_size=4, num_microbatches=1, recompute="none",
                          cp_comm="ring", gpus_per_node=2)
     slow = replace(H100, inter_node_bytes_per_s=1e8)
     cost = CostModel(llama, slow)
-    row = cost.layer_costs(cfg, *cost.links(cfg), cost_precision(llama))[1]
+    row = cost.layer_costs(cfg)[1].traffic
     attention = attention_core_times(block(llama), b=1, seq_len=SEQ, tp=1, hw=slow, dtype=llama.dtype)
     want = context_cost(block(llama), b=4, seq_len=SEQ, tp=1, cp=4, cp_comm="ring", recompute="none",
                         attention_s=attention, gpus_per_node=2, hw=slow, dtype_bytes=BF16)
@@ -106,22 +108,18 @@ def test_the_cost_model_prices_a_ranks_attention_for_the_ring(llama):
     assert row.cp_fwd_s > 0
 
 
-def cost_precision(profile):
-    from cost_models.config import default_precision
-
-    return default_precision(profile.dtype)
-
-
 def test_gradients_are_reduced_and_sharded_over_dp_times_cp(llama):
     """dp 2 × cp 2 holds and syncs the parameters as dp 4 does: the distributed optimizer shards over the same
     four GPUs and the gradient group has the same size and stride."""
     def rows(**kw):
-        cfg = ParallelConfig(tp=1, pp=1, micro_batch=1, num_microbatches=2, zero_stage=1, recompute="none", **kw)
+        cfg = ParallelConfig(tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1, recompute="none", **kw)
         cost = CostModel(llama, H100)
-        return cost.layer_costs(cfg, *cost.links(cfg), cost_precision(llama))
+        return [c.step for c in cost.layer_costs(cfg)]
 
     for a, b in zip(rows(dp=2, cp=2), rows(dp=4)):
-        assert a.state_bytes == pytest.approx(b.state_bytes) and a.dp_overlappable_s == pytest.approx(b.dp_overlappable_s)
+        assert (a.state_params_bytes, a.state_grads_bytes, a.state_optimizer_bytes) == pytest.approx(
+            (b.state_params_bytes, b.state_grads_bytes, b.state_optimizer_bytes))
+        assert a.dp_overlappable_s == pytest.approx(b.dp_overlappable_s)
         assert a.optimizer_s == pytest.approx(b.optimizer_s)
 
 
@@ -130,7 +128,7 @@ def test_context_parallelism_is_what_lets_a_long_sequence_fit(llama):
     shows in the step's breakdown, and the parts still add up to the step."""
     tight = replace(H100, memory_bytes=H100.memory_reserve_bytes + int(0.1 * 2**30))
     cost = CostModel(llama, tight)
-    base = dict(tp=1, pp=1, micro_batch=1, zero_stage=3, recompute="none")
+    base = dict(tp=1, pp=1, micro_batch_size=1, zero_stage=3, recompute="none")
     alone = cost.evaluate(ParallelConfig(dp=4, num_microbatches=1, **base))
     split = cost.evaluate(ParallelConfig(dp=1, cp=4, num_microbatches=4, **base))
     assert not alone.fits and split.fits
@@ -142,20 +140,20 @@ def test_context_parallelism_is_what_lets_a_long_sequence_fit(llama):
 
 def test_rules_are_one_line_errors(llama):
     with pytest.raises(ConfigError, match=r"cp 3 needs the sequence length \(4096\) to be a multiple of 2 × cp = 6"):
-        CostModel(llama, H100).evaluate(ParallelConfig(tp=1, pp=1, dp=1, cp=3, micro_batch=1, num_microbatches=1))
+        CostModel(llama, H100).evaluate(ParallelConfig(tp=1, pp=1, dp=1, cp=3, micro_batch_size=1, num_microbatches=1))
     blocks = tuple(2 if lp.kind == "block" else 1 for lp in llama.layers)
     with pytest.raises(ConfigError, match="per-layer tp degrees run without context parallelism"):
-        CostModel(llama, H100).evaluate(ParallelConfig(tp=1, pp=1, dp=2, cp=2, micro_batch=2, num_microbatches=1,
+        CostModel(llama, H100).evaluate(ParallelConfig(tp=1, pp=1, dp=2, cp=2, micro_batch_size=2, num_microbatches=1,
                                                        layer_tp=blocks))
 
 
 def _estimate(*args: str):
     return runner.invoke(app, ["estimate", LLAMA, *sum((["--set", f"{k}={v}"] for k, v in SHAPE.items()), []),
-                               "--seq-len", str(SEQ), "--gpus", "8", "--pp", "1", "--micro-batch", "1", *args])
+                               "--seq-len", str(SEQ), "--gpus", "8", "--pp", "1", "--micro-batch-size", "1", *args])
 
 
 def test_estimate_takes_cp_and_writes_it_in_the_plan(tmp_path):
-    result = _estimate("--tp", "2", "--cp", "4", "--cp-comm", "ring", "--global-batch", "4", "--json")
+    result = _estimate("--tp", "2", "--cp", "4", "--cp-comm", "ring", "--global-batch-size", "4", "--json")
     assert result.exit_code == 0, result.output
     plan = Plan.model_validate_json(result.stdout)
     par, pred = plan.parallelism, plan.prediction
@@ -174,9 +172,9 @@ def test_estimate_takes_cp_and_writes_it_in_the_plan(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--tp", "1", "--cp", "3", "--global-batch", "2"], "does not divide gpus(8)"),
-    (["--tp", "1", "--cp", "0", "--global-batch", "2"], "--cp 0: must be at least 1"),
-    (["--tp", "1", "--cp", "2", "--cp-comm", "p2p", "--global-batch", "4"], "--cp-comm p2p: choose all_gather or ring"),
+    (["--tp", "1", "--cp", "3", "--global-batch-size", "2"], "does not divide gpus(8)"),
+    (["--tp", "1", "--cp", "0", "--global-batch-size", "2"], "--cp 0: must be at least 1"),
+    (["--tp", "1", "--cp", "2", "--cp-comm", "p2p", "--global-batch-size", "4"], "--cp-comm p2p: choose all_gather or ring"),
 ])
 def test_estimate_cp_errors_are_one_line(args, expected):
     result = _estimate(*args)

@@ -11,8 +11,8 @@ import pytest
 
 from cost_models import CostModel, ParallelConfig, hardware_from_dict
 from cost_models.comm import all_gather_time, all_reduce_time, group_link, reduce_scatter_time
-from cost_models.config import default_precision
-from cost_models.step import zero3_buffer_bytes
+from cost_models.precision import default_precision
+from cost_models.step_work import zero3_buffer_bytes
 from test_cost_terms import ROUND_HW, layer, model
 
 SCALE_HW = hardware_from_dict({**ROUND_HW, "collective_base_latency_us": 5, "tree_all_reduce": True})
@@ -36,7 +36,7 @@ def test_ring_steps_inside_and_across_nodes_and_the_base_latency() -> None:
 
 def _zero3_step(hw, matmul: float = 1e12):  # noqa: ANN001, ANN202
     toy = model([layer(i, params=50_000_000, matmul=matmul, memory=0) for i in range(4)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, num_microbatches=2, zero_stage=3, recompute="none",
+    cfg = ParallelConfig(tp=1, pp=1, dp=16, micro_batch_size=1, num_microbatches=2, zero_stage=3, recompute="none",
                          gpus_per_node=8)
     return CostModel(toy, hw).evaluate(cfg)
 
@@ -81,7 +81,7 @@ def test_lock_step_noise_grows_with_the_gpus_a_zero3_layer_holds_in_step() -> No
     compute = 4 * (0.02 + 0.04)   # per micro-batch (as zero3_comm_s): 4 layers of 20 ms forward, 40 ms backward
     assert loud.zero3_comm_s - quiet.zero3_comm_s == pytest.approx(1e-4 * 16 * compute)
     toy = model([layer(i, params=50_000_000, matmul=1e12, memory=0) for i in range(4)])
-    zero1 = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, num_microbatches=2, zero_stage=1, recompute="none",
+    zero1 = ParallelConfig(tp=1, pp=1, dp=16, micro_batch_size=1, num_microbatches=2, zero_stage=1, recompute="none",
                            gpus_per_node=8)
     assert CostModel(toy, noisy).evaluate(zero1).step_time_s == CostModel(toy, SCALE_HW).evaluate(zero1).step_time_s
 
@@ -98,7 +98,7 @@ def test_zero3_buffers_and_fragmentation_are_in_memory() -> None:
 
 def test_an_engines_layer_overhead_is_paid_per_layer_and_micro_batch() -> None:
     toy = model([layer(i) for i in range(4)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=3, recompute="full")
+    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_microbatches=3, recompute="full")
     base = CostModel(toy, SCALE_HW).evaluate(cfg)
     slower = CostModel(toy, replace(SCALE_HW, layer_overhead_s=0.003)).evaluate(cfg)
     # a third in the forward, two thirds in the backward, and the recomputed forward repeats its third
@@ -111,7 +111,7 @@ def test_gpt39b_on_512_a100_stays_at_or_below_published_mfu(megatron_profiles: d
     (Narayanan et al. 2021: 44% for this model on 512; Korthikanti et al. 2022: 56% at most)."""
     from autopar.search import solve
 
-    plan = solve(megatron_profiles["39B"], gpus=512, gpu="a100-80gb", global_batch=1536, time_limit_s=30,
+    plan = solve(megatron_profiles["39B"], gpus=512, gpu="a100-80gb", global_batch_size=1536, time_limit_s=30,
                  regret=False)
     if plan.solver.status != "OPTIMAL":  # a plan short of the optimum would understate the prediction
         pytest.fail(f"the search stopped at {plan.solver.status}, gap {plan.solver.gap:.2%}")

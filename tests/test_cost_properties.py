@@ -23,7 +23,7 @@ def cost_model() -> CostModel:
 
 
 def configs(**fixed):
-    grid = dict(tp=(1, 2, 4), pp=(1, 2, 4), micro_batch=(1, 4), sequence_parallel=(False, True),
+    grid = dict(tp=(1, 2, 4), pp=(1, 2, 4), micro_batch_size=(1, 4), sequence_parallel=(False, True),
                 attention_kernel=("fused", "unfused"))
     grid.update({k: (v,) for k, v in fixed.items()})
     for values in itertools.product(*grid.values()):
@@ -50,14 +50,14 @@ def test_more_recomputation_never_more_memory_and_never_faster(cost_model: CostM
 
 def test_more_microbatches_never_a_larger_bubble_fraction(cost_model: CostModel) -> None:
     for pp, schedule, v in [(2, "1f1b", 1), (4, "1f1b", 1), (4, "gpipe", 1), (4, "interleaved", 2)]:
-        fractions = [run(cost_model, tp=1, pp=pp, micro_batch=1, num_microbatches=m, schedule=schedule,
+        fractions = [run(cost_model, tp=1, pp=pp, micro_batch_size=1, num_microbatches=m, schedule=schedule,
                          virtual_stages=v).bubble_fraction for m in range(pp, 33, pp)]
         assert all(b <= a + 1e-12 for a, b in zip(fractions, fractions[1:])), (pp, schedule, fractions)
 
 
 def test_interleaving_shrinks_the_bubble(cost_model: CostModel) -> None:
-    plain = run(cost_model, tp=1, pp=4, micro_batch=1)
-    inter = run(cost_model, tp=1, pp=4, micro_batch=1, schedule="interleaved", virtual_stages=2)
+    plain = run(cost_model, tp=1, pp=4, micro_batch_size=1)
+    inter = run(cost_model, tp=1, pp=4, micro_batch_size=1, schedule="interleaved", virtual_stages=2)
     assert inter.pipeline.bubble_s < plain.pipeline.bubble_s
     assert inter.breakdown_s["pp_comm"] > plain.breakdown_s["pp_comm"]    # v× the transfers
 
@@ -76,9 +76,9 @@ def test_sharding_never_adds_memory(cost_model: CostModel) -> None:
         states = [m.params + m.grads + m.optimizer for m in totals]
         assert all(b <= a for a, b in zip(states, states[1:])), kw
     for pp in (1, 2):
-        per_gpu = [run(cost_model, tp=tp, pp=pp, micro_batch=2).peak_memory_bytes for tp in (1, 2, 4, 8)]
+        per_gpu = [run(cost_model, tp=tp, pp=pp, micro_batch_size=2).peak_memory_bytes for tp in (1, 2, 4, 8)]
         assert all(b <= a for a, b in zip(per_gpu, per_gpu[1:]))
-        bigger_batch = [run(cost_model, tp=1, pp=pp, micro_batch=b, recompute="none").peak_memory_bytes
+        bigger_batch = [run(cost_model, tp=1, pp=pp, micro_batch_size=b, recompute="none").peak_memory_bytes
                         for b in (1, 2, 4, 8)]
         assert bigger_batch == sorted(bigger_batch)
 
@@ -92,7 +92,7 @@ def test_offload_trades_memory_for_time(cost_model: CostModel) -> None:
 
 
 def test_breakdown_adds_up(cost_model: CostModel) -> None:
-    for kw in configs(micro_batch=2):
+    for kw in configs(micro_batch_size=2):
         for zero in (0, 1, 3):
             est = run(cost_model, zero_stage=zero, **kw)
             assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s)
@@ -104,17 +104,17 @@ def test_hardware_comm_overlap_exposes_zero3_traffic_and_grad_sync(cost_model: C
     from dataclasses import replace
 
     hidden, exposed = cost_model, CostModel(cost_model.model, replace(cost_model.hw, comm_overlap=0.0))
-    z3 = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=2, num_microbatches=2, zero_stage=3, recompute="none")
+    z3 = ParallelConfig(tp=1, pp=1, dp=8, micro_batch_size=2, num_microbatches=2, zero_stage=3, recompute="none")
     a, b = hidden.evaluate(z3), exposed.evaluate(z3)
     dev = b.devices[0]
-    costs = exposed.layer_costs(z3, *exposed.links(z3), b.precision)
-    traffic = sum(c.zero3_s for c in costs)
-    sync = sum(c.zero3_sync_s for c in costs)  # per micro-batch, as zero3_comm_s: lock-step noise never hides
+    costs = exposed.layer_costs(z3)
+    traffic = sum(c.step.zero3_s for c in costs)
+    sync = sum(c.step.zero3_sync_s for c in costs)  # per micro-batch, as zero3_comm_s: lock-step noise never hides
     assert dev.zero3_comm_s == pytest.approx(traffic + sync)
     assert b.step_time_s - a.step_time_s == pytest.approx(2 * (traffic + sync - a.devices[0].zero3_comm_s), rel=1e-9)
-    ddp = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=2, num_microbatches=2, zero_stage=0, recompute="none")
-    costs = exposed.layer_costs(ddp, *exposed.links(ddp), b.precision)
-    assert exposed.evaluate(ddp).devices[0].dp_comm_tail_s == pytest.approx(sum(c.dp_overlappable_s for c in costs))
+    ddp = ParallelConfig(tp=1, pp=1, dp=8, micro_batch_size=2, num_microbatches=2, zero_stage=0, recompute="none")
+    costs = exposed.layer_costs(ddp)
+    assert exposed.evaluate(ddp).devices[0].dp_comm_tail_s == pytest.approx(sum(c.step.dp_overlappable_s for c in costs))
     assert exposed.evaluate(ddp).step_time_s > hidden.evaluate(ddp).step_time_s
 
 
@@ -147,8 +147,8 @@ def test_heavy_kernels_are_counted_apart_and_priced_at_their_own_efficiency(cost
     own_c = CostModel(cost_model.model, own).layer_cost(block, b=2, tp=1, sequence_parallel=False,
                                                         recompute="none", tp_link=link)
     fast_fwd, fast_bwd = memory_times(nbytes, hw, mix)
-    assert own_c.fwd_s - fast_c.fwd_s == pytest.approx(fwd - fast_fwd)
-    assert own_c.bwd_s - fast_c.bwd_s == pytest.approx(bwd - fast_bwd)
+    assert own_c.compute.fwd_s - fast_c.compute.fwd_s == pytest.approx(fwd - fast_fwd)
+    assert own_c.compute.bwd_s - fast_c.compute.bwd_s == pytest.approx(bwd - fast_bwd)
 
 
 def test_a_calibrated_attention_kernel_is_priced_apart_from_the_gemms(cost_model: CostModel) -> None:
@@ -170,7 +170,7 @@ def test_a_calibrated_attention_kernel_is_priced_apart_from_the_gemms(cost_model
 
     def cost(profile: object, recompute: str = "none") -> object:
         return CostModel(cost_model.model, profile).layer_cost(block, b=b, tp=1, sequence_parallel=False,
-                                                               recompute=recompute, tp_link=link)
+                                                               recompute=recompute, tp_link=link).compute
 
     core = attention_core_fwd_flops_per_sample(block, seq) * b
     matmul = fwd_matmul_flops(block, b)

@@ -8,7 +8,7 @@ from cost_models import ConfigError, CostModel, ParallelConfig, builtin_names, h
 from cost_models.comm import (GRAD_BUCKET_BYTES, Link, all_gather_time, all_reduce_time, dp_step_rates, group_link, p2p_time,
                               tp_layer_comm, zero3_layer_time)
 from cost_models.compute import layer_compute
-from cost_models.config import PRECISIONS, default_precision
+from cost_models.precision import PRECISIONS, default_precision
 from cost_models.memory import (accumulates_unsharded, kept_activation_bytes, microbatches_in_flight, model_state_bytes,
                                 remat_peak_bytes, tp_saved_bytes)
 from cost_models.pipeline import ideal_bubble_fraction, pipeline_time
@@ -219,7 +219,7 @@ def test_fsdp_gradient_accumulation_holds_whole_state() -> None:
     assert model_state_bytes(1, bf16, dp=4, zero_stage=2, accumulating=True) == pytest.approx((2, 4, 3))
     assert model_state_bytes(1, bf16, dp=4, zero_stage=3, accumulating=True) == pytest.approx((2, 4, 3))
     toy = model([layer(i, params=1_000_000) for i in range(4)])
-    mem = [CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=pp, dp=4, micro_batch=1, num_microbatches=m,
+    mem = [CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=pp, dp=4, micro_batch_size=1, num_microbatches=m,
                                                       zero_stage=z)).devices[0].memory
            for z, pp, m in [(2, 1, 1), (2, 1, 4), (3, 1, 4), (3, 2, 4)]]
     assert mem[0].grads == pytest.approx(4e6 * 4 / 4) and mem[1].grads == pytest.approx(4e6 * 4)
@@ -232,7 +232,7 @@ def test_accumulating_zero2_is_zero1_in_every_term() -> None:
     toy = model([layer(i, params=1_000_000) for i in range(6)])
     for pp, m, schedule in [(1, 4, "1f1b"), (2, 4, "1f1b"), (2, 4, "interleaved"), (3, 6, "gpipe")]:
         one, two = (CostModel(toy, HW).evaluate(ParallelConfig(
-            tp=2, pp=pp, dp=2, micro_batch=1, num_microbatches=m, zero_stage=z, schedule=schedule,
+            tp=2, pp=pp, dp=2, micro_batch_size=1, num_microbatches=m, zero_stage=z, schedule=schedule,
             virtual_stages=2 if schedule == "interleaved" else 1, recompute="selective")) for z in (1, 2))
         assert one.terms == two.terms and one.step_time_s == two.step_time_s
         assert [d.memory for d in one.devices] == [d.memory for d in two.devices]
@@ -243,9 +243,9 @@ def test_reported_memory_is_the_memory_the_solver_constrains() -> None:
     the context-parallel K/V buffer and ZeRO-3's gather buffer included (the cp buffer was once left out, so a
     plan over the capacity by it was reported as fitting)."""
     toy = model([layer(i, params=1_000_000) for i in range(4)])
-    for cfg in (ParallelConfig(tp=1, pp=2, dp=2, micro_batch=1, num_microbatches=4, cp=2, zero_stage=1),
-                ParallelConfig(tp=2, pp=1, dp=4, micro_batch=2, num_microbatches=2, zero_stage=3),
-                ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=4, cp=4, schedule="interleaved",
+    for cfg in (ParallelConfig(tp=1, pp=2, dp=2, micro_batch_size=1, num_microbatches=4, cp=2, zero_stage=1),
+                ParallelConfig(tp=2, pp=1, dp=4, micro_batch_size=2, num_microbatches=2, zero_stage=3),
+                ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, num_microbatches=4, cp=4, schedule="interleaved",
                                virtual_stages=2)):
         est = CostModel(toy, HW).evaluate(cfg)
         assert any(est.terms[f"cp_buffer_{d}"] or est.terms[f"gather_buffer_{d}"] for d in range(cfg.pp))
@@ -282,12 +282,12 @@ def test_microbatches_in_flight() -> None:
 
 # -- pipeline ------------------------------------------------------------------------------------
 def test_pipeline_schedules() -> None:
-    one = pipeline_time([1.0] * 4, num_microbatches=8, schedule="1f1b")
+    one = pipeline_time([1.0] * 4, num_microbatches=8)
     assert one.total_s == 11 and one.bubble_s == 3 and one.bubble_fraction == pytest.approx(3 / 11)
-    assert pipeline_time([1.0] * 4, num_microbatches=8, schedule="gpipe").total_s == 11
-    inter = pipeline_time([1.0] * 4, num_microbatches=8, schedule="interleaved", virtual_stages=2)
+    assert pipeline_time([1.0] * 4, num_microbatches=8).total_s == 11
+    inter = pipeline_time([1.0] * 4, num_microbatches=8, virtual_stages=2)
     assert inter.total_s == 9.5
-    uneven = pipeline_time([1.0, 2.0, 1.0], num_microbatches=4, schedule="1f1b")
+    uneven = pipeline_time([1.0, 2.0, 1.0], num_microbatches=4)
     assert uneven.total_s == 4 + 3 * 2                               # Σ t + (m − 1) max t
     assert ideal_bubble_fraction(4, 8) == pytest.approx(3 / 11)
     assert ideal_bubble_fraction(4, 8, 2) == pytest.approx(3 / 19)
@@ -296,7 +296,7 @@ def test_pipeline_schedules() -> None:
 # -- one step ------------------------------------------------------------------------------------
 def test_step_single_gpu_adds_up_by_hand() -> None:
     toy = model([layer(i, params=1_000_000) for i in range(4)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=3, recompute="none")
+    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_microbatches=3, recompute="none")
     est = CostModel(toy, HW).evaluate(cfg)
     per_layer = 0.021 * 3                                            # fwd 0.021 s + bwd 0.042 s
     optimizer = 4e6 * default_precision("bf16").optimizer_traffic_bytes / 1e12
@@ -314,7 +314,7 @@ def test_step_pipeline_with_tied_head_copy() -> None:
     layers += [layer(i) for i in range(1, 5)]
     layers += [layer(5, kind="head", block_id="head", params=0, tied=500, tp=TPPattern(plan={"": "colwise"},
                                                                                          divisors=[8]))]
-    est = CostModel(model(layers), HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=4))
+    est = CostModel(model(layers), HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, num_microbatches=4))
     first, last = est.devices
     assert first.layers == ((0, 3),) and last.layers == ((3, 6),)
     assert last.params_per_gpu == 2 * 1000 + 500                     # the head's tied embedding copy
@@ -324,15 +324,15 @@ def test_step_pipeline_with_tied_head_copy() -> None:
 def test_impossible_configurations_say_why() -> None:
     toy = model([layer(i) for i in range(4)])
     with pytest.raises(ConfigError, match=r"tp\(3\) × pp\(2\) = 6 does not divide gpus\(16\)"):
-        make_config(16, tp=3, pp=2, micro_batch=1, global_batch=16)
+        make_config(16, tp=3, pp=2, micro_batch_size=1, global_batch_size=16)
     with pytest.raises(ConfigError, match=r"global batch 100 is not divisible by micro-batch\(4\) × dp\(8\)"):
-        make_config(8, tp=1, pp=1, micro_batch=4, global_batch=100)
+        make_config(8, tp=1, pp=1, micro_batch_size=4, global_batch_size=100)
     with pytest.raises(ConfigError, match=r"pp\(1\) \* dp\(3\) \* tp\(2\) = 6 != world_size\(8\)"):
-        make_config(8, tp=2, pp=1, dp=3, micro_batch=1, global_batch=6)
+        make_config(8, tp=2, pp=1, dp=3, micro_batch_size=1, global_batch_size=6)
     with pytest.raises(ConfigError, match="tp=8 does not divide the 4 attention heads"):
-        CostModel(toy, HW).evaluate(ParallelConfig(tp=8, pp=1, dp=1, micro_batch=1, num_microbatches=1))
+        CostModel(toy, HW).evaluate(ParallelConfig(tp=8, pp=1, dp=1, micro_batch_size=1, num_microbatches=1))
     with pytest.raises(ConfigError, match="multiple of pp"):
-        CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=3,
+        CostModel(toy, HW).evaluate(ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, num_microbatches=3,
                                                    schedule="interleaved", virtual_stages=2))
 
 

@@ -42,13 +42,13 @@ def test_breaking_symmetry_keeps_the_optimum() -> None:
     for seed in range(8):
         rng = random.Random(seed)
         profile = _one_kind(seed, rng.choice([18, 22, 26]))
-        single = CostModel(profile, HW).evaluate(ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=8,
+        single = CostModel(profile, HW).evaluate(ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_microbatches=8,
                                                                 recompute="none"))
         hw = replace(HW, memory_bytes=int(HW.memory_reserve_bytes + (single.peak_memory_bytes - HW.memory_reserve_bytes)
                                           * rng.uniform(0.35, 0.6)))
         cost = CostModel(profile, hw)
         pp, v = rng.choice([(2, 3), (2, 4), (3, 2), (4, 2)])
-        cfg = ParallelConfig(tp=1, pp=pp, dp=1, micro_batch=1, num_microbatches=2 * pp, recompute="none",
+        cfg = ParallelConfig(tp=1, pp=pp, dp=1, micro_batch_size=1, num_microbatches=2 * pp, recompute="none",
                              schedule="interleaved", virtual_stages=v)
         kept = solve_inner(cost, cfg, modes=MODES, time_limit_s=30, threads=2,
                            hint=stage_layer_counts(profile.layers, cfg.chunks))

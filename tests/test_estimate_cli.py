@@ -20,8 +20,8 @@ def invoke(*args: str):
 
 
 def test_estimate_json_is_a_plan() -> None:
-    result = invoke("--gpus", "16", "--tp", "2", "--pp", "2", "--micro-batch", "2", "--global-batch", "64",
-                    "--zero", "1", "--sequence-parallel", "--json")
+    result = invoke("--gpus", "16", "--tp", "2", "--pp", "2", "--micro-batch-size", "2", "--global-batch-size", "64",
+                    "--zero-stage", "1", "--sequence-parallel", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     plan = Plan.model_validate(data)
@@ -39,7 +39,7 @@ def test_estimate_json_is_a_plan() -> None:
 def test_estimate_summary_and_hardware_file(tmp_path: Path) -> None:
     own = tmp_path / "mine.json"
     own.write_text((Path(__file__).resolve().parents[1] / "cost_models/profiles/h100-80gb.json").read_text())
-    result = invoke("--gpus", "8", "--tp", "1", "--pp", "2", "--micro-batch", "1", "--global-batch", "32",
+    result = invoke("--gpus", "8", "--tp", "1", "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "32",
                     "--schedule", "interleaved", "--virtual-stages", "2", "--hardware", str(own))
     assert result.exit_code == 0, result.output
     assert_nothing_cut(result.stdout)
@@ -53,15 +53,15 @@ def test_estimate_errors_are_one_line() -> None:
         (["--gpus", "8", "--tp", "1", "--pp", "1", "--gpu", "tpu-v9"], "unknown hardware 'tpu-v9'"),
     ]
     for extra, message in cases:
-        result = invoke(*extra, "--micro-batch", "1", "--global-batch", "48")
+        result = invoke(*extra, "--micro-batch-size", "1", "--global-batch-size", "48")
         assert result.exit_code == 2, result.output
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    result = invoke("--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch", "4", "--global-batch", "36")
+    result = invoke("--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch-size", "4", "--global-batch-size", "36")
     assert result.exit_code == 2 and "not divisible by micro-batch(4) × dp(8)" in result.stderr
 
 
 def test_estimate_says_when_it_does_not_fit() -> None:
-    result = invoke("--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch", "4096", "--global-batch", "32768",
+    result = invoke("--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch-size", "4096", "--global-batch-size", "32768",
                     "--recompute", "none", "--gpu", "a100-40gb", "--json")
     assert result.exit_code == 2
     assert json.loads(result.stdout)["prediction"]["fits"] is False

@@ -65,15 +65,15 @@ def test_expert_cost_matches_hand_computed_terms(tiny) -> None:
     one = expert_cost(layer, tp=1, etp=1, ep=1, **common)
     four = expert_cost(layer, tp=2, etp=1, ep=4, **common)
     tokens = 4 * SEQ * 2 * 1.5 / 2
-    assert four.a2a_fwd_s == pytest.approx(2 * comm.all_to_all_time(tokens * 64 * 2, 4, stride=1, gpus_per_node=8,
-                                                                     hw=H100))
-    assert one.a2a_fwd_s == 0.0 and one.a2a_bwd_s == 0.0
-    assert four.params_per_gpu == one.params_per_gpu / 4 == 4 * 3 * 64 * 96 / 4
-    assert four.executed_flops == one.executed_flops == pytest.approx(3 * 4 * SEQ * 2 * 1.5 * 2 * 3 * 64 * 96,
-                                                                      rel=1e-3)
+    assert four.traffic.a2a_fwd_s == pytest.approx(2 * comm.all_to_all_time(tokens * 64 * 2, 4, stride=1,
+                                                                             gpus_per_node=8, hw=H100))
+    assert one.traffic.a2a_fwd_s == 0.0 and one.traffic.a2a_bwd_s == 0.0
+    assert four.held.params_per_gpu == one.held.params_per_gpu / 4 == 4 * 3 * 64 * 96 / 4
+    assert four.compute.executed_flops == one.compute.executed_flops == pytest.approx(
+        3 * 4 * SEQ * 2 * 1.5 * 2 * 3 * 64 * 96, rel=1e-3)
     full = expert_cost(layer, tp=2, etp=1, ep=4, **{**common, "recompute": "full"})
-    assert full.a2a_bwd_s == pytest.approx(four.a2a_bwd_s + four.a2a_fwd_s)
-    assert full.kept_bytes == 0.0 and full.remat_bytes == four.kept_bytes > 0
+    assert full.traffic.a2a_bwd_s == pytest.approx(four.traffic.a2a_bwd_s + four.traffic.a2a_fwd_s)
+    assert full.held.kept_bytes == 0.0 and full.held.remat_bytes == four.held.kept_bytes > 0
 
 
 def test_imbalance_slows_the_busiest_gpu_only_when_the_model_is_dropless(tiny) -> None:
@@ -83,7 +83,7 @@ def test_imbalance_slows_the_busiest_gpu_only_when_the_model_is_dropless(tiny) -
         layer.model_copy(update={"moe": layer.moe.model_copy(update={"capacity_factor": None})}) if layer.moe
         else layer for layer in mixtral.layers]})
     def cfg(**extra: object):
-        return make_config(8, tp=1, pp=1, micro_batch=2, global_batch=16, ep=4, **extra)
+        return make_config(8, tp=1, pp=1, micro_batch_size=2, global_batch_size=16, ep=4, **extra)
 
     even = CostModel(dropless, H100).evaluate(cfg(moe_imbalance=1.0))
     busy = CostModel(dropless, H100).evaluate(cfg())
@@ -96,9 +96,9 @@ def test_imbalance_slows_the_busiest_gpu_only_when_the_model_is_dropless(tiny) -
 
 def test_expert_degrees_are_checked(tiny) -> None:
     with pytest.raises(ConfigError, match=r"ep\(3\) does not divide the model's 4 routed experts"):
-        CostModel(tiny, H100).evaluate(make_config(6, tp=1, pp=1, micro_batch=1, global_batch=6, ep=3))
+        CostModel(tiny, H100).evaluate(make_config(6, tp=1, pp=1, micro_batch_size=1, global_batch_size=6, ep=3))
     with pytest.raises(ConfigError, match=r"ep\(4\) \* etp\(2\) = 8 does not divide"):
-        CostModel(tiny, H100).evaluate(make_config(4, tp=2, pp=1, micro_batch=1, global_batch=4, ep=4))
+        CostModel(tiny, H100).evaluate(make_config(4, tp=2, pp=1, micro_batch_size=1, global_batch_size=4, ep=4))
 
 
 def cli(*args: str):
@@ -109,14 +109,14 @@ def cli(*args: str):
 
 def test_estimate_with_expert_parallelism_and_its_errors() -> None:
     result = cli("estimate", "--gpus", "8", "--tp", "2", "--pp", "1", "--ep", "4", "--etp", "1",
-                 "--micro-batch", "1", "--global-batch", "8", "--json")
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--json")
     assert result.exit_code == 0, result.output
     plan = Plan.model_validate(json.loads(result.stdout))
     assert (plan.parallelism.ep, plan.parallelism.etp) == (4, 1)
     assert plan.model.experts is not None and plan.model.experts.moe_blocks == [True, True, True]
     assert plan.prediction.breakdown_s.ep_comm > 0
-    bad = cli("estimate", "--gpus", "6", "--tp", "1", "--pp", "1", "--ep", "3", "--micro-batch", "1",
-              "--global-batch", "6")
+    bad = cli("estimate", "--gpus", "6", "--tp", "1", "--pp", "1", "--ep", "3", "--micro-batch-size", "1",
+              "--global-batch-size", "6")
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "ep(3)" in bad.stderr
 
 
@@ -125,7 +125,7 @@ def test_solve_searches_expert_parallelism_and_the_plan_says_so(tmp_path: Path) 
     ep is what the plan runs."""
     def solve(*extra: str) -> Plan:
         out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
-        result = cli("solve", "--gpus", "8", "--global-batch", "32", "--output", str(out), *extra)
+        result = cli("solve", "--gpus", "8", "--global-batch-size", "32", "--output", str(out), *extra)
         assert result.exit_code == 0, result.output
         return Plan.model_validate_json(out.read_text())
 
@@ -147,7 +147,7 @@ def test_mixtral_8x7b_lands_near_megatron_cores_published_throughput() -> None:
     from autopar.estimate import estimate
 
     plan = estimate(str(EX / "hf" / "mixtral-8x7b-v0.1.json"), gpus=32, gpu="h100-80gb", tp=1, pp=4,
-                    ep=8, micro_batch=1, global_batch=128, seq_len=4096, zero=1, recompute="none",
+                    ep=8, micro_batch_size=1, global_batch_size=128, seq_len=4096, zero_stage=1, recompute="none",
                     moe_imbalance=1.0, engine="megatron")
     published = 438.0
     assert plan.prediction.fits

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import autopar
 from autopar.cli import app
 from autopar.plan import Plan
-from autopar.report.context import _gradient_groups
-from autopar.report.explain import mesh_groups
+from autopar.ranks import gradient_groups as _gradient_groups
+from autopar.ranks import mesh_groups
 from cost_models.context import traffic_bytes
 from screen import assert_nothing_cut
 from test_context import LLAMA, SEQ, SHAPE, llama  # noqa: F401 (fixture)
@@ -27,7 +27,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def saved(llama, tmp_path_factory) -> tuple[Plan, Path]:  # noqa: F811
     """tp 2 × cp 4 on 8 GPUs of 4 per node: every cp group spans two nodes."""
     plan = autopar.estimate(LLAMA, overrides=SHAPE, seq_len=SEQ, gpu="h100-80gb", gpus=8, gpus_per_node=4, tp=2,
-                            pp=1, cp=4, micro_batch=1, global_batch=2, recompute="full")
+                            pp=1, cp=4, micro_batch_size=1, global_batch_size=2, recompute="full")
     path = tmp_path_factory.mktemp("cp") / "plan.json"
     plan.save(path)
     return plan, path
@@ -69,7 +69,7 @@ def test_explain_shows_the_groups_and_the_traffic_per_layer(saved, llama):  # no
 def test_sweep_over_sequence_lengths(tmp_path):
     out = tmp_path / "sweep.png"
     args = ["sweep", LLAMA, *sum((["--set", f"{k}={v}"] for k, v in SHAPE.items()), []), "--gpus", "8",
-            "--seq-len", "1024,4096", "--gpu", "h100-80gb", "--global-batch", "8", "--time-limit", "20"]
+            "--seq-len", "1024,4096", "--gpu", "h100-80gb", "--global-batch-size", "8", "--time-limit", "20"]
     result = runner.invoke(app, [*args, "--json", "-o", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -95,10 +95,31 @@ def test_sweep_bad_seq_len_is_one_line(lengths, expected):
 def test_a_pipelined_cp_plan_reads_at_80_columns(tmp_path):
     """Every table of a plan with tensor, context and pipeline parallelism and recomputation fits 80 columns."""
     plan = autopar.estimate(LLAMA, overrides={**SHAPE, "n_layer": "4"}, seq_len=SEQ, gpu="h100-80gb", gpus=16,
-                            tp=2, pp=2, cp=4, micro_batch=1, global_batch=4, recompute="full", zero=3)
+                            tp=2, pp=2, cp=4, micro_batch_size=1, global_batch_size=4, recompute="full", zero_stage=3)
     path = tmp_path / "plan.json"
     plan.save(path)
     result = runner.invoke(app, ["explain", str(path)])
     assert result.exit_code == 0, result.output
     assert_nothing_cut(result.stdout)
     assert "cp\ncomm" not in result.stdout and re.search(r"tp\s+cp\s+pp", result.stdout)
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "megatron"])
+def test_explain_compares_the_exchanges_as_two_estimates_of_the_plans_engine(engine, tmp_path):
+    """explain's "under the ring exchange the step would take …" is the difference of two `estimate` runs of the
+    same configuration under the plan's engine, whatever the engine (it once priced the other exchange on the raw
+    hardware while the plan's own step was the engine's)."""
+    common = dict(overrides=SHAPE, seq_len=SEQ, gpu="h100-80gb", gpus=8, gpus_per_node=4, tp=2, pp=1, cp=2,
+                  micro_batch_size=1, global_batch_size=4, recompute="full", engine=engine)
+    gather = autopar.estimate(LLAMA, cp_comm="all_gather", **common)
+    ring = autopar.estimate(LLAMA, cp_comm="ring", **common)
+    path = tmp_path / "plan.json"
+    gather.save(path)
+    result = runner.invoke(app, ["explain", str(path)])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stdout.split())
+    want = 100 * (ring.prediction.step_time_s / gather.prediction.step_time_s - 1)
+    said = re.search(r"under the ring exchange the step would take ([\d.]+) s \(([+-][\d.]+)%\)", flat)
+    assert said is not None, flat
+    assert float(said.group(1)) == pytest.approx(ring.prediction.step_time_s, rel=1e-3)
+    assert float(said.group(2)) == pytest.approx(want, abs=0.051)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from autopar.cli import app
 from autopar.plan import Plan
-from autopar.report.experts import expert_groups
+from autopar.ranks import expert_groups
 from test_export_experts import moe_plans
 
 runner = CliRunner()

@@ -36,7 +36,7 @@ SPECS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", 
 
 @pytest.fixture(scope="module")
 def profile():
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
 
     return load_profile(GPT, overrides={"n_layer": str(BLOCKS), "n_embd": "128", "n_head": "4"}, seq_len=256)
 
@@ -75,17 +75,17 @@ def _fp16(plan: Plan) -> Plan:
 
 @pytest.fixture(scope="module")
 def plans(profile) -> dict[str, Plan]:
-    pp4 = _estimate(profile, gpus=16, tp=1, pp=4, micro_batch=1, global_batch=32, zero=0, recompute="none")
-    tp2 = _estimate(profile, gpus=8, tp=2, pp=1, micro_batch=1, global_batch=16, zero=0, recompute="none")
-    pp2 = _estimate(profile, gpus=8, tp=1, pp=2, micro_batch=2, global_batch=32, zero=1, recompute="full")
+    pp4 = _estimate(profile, gpus=16, tp=1, pp=4, micro_batch_size=1, global_batch_size=32, zero_stage=0, recompute="none")
+    tp2 = _estimate(profile, gpus=8, tp=2, pp=1, micro_batch_size=1, global_batch_size=16, zero_stage=0, recompute="none")
+    pp2 = _estimate(profile, gpus=8, tp=1, pp=2, micro_batch_size=2, global_batch_size=32, zero_stage=1, recompute="full")
     return {
-        "interleaved": _estimate(profile, gpus=16, tp=2, pp=2, micro_batch=1, global_batch=64, zero=1,
+        "interleaved": _estimate(profile, gpus=16, tp=2, pp=2, micro_batch_size=1, global_batch_size=64, zero_stage=1,
                                  recompute="selective", sequence_parallel=True, schedule="interleaved",
                                  virtual_stages=2),
-        "zero3": _estimate(profile, gpus=8, tp=1, pp=1, micro_batch=2, global_batch=64, zero=3, recompute="full"),
-        "gpipe_fp16": _fp16(_estimate(profile, gpus=16, tp=1, pp=4, micro_batch=1, global_batch=32, zero=0,
+        "zero3": _estimate(profile, gpus=8, tp=1, pp=1, micro_batch_size=2, global_batch_size=64, zero_stage=3, recompute="full"),
+        "gpipe_fp16": _fp16(_estimate(profile, gpus=16, tp=1, pp=4, micro_batch_size=1, global_batch_size=32, zero_stage=0,
                                       recompute="none", schedule="gpipe")),
-        "offload": _estimate(profile, gpus=8, tp=2, pp=1, micro_batch=1, global_batch=16, zero=2,
+        "offload": _estimate(profile, gpus=8, tp=2, pp=1, micro_batch_size=1, global_batch_size=16, zero_stage=2,
                              recompute="full", offload_activations=True, dtype="fp32"),
         "uneven_ok": _restage(pp4, [3, 2, 2, 1]),
         "uneven_bad": _restage(pp4, [3, 1, 2, 2]),
@@ -260,7 +260,7 @@ def _numbers(plan: Plan, target: str) -> dict:
         micro, acc = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
         return dict(tp=cfg.get("tensor_parallel", {}).get("autotp_size", 1), micro=micro, microbatches=acc,
                     global_=cfg["train_batch_size"], dp=cfg["train_batch_size"] // (micro * acc),
-                    zero=cfg["zero_optimization"]["stage"], bf16=cfg.get("bf16", {}).get("enabled", False),
+                    zero_stage=cfg["zero_optimization"]["stage"], bf16=cfg.get("bf16", {}).get("enabled", False),
                     fp16=cfg.get("fp16", {}).get("enabled", False))
     if target == "lightning":
         compile(text, "<lightning export>", "exec")

@@ -21,11 +21,11 @@ from test_export_frameworks import megatron_arguments, megatron_validated, titan
 def cp_plans(profile) -> dict[str, Plan]:
     """cp 2 with tp 2 and dp 2 (all-gather, ZeRO-1); cp 4 with pp 2 (ring, ZeRO-0); cp 2 over dp 2 with ZeRO-3."""
     def plan(**kw) -> Plan:
-        return autopar.estimate(profile, gpu="a100-80gb", gpus=8, micro_batch=1, **kw)
+        return autopar.estimate(profile, gpu="a100-80gb", gpus=8, micro_batch_size=1, **kw)
 
-    return {"gather": plan(tp=2, pp=1, cp=2, global_batch=16, zero=1, recompute="none"),
-            "ring": plan(tp=1, pp=2, cp=4, global_batch=8, zero=0, recompute="full", cp_comm="ring"),
-            "zero3": plan(tp=1, pp=1, cp=2, global_batch=32, zero=3, recompute="none")}
+    return {"gather": plan(tp=2, pp=1, cp=2, global_batch_size=16, zero_stage=1, recompute="none"),
+            "ring": plan(tp=1, pp=2, cp=4, global_batch_size=8, zero_stage=0, recompute="full", cp_comm="ring"),
+            "zero3": plan(tp=1, pp=1, cp=2, global_batch_size=32, zero_stage=3, recompute="none")}
 
 
 _FOLDED = "no context parallelism"
@@ -69,7 +69,7 @@ def test_megatron_and_nemo_carry_cp_and_its_exchange(cp_plans, name, comm):
 
 
 def test_a_plan_without_context_parallelism_sets_no_cp_flag(profile):
-    plan = autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch=1, global_batch=16)
+    plan = autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch_size=1, global_batch_size=16)
     for target in SPECS:
         text = export(plan, target).text
         assert "context-parallel-size" not in text and "context_parallel" not in text and "cp_comm" not in text

@@ -23,7 +23,7 @@ import autopar
 from autopar.export import export
 from autopar.export.experts import layer_pattern
 from autopar.plan import Plan
-from autopar.report.experts import expert_groups
+from autopar.ranks import expert_groups
 from test_export import SPECS, _megatron, _smp, _titan, assert_warnings
 from test_export_frameworks import megatron_arguments, megatron_command_line, titan_0_3_config  # noqa: F401 (a fixture)
 
@@ -37,20 +37,20 @@ SEQ = 32
 def moe_plans() -> dict[str, Plan]:
     """TP × EP with etp 1; EP over data parallelism without ZeRO; TP × PP × EP with the experts sharing TP
     (etp = tp) and sequence parallelism off; PP × EP (ep 8) without ZeRO."""
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
 
     mixtral = load_profile(MOE, overrides=MIXTRAL, seq_len=SEQ)
     deepseek = load_profile(MOE, overrides=DEEPSEEK, seq_len=SEQ)
 
     def plan(profile, **kw) -> Plan:
-        return autopar.estimate(profile, gpu="a100-80gb", micro_batch=1, **kw)
+        return autopar.estimate(profile, gpu="a100-80gb", micro_batch_size=1, **kw)
 
     return {
-        "mixtral_tp_ep": plan(mixtral, gpus=8, tp=2, pp=1, ep=4, etp=1, global_batch=16, zero=1,
+        "mixtral_tp_ep": plan(mixtral, gpus=8, tp=2, pp=1, ep=4, etp=1, global_batch_size=16, zero_stage=1,
                               sequence_parallel=True, recompute="selective"),
-        "mixtral_zero0": plan(mixtral, gpus=8, tp=1, pp=1, ep=4, global_batch=16, zero=0, recompute="none"),
-        "deepseek_tp_pp": plan(deepseek, gpus=16, tp=2, pp=2, ep=4, global_batch=32, zero=1, recompute="full"),
-        "deepseek_pp": plan(deepseek, gpus=16, tp=1, pp=2, ep=8, global_batch=32, zero=0, recompute="full"),
+        "mixtral_zero0": plan(mixtral, gpus=8, tp=1, pp=1, ep=4, global_batch_size=16, zero_stage=0, recompute="none"),
+        "deepseek_tp_pp": plan(deepseek, gpus=16, tp=2, pp=2, ep=4, global_batch_size=32, zero_stage=1, recompute="full"),
+        "deepseek_pp": plan(deepseek, gpus=16, tp=1, pp=2, ep=8, global_batch_size=32, zero_stage=0, recompute="full"),
     }
 
 

@@ -40,10 +40,10 @@ PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "r
 @pytest.fixture(scope="module")
 def all_plans(plans, profile):
     extra = {
-        "zero0_tp": autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch=1, global_batch=16,
-                                     zero=0, recompute="selective", sequence_parallel=True),
-        "h100_zero3": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch=1,
-                                       global_batch=64, zero=3, recompute="full"),
+        "zero0_tp": autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch_size=1, global_batch_size=16,
+                                     zero_stage=0, recompute="selective", sequence_parallel=True),
+        "h100_zero3": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
+                                       global_batch_size=64, zero_stage=3, recompute="full"),
     }
     return {**plans, **extra}
 

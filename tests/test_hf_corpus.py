@@ -307,10 +307,10 @@ def test_llama_config_and_model_file_get_the_same_plan() -> None:
     for field in ("fwd_flops_per_sample", "fwd_memory_bytes_per_sample", "saved_bytes_per_sample",
                   "saved_bytes_fixed", "cut_bytes_per_sample"):
         assert [getattr(lp, field) for lp in blocks[0]] == [getattr(lp, field) for lp in blocks[1]], field
-    plans = [solve(p, gpus=64, global_batch=256) for p in (hf, own)]
+    plans = [solve(p, gpus=64, global_batch_size=256) for p in (hf, own)]
     assert _shape(plans[0]) == _shape(plans[1])
     assert plans[0].prediction.step_time_s == pytest.approx(plans[1].prediction.step_time_s, rel=0.01)
-    pinned = [estimate(p, gpus=64, gpu="h100-80gb", tp=8, pp=4, micro_batch=1, global_batch=256,
+    pinned = [estimate(p, gpus=64, gpu="h100-80gb", tp=8, pp=4, micro_batch_size=1, global_batch_size=256,
                        recompute="selective", sequence_parallel=True) for p in (hf, own)]
     assert pinned[0].prediction.step_time_s == pytest.approx(pinned[1].prediction.step_time_s, rel=0.01)
     parts = [p.prediction.breakdown_s.model_dump() for p in pinned]

@@ -34,7 +34,7 @@ def foreign_plan(tmp_path: Path) -> tuple[Path, Path]:
     """A full plan (as `autopar solve` writes it) whose model.source is a file that, imported, writes a marker."""
     (tmp_path / "evil.py").write_text(EVIL)
     small = {"n_layer": "2", "n_embd": "32", "n_head": "4", "vocab_size": "64", "block_size": "16"}
-    made = autopar.estimate(GPT, gpus=2, gpus_per_node=2, tp=1, pp=1, micro_batch=2, global_batch=4, seq_len=16,
+    made = autopar.estimate(GPT, gpus=2, gpus_per_node=2, tp=1, pp=1, micro_batch_size=2, global_batch_size=4, seq_len=16,
                             overrides=small, gpu="cpu", dtype="fp32")
     raw = json.loads(made.model_dump_json())
     raw["model"]["source"] = str(tmp_path / "evil.py")

@@ -47,7 +47,7 @@ def _solve(tmp: Path, name: str, *pins: str) -> Path:
     out = tmp / f"{name}.json"
     sets = [a for k, v in SIZE.items() for a in ("--set", f"{k}={v}")]
     result = CliRunner().invoke(app, ["solve", GPT, *pins, "--dtype", "fp32", "--seq-len", str(SEQ),
-                                      "--global-batch", str(BATCH), *sets, "-o", str(out)])
+                                      "--global-batch-size", str(BATCH), *sets, "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
@@ -68,7 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("launch")
     tokens = tmp / "tokens.bin"
     np.random.default_rng(0).integers(0, int(SIZE["vocab_size"]), size=40 * SEQ, dtype=np.uint16).tofile(tokens)
-    four = _solve(tmp, "tp2_pp2", "--gpus", "4", "--tp", "2", "--pp", "2", "--micro-batch", "1")
+    four = _solve(tmp, "tp2_pp2", "--gpus", "4", "--tp", "2", "--pp", "2", "--micro-batch-size", "1")
     one = _solve(tmp, "single", "--gpus", "1")
     ckpt = tmp / "ckpt"
     return {"tmp": tmp, "tokens": tokens, "plans": {"four": four, "one": one}, "ckpt": ckpt,
@@ -91,7 +91,7 @@ def test_solved_tp2_pp2_plan_trains_like_the_one_process_plan(runs: dict) -> Non
 
 
 def _largest_layer_bytes() -> int:
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
 
     profile = load_profile(GPT, overrides=SIZE, seq_len=SEQ, dtype="fp32")
     return 4 * max(layer.params for layer in profile.layers)  # fp32, whole (unsharded)
@@ -128,7 +128,7 @@ def test_a_run_resumes_under_another_plan_on_other_ranks(runs: dict) -> None:
     assert sorted(p.name for p in runs["ckpt"].iterdir()) == ["step-00000002", "step-00000003"]
     ckpt = tmp / "resume"
     shutil.copytree(runs["ckpt"] / "step-00000002", ckpt / "step-00000002")
-    other = _solve(tmp, "dp2_zero3", "--gpus", "2", "--dp", "2", "--zero", "3")
+    other = _solve(tmp, "dp2_zero3", "--gpus", "2", "--dp", "2", "--zero-stage", "3")
     resumed = _report(_launch(other, "--data", str(runs["tokens"]), "--checkpoint-dir", str(ckpt), "--resume",
                               "--json", "--trust-plan-model", model=[]))  # the plan's own model file, trusted
     assert resumed["resumed_from_step"] == 2 and [s["step"] for s in resumed["steps"]] == [3]
@@ -178,8 +178,8 @@ def test_an_expert_parallel_plan_launches_and_trains_like_one_process(tmp_path: 
     from solved_plans import one_process_losses
 
     sets = [a for k, v in TINY_MOE.items() for a in ("--set", f"{k}={v}")]
-    result = CliRunner().invoke(app, ["estimate", MOE, "--gpus", "2", "--tp", "1", "--pp", "1", "--micro-batch", "2",
-                                      "--global-batch", "8", "--ep", "2", "--recompute", "none", "--gpu", "cpu",
+    result = CliRunner().invoke(app, ["estimate", MOE, "--gpus", "2", "--tp", "1", "--pp", "1", "--micro-batch-size", "2",
+                                      "--global-batch-size", "8", "--ep", "2", "--recompute", "none", "--gpu", "cpu",
                                       "--dtype", "fp32", "--seq-len", "16", *sets, "--json"])
     assert result.exit_code == 0, result.output
     path = tmp_path / "ep2.json"

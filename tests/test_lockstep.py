@@ -10,7 +10,7 @@ from autopar.calibrate.lockstep_fit import fit_dtensor, lockstep_fields, monoton
 from autopar.profile import TPPattern
 from cost_models import CostModel, ParallelConfig, hardware_from_dict
 from cost_models.comm import GRAD_BUCKET_BYTES, all_reduce_time, group_link
-from cost_models.config import default_precision
+from cost_models.precision import default_precision
 from cost_models.lockstep import styled_modules, tp_collectives, tp_lockstep, zero3_sync
 
 from test_cost_terms import BLOCK_TP, HW, ROUND_HW, layer, model
@@ -54,18 +54,19 @@ def test_tp_lockstep_by_hand() -> None:
 
 def test_lockstep_reaches_the_step_time_as_tensor_parallel_time() -> None:
     m = model([layer(i, tp=TP_SP) for i in range(2)])
-    cfg = ParallelConfig(tp=2, pp=1, dp=1, micro_batch=1, num_microbatches=2, recompute="none")
+    cfg = ParallelConfig(tp=2, pp=1, dp=1, micro_batch_size=1, num_microbatches=2, recompute="none")
     plain, locked = CostModel(m, HW).evaluate(cfg), CostModel(m, LHW).evaluate(cfg)
     c = CostModel(m, HW).layer_cost(m.layers[0], b=1, tp=2, sequence_parallel=False, recompute="none",
                                     tp_link=group_link(HW, 2, 1, 8))
-    extra = sum(tp_lockstep(m.layers[0], tp=2, sequence_parallel=False, fwd_s=c.fwd_s, bwd_s=c.bwd_s, hw=LHW))
+    extra = sum(tp_lockstep(m.layers[0], tp=2, sequence_parallel=False, fwd_s=c.compute.fwd_s, bwd_s=c.compute.bwd_s,
+                            hw=LHW))
     assert locked.breakdown_s["tp_comm"] - plain.breakdown_s["tp_comm"] == pytest.approx(2 * 2 * extra)
     assert locked.step_time_s - plain.step_time_s == pytest.approx(2 * 2 * extra)
 
 
 def test_zero3_sync_is_never_hidden() -> None:
     m = model([layer(i, tp=TP_SP) for i in range(2)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch=1, num_microbatches=3, zero_stage=3)
+    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=1, num_microbatches=3, zero_stage=3)
     full_overlap = replace(LHW, comm_overlap=1.0)
     base = CostModel(m, replace(HW, comm_overlap=1.0)).evaluate(cfg)
     est = CostModel(m, full_overlap).evaluate(cfg)
@@ -79,12 +80,12 @@ def test_zero3_traffic_has_its_own_overlap() -> None:
     """A device without streams (CPU): FSDP2's collectives block, so the profile's ZeRO-3 overlap is 0 and
     the whole traffic is charged, while DDP-style gradient sync keeps the general overlap."""
     m = model([layer(i, params=50_000_000) for i in range(2)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch=1, num_microbatches=3, zero_stage=3)
+    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=1, num_microbatches=3, zero_stage=3)
     hidden = CostModel(m, replace(HW, comm_overlap=1.0)).evaluate(cfg).devices[0]
     blocking_hw = replace(HW, comm_overlap=1.0, zero3_comm_overlap=0.0)
     blocking = CostModel(m, blocking_hw).evaluate(cfg).devices[0]
-    costs = CostModel(m, blocking_hw).layer_costs(cfg, *(group_link(HW, 2, 1, 8),) * 3, default_precision("bf16"))
-    traffic = sum(c.zero3_s for c in costs)
+    costs = CostModel(m, blocking_hw).layer_costs(cfg)
+    traffic = sum(c.step.zero3_s for c in costs)
     assert traffic > 0 and hidden.zero3_comm_s < traffic
     assert blocking.zero3_comm_s == pytest.approx(traffic)
     assert replace(HW, comm_overlap=0.3).zero3_overlap == 0.3 and blocking_hw.zero3_overlap == 0.0
@@ -95,7 +96,7 @@ def test_last_gradient_bucket_waits_for_the_end_of_backward() -> None:
     is exposed whole even on hardware that overlaps communication fully."""
     hw = replace(HW, comm_overlap=1.0)
     small = model([layer(i, params=1_000_000) for i in range(2)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch=1, num_microbatches=1)
+    cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=1, num_microbatches=1)
     est = CostModel(small, hw).evaluate(cfg)
     grad_bytes = 2_000_000 * default_precision("bf16").grad_bytes
     assert grad_bytes < GRAD_BUCKET_BYTES
@@ -104,13 +105,13 @@ def test_last_gradient_bucket_waits_for_the_end_of_backward() -> None:
     # a model of many buckets exposes one bucket's worth; the rest hides behind the long backward
     big = model([layer(i, params=200_000_000, matmul=1e15) for i in range(2)])
     est = CostModel(big, hw).evaluate(cfg)
-    bucket = CostModel(big, hw).last_bucket_s(cfg, default_precision("bf16"), group_link(hw, 2, 1, 8))
+    bucket = CostModel(big, hw).last_bucket_s(cfg)
     assert est.devices[0].dp_comm_tail_s == pytest.approx(bucket)
 
 
 def test_optimizer_efficiency_prices_the_adam_step() -> None:
     m = model([layer(0, params=10_000_000)])
-    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=1)
+    cfg = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_microbatches=1)
     base = CostModel(m, HW).evaluate(cfg).breakdown_s["optimizer"]
     slow = CostModel(m, hardware_from_dict({**ROUND_HW, "optimizer_bandwidth_efficiency": 0.25})).evaluate(cfg)
     assert slow.breakdown_s["optimizer"] == pytest.approx(4 * base)  # memory_bandwidth_efficiency is 1.0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models import PRECISIONS, CostModel, ParallelConfig, load_hardware, make_config
+from cost_models import CostModel, ParallelConfig, load_hardware, make_config
 from cost_models.engines import ENGINES
 
 EX = Path(__file__).resolve().parents[1] / "examples"
@@ -54,8 +54,8 @@ def profiles(megatron_profiles: dict) -> dict:
 
 def megatron_config(gpus: int, tp: int, pp: int, micro: int, batch: int) -> ParallelConfig:
     """A row as Megatron-LM 2021 ran it: full recomputation, 1F1B, unfused attention with dropout, fp16."""
-    return make_config(gpus, tp=tp, pp=pp, micro_batch=micro, global_batch=batch, recompute="full", schedule="1f1b",
-                       attention_kernel="unfused", attention_dropout=True, precision=PRECISIONS["amp-fp16"])
+    return make_config(gpus, tp=tp, pp=pp, micro_batch_size=micro, global_batch_size=batch, recompute="full", schedule="1f1b",
+                       attention_kernel="unfused", attention_dropout=True, precision="amp-fp16")
 
 
 def predict(profile, row):

@@ -69,7 +69,7 @@ def real_step(b: int) -> dict[str, int]:
 @pytest.mark.parametrize("b", [1, 4])
 def test_predicted_stage_memory_matches_a_real_cpu_step(profile, b: int) -> None:
     est = CostModel(profile, load_hardware("cpu")).evaluate(
-        ParallelConfig(tp=1, pp=1, dp=1, micro_batch=b, num_microbatches=1, recompute="none"))
+        ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=b, num_microbatches=1, recompute="none"))
     assert est.precision.bytes_per_param == 16
     predicted = est.devices[0].memory
     real = real_step(b)
@@ -82,7 +82,7 @@ def test_predicted_stage_memory_matches_a_real_cpu_step(profile, b: int) -> None
 def test_pipeline_stages_split_the_model_states(profile) -> None:
     """Two stages hold the whole model between them; the last one also a copy of the tied embedding."""
     est = CostModel(profile, load_hardware("cpu")).evaluate(
-        ParallelConfig(tp=1, pp=2, dp=1, micro_batch=1, num_microbatches=2, recompute="none"))
+        ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, num_microbatches=2, recompute="none"))
     first, last = est.devices
     tied = next(x.tied_params for x in profile.layers if x.tied_params)
     assert first.params_per_gpu + last.params_per_gpu == profile.params + tied

@@ -8,6 +8,7 @@ constraint; the solver's value of every term must equal the cost model's evaluat
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import replace
 
@@ -78,7 +79,7 @@ def random_config(rng: random.Random, profile: ModelProfile) -> ParallelConfig:
         schedule, v = "interleaved", rng.choice([v for v in (2, 3) if pp * v <= L])
     m = pp * rng.choice([1, 2]) if schedule == "interleaved" else rng.choice([1, 2, 4])
     ep, etp = rng.choice(expert_choices(profile, tp=tp, dp=dp, pins=Pins()))
-    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=rng.choice([1, 2]), num_microbatches=m, zero_stage=zero,
+    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=rng.choice([1, 2]), num_microbatches=m, zero_stage=zero,
                          sequence_parallel=sp, schedule=schedule, virtual_stages=v,  # type: ignore[arg-type]
                          offload_activations=rng.random() < 0.3, gpus_per_node=rng.choice([4, 8]), ep=ep, etp=etp,
                          moe_imbalance=rng.choice([None, 1.0, 1.5]))
@@ -159,3 +160,45 @@ def test_guard_names_a_term_the_solver_lacks() -> None:
     with pytest.raises(ModelMismatch, match=f"first term that differs: {bad}"):
         check_solution(lacking, est, len(profile.layers))
     check_solution(replace(lacking, objective_s=est.step_time_s, terms=dict(est.terms)), est, len(profile.layers))
+
+
+def test_every_field_of_a_layer_cost_reaches_the_step() -> None:
+    """A layer cost is records of fields, each naming the composition leaf it adds to (cost_models/layer_cost.py):
+    raising any one field of one layer moves some named term of the composed step, so no term is dropped between
+    the cost model and the step. The fields that name no leaf are read elsewhere, and exactly these."""
+    from cost_models.algebra import FloatAlgebra
+    from cost_models.composition import compose, named_terms
+    from cost_models.layer_cost import RECORDS
+    from cost_models.partition import chunk_ranges
+
+    rng = random.Random(7)
+    profile = tied_profile(rng)
+    cfg = ParallelConfig(tp=2, pp=2, dp=2, micro_batch_size=1, num_microbatches=4, zero_stage=3, recompute="none",
+                         offload_activations=True)
+    cost = CostModel(profile, random_hardware(rng, fits=True))
+    costs = cost.layer_costs(cfg)
+    ranges = chunk_ranges(cfg.stage_layers or (len(profile.layers) - 2, 2))
+    tp_link, _, pp_link = cost.links(cfg)
+
+    def terms(layer_costs: list) -> tuple:
+        """Every named term of the step, and each device's parameter count (a leaf the step reports, not a term)."""
+        leaves = [cost.device_leaves(d, replace(cfg, stage_layers=tuple(len(r) for r in ranges)), ranges, layer_costs,
+                                     tp_link, pp_link) for d in range(cfg.pp)]
+        step = named_terms(leaves, compose(FloatAlgebra(), leaves, cost.step_shape(cfg)))
+        return step, [q["params"] for q in leaves]
+
+    base, unread = terms(costs), set()
+    last = len(profile.layers) - 1  # the head: on the last device, holding the tied embedding's copy
+    for kind in RECORDS:
+        for f in dataclasses.fields(kind):
+            if f.metadata["leaf"] is None:
+                unread.add(f.name)
+                continue
+            bumped = list(costs)
+            c = bumped[last]
+            records = {rec: getattr(c, rec) for rec in ("compute", "traffic", "held", "step")}
+            name = next(rec for rec, value in records.items() if isinstance(value, kind))
+            records[name] = dataclasses.replace(records[name], **{f.name: getattr(records[name], f.name) + 1e9})
+            bumped[last] = type(c)(**records)
+            assert terms(bumped) != base, f"{kind.__name__}.{f.name} reaches no term of the step"
+    assert unread == {"executed_flops", "model_flops", "expert_params_per_gpu"}  # MFU's FLOPs; the step work's split

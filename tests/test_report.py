@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from autopar.cli import app
 from autopar.estimate import estimate
 from autopar.plan import Plan
-from autopar.report.explain import mesh_groups, suggestions
+from autopar.ranks import mesh_groups
+from autopar.report.explain import suggestions
 from autopar.report.plan_summary import bottleneck, layer_range
 from autopar.report.schedule import StageTimes, Timeline, simulate
 from autopar.search import solve
@@ -39,9 +40,9 @@ def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def plans(profile_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Plan, Path]]:
     folder = tmp_path_factory.mktemp("plans")
-    made = {"estimate": estimate(profile_path, gpus=16, tp=2, pp=4, micro_batch=1, global_batch=64, gpu="a100-80gb",
+    made = {"estimate": estimate(profile_path, gpus=16, tp=2, pp=4, micro_batch_size=1, global_batch_size=64, gpu="a100-80gb",
                                  schedule="interleaved", virtual_stages=2),
-            "solved": solve(profile_path, gpus=8, global_batch=32, time_limit_s=20)}
+            "solved": solve(profile_path, gpus=8, global_batch_size=32, time_limit_s=20)}
     out = {}
     for name, plan in made.items():
         plan.save(folder / f"{name}.json")
@@ -215,7 +216,7 @@ def test_bad_plot_and_explain_input_is_one_line(plans: dict, tmp_path: Path, arg
 
 def test_sweep_of_the_model_file_scales_from_the_smallest_count(tmp_path: Path) -> None:
     out = tmp_path / "sweep.png"
-    result = runner.invoke(app, ["sweep", GPT, "--gpus", "8,2,4", *SMALL_ARGS, "--global-batch", "32",
+    result = runner.invoke(app, ["sweep", GPT, "--gpus", "8,2,4", *SMALL_ARGS, "--global-batch-size", "32",
                                  "--time-limit", "20", "--json", "-o", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -234,7 +235,7 @@ def test_sweep_shows_counts_that_do_not_fit(profile_path: Path, tmp_path: Path) 
     tiny = tmp_path / "tiny.json"
     tiny.write_text(json.dumps(hw))
     result = runner.invoke(app, ["sweep", str(profile_path), "--gpus", "1,8", "--hardware", str(tiny),
-                                 "--global-batch", "32", "--time-limit", "20"])
+                                 "--global-batch-size", "32", "--time-limit", "20"])
     assert result.exit_code == 0, result.output
     rows = [ln for ln in result.stdout.splitlines() if ln.split()[:1] in (["1"], ["8"]) and "GPU" not in ln]
     assert len(rows) == 2 and "does not fit" in rows[0] and "1.000" in rows[1]

@@ -41,7 +41,7 @@ def _with(**changes) -> dict:
 def test_parses_the_solver_contract() -> None:
     spec = parse_run_plan(PLAN)
     assert type(spec) is RunPlan
-    assert spec.global_batch == 2 * 2 * 4 and spec.parallelism.global_batch_size == 16
+    assert spec.global_batch_size == 2 * 2 * 4 and spec.parallelism.global_batch_size == 16
     assert spec.stage_devices == 4 and spec.num_chunks == 2 and spec.stage_layers == (3, 3)
     assert spec.layer_tp_degrees == (2, 1, 4) and not spec.uniform_tp
     assert [layer.dp for layer in spec.layers] == [2, 2, 4, 1, 2, 2]  # derived: the stage's 4 devices / tp
@@ -69,7 +69,7 @@ def test_a_full_plan_is_a_run_plan_and_validated_whole() -> None:
     reads it as the RunPlan it is."""
     import autopar
 
-    plan = autopar.estimate("examples/gpt.py", gpus=4, tp=2, pp=2, micro_batch=1, global_batch=8, seq_len=64,
+    plan = autopar.estimate("examples/gpt.py", gpus=4, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, seq_len=64,
                             overrides={"n_layer": "2", "n_embd": "64", "n_head": "4"}, gpu="a100-80gb", dtype="fp32")
     again = parse_run_plan(json.loads(plan.model_dump_json()))
     assert type(again) is Plan and again == plan

@@ -22,7 +22,7 @@ from autopar.search import Pins, solve_top_k  # noqa: E402
 def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
     import json
 
-    plan = solve_top_k(sp.profile(model), gpus=gpus, gpu=sp.GPU, global_batch=sp.GLOBAL_BATCH, dtype="fp32",
+    plan = solve_top_k(sp.profile(model), gpus=gpus, gpu=sp.GPU, global_batch_size=sp.GLOBAL_BATCH, dtype="fp32",
                        time_limit_s=20, regret=False, **kw)[0]  # type: ignore[arg-type]
     return json.loads(plan.model_dump_json())
 

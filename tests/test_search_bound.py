@@ -33,7 +33,7 @@ def test_every_bound_is_below_the_best_plan_of_its_choice() -> None:
         modes = (pins.recompute,) if pins.recompute else MODES
         bound = LowerBound(cost, modes, gpn)
         try:
-            choices = list(outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=pins))
+            choices = list(outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins))
         except AutoparError:
             continue
         for cfg in choices:

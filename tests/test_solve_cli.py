@@ -17,7 +17,7 @@ runner = CliRunner()
 
 def test_solve_json_and_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    result = runner.invoke(app, ["solve", GPT, "--gpus", "8", "--global-batch", "32", *SMALL, "--tp", "2", "--json",
+    result = runner.invoke(app, ["solve", GPT, "--gpus", "8", "--global-batch-size", "32", *SMALL, "--tp", "2", "--json",
                                  "-o", str(out)])
     assert result.exit_code == 0, result.output
     plan = Plan.model_validate_json(result.stdout)
@@ -27,7 +27,7 @@ def test_solve_json_and_plan_file(tmp_path: Path) -> None:
 
 
 def test_solve_summary_names_bottleneck_and_status() -> None:
-    result = runner.invoke(app, ["solve", GPT, "--gpus", "4", "--global-batch", "16", *SMALL, "--top-k", "3"])
+    result = runner.invoke(app, ["solve", GPT, "--gpus", "4", "--global-batch-size", "16", *SMALL, "--top-k", "3"])
     assert result.exit_code == 0, result.output
     assert_nothing_cut(result.stdout)
     assert "bottleneck:" in result.stdout and "solver: OPTIMAL" in result.stdout and "top 3 plans" in result.stdout

@@ -80,12 +80,12 @@ def random_instance(seed: int) -> tuple:
     gpus = rng.choice([1, 2, 4, 8])
     gpus_per_node = rng.choice([2, 4, 8])
     batch = rng.choice([2, 4, 8])
-    single = CostModel(profile, HW).evaluate(ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, num_microbatches=batch,
+    single = CostModel(profile, HW).evaluate(ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_microbatches=batch,
                                                             recompute="none"))
     state_and_acts = single.peak_memory_bytes - HW.memory_reserve_bytes
     hw = replace(HW, memory_bytes=int(HW.memory_reserve_bytes + state_and_acts * rng.uniform(0.02, 1.2)))
-    pins = Pins(zero=rng.choice([None, 0, 1, 3]), sequence_parallel=rng.choice([None, False]),
-                micro_batch=rng.choice([None, 1, 2]) if gpus > 2 else None)
+    pins = Pins(zero_stage=rng.choice([None, 0, 1, 3]), sequence_parallel=rng.choice([None, False]),
+                micro_batch_size=rng.choice([None, 1, 2]) if gpus > 2 else None)
     hw = replace(hw, comm_overlap=rng.choice([1.0, 1.0, 0.0, 0.375]))  # GPUs, a CPU, something between
     hw = replace(hw, lockstep=rng.choice([LockstepCosts(), LOCKSTEP]))  # calibrated lock-step costs or none
     hw = replace(hw, overlap_slowdown=rng.choice([0.0, 0.189]), allocator_fragmentation=rng.choice([0.0, 0.05]))
@@ -99,9 +99,9 @@ def test_solver_equals_brute_force_on_random_instances(chunk: int) -> None:
     feasible = 0
     for seed in range(chunk * 25, chunk * 25 + 25):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
-        reference = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=pins)
+        reference = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
         try:
-            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch=batch, pins=pins,
+            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins,
                             time_limit_s=30)
         except AutoparError:  # the pins leave no valid configuration at all
             assert reference is None
@@ -122,9 +122,9 @@ def test_solver_objective_is_the_cost_model_evaluation() -> None:
 
     profile = capture_model("examples/gpt.py", {"n_layer": "12", "n_embd": "768", "n_head": "12"}, seq_len=1024)
     cost = CostModel(profile, HW)
-    for cfg in [ParallelConfig(tp=2, pp=4, dp=2, micro_batch=2, num_microbatches=8, zero_stage=1),
-                ParallelConfig(tp=1, pp=2, dp=4, micro_batch=1, num_microbatches=8, zero_stage=3, offload_activations=True),
-                ParallelConfig(tp=2, pp=2, dp=1, micro_batch=1, num_microbatches=4, schedule="interleaved",
+    for cfg in [ParallelConfig(tp=2, pp=4, dp=2, micro_batch_size=2, num_microbatches=8, zero_stage=1),
+                ParallelConfig(tp=1, pp=2, dp=4, micro_batch_size=1, num_microbatches=8, zero_stage=3, offload_activations=True),
+                ParallelConfig(tp=2, pp=2, dp=1, micro_batch_size=1, num_microbatches=4, schedule="interleaved",
                                virtual_stages=3, sequence_parallel=True)]:
         inner = solve_inner(cost, cfg, modes=("none", "selective", "full"), time_limit_s=20, threads=2)
         assert inner.status == "OPTIMAL"
@@ -139,7 +139,7 @@ def test_solver_encodes_the_hardwares_zero3_overlap() -> None:
 
     profile = capture_model("examples/gpt.py", {"n_layer": "4", "n_embd": "256", "n_head": "8"}, seq_len=256)
     cost = CostModel(profile, replace(HW, comm_overlap=0.6, zero3_comm_overlap=0.25))
-    cfg = ParallelConfig(tp=1, pp=2, dp=4, micro_batch=1, num_microbatches=4, zero_stage=3)
+    cfg = ParallelConfig(tp=1, pp=2, dp=4, micro_batch_size=1, num_microbatches=4, zero_stage=3)
     inner = solve_inner(cost, cfg, modes=("none", "full"), time_limit_s=20, threads=2)
     assert inner.status == "OPTIMAL"
     est = cost.evaluate(replace(cfg, stage_layers=inner.stage_layers, layer_recompute=inner.layer_recompute))
@@ -153,11 +153,11 @@ GPT_SMALL = {"n_layer": "8", "n_embd": "512", "n_head": "8", "vocab_size": "8000
 def test_deterministic_and_pinnable() -> None:
     from autopar.search import solve
 
-    first = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch=64, gpu="a100-40gb")
-    again = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch=64, gpu="a100-40gb")
+    first = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb")
+    again = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb")
     strip = {"solver": {"wall_s"}}
     assert first.model_dump(exclude=strip) == again.model_dump(exclude=strip)
-    pinned = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch=64, gpu="a100-40gb",
+    pinned = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb",
                    pins=Pins(tp=2, pp=2, recompute="full"))
     par = pinned.parallelism
     assert (par.tp, par.pp, par.dp) == (2, 2, 4)
@@ -168,7 +168,7 @@ def test_deterministic_and_pinnable() -> None:
 def test_top_k_plans_are_distinct_and_ordered() -> None:
     from autopar.search import solve_top_k
 
-    plans = solve_top_k("examples/gpt.py", gpus=8, k=4, overrides=GPT_SMALL, seq_len=512, global_batch=32)
+    plans = solve_top_k("examples/gpt.py", gpus=8, k=4, overrides=GPT_SMALL, seq_len=512, global_batch_size=32)
     times = [p.prediction.step_time_s for p in plans]
     assert len(plans) == 4 and times == sorted(times)
     assert len({p.parallelism.model_dump_json() for p in plans}) == 4
@@ -180,7 +180,7 @@ def test_infeasible_names_the_fix() -> None:
 
     with pytest.raises(AutoparError) as err:
         solve("examples/gpt.py", gpus=2, overrides={"n_layer": "48", "n_embd": "8192", "n_head": "64"},
-              seq_len=2048, global_batch=8, gpu="a100-80gb")
+              seq_len=2048, global_batch_size=8, gpu="a100-80gb")
     message = str(err.value)
     assert message.startswith("no plan fits") and "GPUs" in message and "\n" not in message
 
@@ -199,7 +199,7 @@ def test_loading_a_plan_validates_it(tmp_path) -> None:  # noqa: ANN001
     from autopar.plan import Plan
     from autopar.search import solve
 
-    plan = solve("examples/gpt.py", gpus=4, overrides=GPT_SMALL, seq_len=256, global_batch=16, gpu="cpu")
+    plan = solve("examples/gpt.py", gpus=4, overrides=GPT_SMALL, seq_len=256, global_batch_size=16, gpu="cpu")
     path = tmp_path / "plan.json"
     plan.save(path)
     assert Plan.load(path) == plan
@@ -223,7 +223,7 @@ def test_random_optima_use_every_decision() -> None:
     for seed in range(200):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         try:
-            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch=batch, pins=pins)
+            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins)
         except AutoparError:
             continue
         if result.best:

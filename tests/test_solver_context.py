@@ -11,7 +11,7 @@ import pytest
 from autopar.search.bound import LowerBound
 from autopar.search.brute import brute_force
 from autopar.search.cpsat import MODES
-from autopar.search.space import Pins, context_families, family_templates, outer_choices
+from autopar.search.space import context_families, family_templates, outer_choices
 from cost_models import CostModel
 from cost_models.partition import stage_layer_counts
 from test_solver import random_instance
@@ -28,10 +28,10 @@ def test_a_cp_sharing_a_factor_with_the_micro_batch_is_never_better(seed):
     b/g is never slower nor bigger). With cp pinned nothing is left out: the best over every pinned cp equals
     the free search's optimum."""
     profile, hw, gpus, gpn, batch, pins = random_instance(seed)
-    pins = replace(pins, micro_batch=None)
-    free = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=pins)
+    pins = replace(pins, micro_batch_size=None)
+    free = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
     degrees = [c for c in range(1, gpus + 1) if gpus % c == 0 and profile.seq_len % (2 * c) == 0]
-    pinned = min(_fits(brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch=batch,
+    pinned = min(_fits(brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch,
                                    pins=replace(pins, cp=c))) for c in degrees)
     assert _fits(free) == pytest.approx(pinned, rel=1e-9)
 
@@ -44,7 +44,7 @@ def test_the_family_bound_is_below_every_plan_of_the_family(seed):
     gpn = min(gpn, gpus)
     cost = CostModel(profile, hw)
     bound = LowerBound(cost, MODES, gpn)
-    space = dict(gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=pins)
+    space = dict(gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
     checked = 0
     for family in context_families(profile, gpus=gpus, gpus_per_node=gpn, pins=pins):
         least = bound.family(family_templates(profile, family, **space), batch)
@@ -65,11 +65,11 @@ def test_the_free_search_is_no_slower_than_any_pinned_cp():
     for seed in rng.sample(range(200), 4):
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         gpn = min(gpn, gpus)
-        free = search(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=pins)
+        free = search(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
         for cp in (1, 2):
             if gpus % cp:
                 continue
-            pinned = search(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch=batch, pins=replace(pins, cp=cp))
+            pinned = search(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=replace(pins, cp=cp))
             if pinned.best:
                 assert free.best and free.best[0].estimate.step_time_s <= pinned.best[0].estimate.step_time_s * \
                     (1 + 1e-9), (seed, cp)

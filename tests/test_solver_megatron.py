@@ -15,12 +15,12 @@ A100 = load_hardware("a100-80gb")
 def test_solved_plan_beats_megatron_configuration(megatron_profiles: dict, row: tuple) -> None:
     name, _, _, _, tp, pp, dp, gpus, micro, batch, _ = row
     profile = megatron_profiles[name]
-    megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch=micro, global_batch=batch,
+    megatron = CostModel(profile, A100).evaluate(make_config(gpus, tp=tp, pp=pp, micro_batch_size=micro, global_batch_size=batch,
                                                              recompute="full"))
     assert megatron.fits
-    result = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch=batch, time_limit_s=8)
+    result = search(profile, A100, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=8)
     best = result.best[0].estimate
-    assert best.fits and best.config.gpus == gpus and best.config.global_batch == batch
+    assert best.fits and best.config.gpus == gpus and best.config.global_batch_size == batch
     assert best.tokens_per_s >= megatron.tokens_per_s * (1 - 1e-9)
     if result.status == "OPTIMAL":
         assert result.bound_s == pytest.approx(best.step_time_s)

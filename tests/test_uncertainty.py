@@ -43,19 +43,19 @@ def test_every_field_that_prices_time_has_a_stated_uncertainty_and_moves() -> No
 
 @pytest.fixture(scope="module")
 def profile():
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
 
     return load_profile("examples/gpt.py", overrides=SMALL, seq_len=256, dtype="bf16")
 
 
 def test_range_brackets_the_prediction_and_robust_minimises_the_worst_case(profile) -> None:
-    plan = solve(profile, gpus=16, gpu="a100-80gb", global_batch=64)
+    plan = solve(profile, gpus=16, gpu="a100-80gb", global_batch_size=64)
     u = plan.prediction.uncertainty
     assert u is not None and u.low_s < plan.prediction.step_time_s < u.high_s and not u.robust
     assert plan.prediction.engine == "autopar"
     # the regret is what the best plan at that corner gains over this one there (0 if it is the best everywhere)
     assert u.regret_s is not None and u.regret_s >= 0 and (u.regret_s == 0 or u.regret_corner in CORNERS)
-    robust = solve(profile, gpus=16, gpu="a100-80gb", global_batch=64, robust=True)
+    robust = solve(profile, gpus=16, gpu="a100-80gb", global_batch_size=64, robust=True)
     assert robust.prediction.uncertainty.robust
     assert robust.prediction.uncertainty.high_s <= u.high_s * (1 + 1e-9)  # the best worst case, by construction
     worst = ENGINES["autopar"].on(corner(A100, "all slow"))
@@ -66,7 +66,7 @@ def test_range_brackets_the_prediction_and_robust_minimises_the_worst_case(profi
 
 
 def test_solve_prints_the_range_the_engine_and_the_regret() -> None:
-    args = ["solve", "examples/gpt.py", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "32"]
+    args = ["solve", "examples/gpt.py", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch-size", "32"]
     args += [f"--set={k}={v}" for k, v in SMALL.items()]
     result = runner.invoke(app, args + ["--seq-len", "256"])
     assert result.exit_code == 0, result.output
@@ -81,7 +81,7 @@ def test_solve_prints_the_range_the_engine_and_the_regret() -> None:
 @pytest.mark.parametrize("command", ["solve", "estimate", "sweep"])
 def test_bf16_on_a_v100_names_fp16_in_one_line(command: str) -> None:
     args = {"solve": ["--gpus", "8"], "sweep": ["--gpus", "8"],
-            "estimate": ["--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--global-batch", "8"]}[command]
+            "estimate": ["--gpus", "8", "--tp", "1", "--pp", "1", "--micro-batch-size", "1", "--global-batch-size", "8"]}[command]
     result = runner.invoke(app, [command, "examples/gpt.py", *args, "--gpu", "v100-32gb"])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code != 0 and len(lines) == 1, result.output
@@ -93,7 +93,7 @@ def test_gpu_cpu_prices_this_machines_calibration_or_says_to_calibrate(tmp_path:
     assert cpu.name == "cpu" and cpu.calibrated and cpu.uncertainty is not None
     monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path))
     result = runner.invoke(app, ["estimate", "examples/gpt.py", "--gpus", "2", "--tp", "1", "--pp", "1",
-                                 "--micro-batch", "1", "--global-batch", "2", "--gpu", "cpu"])
+                                 "--micro-batch-size", "1", "--global-batch-size", "2", "--gpu", "cpu"])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code != 0 and len(lines) == 1, result.output
     assert "autopar calibrate" in lines[0] and machine.describe() in lines[0]

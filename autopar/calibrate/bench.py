@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = [r for r in results["device"] if "dtype" in r]
     info = device_info(bench, results["memory"], [r for r in results["device"] if "direction" in r], rss)
     if bench.rank == 0:
-        from autopar.profile import write_atomic
+        from autopar.files import write_atomic
 
         result = {"backend": args.backend, "device_type": device.type, "primary_dtype": primary,
                   "quick": args.quick, "sweep": asdict(sweep), "device": info, "gemm": results["gemm"],

@@ -267,7 +267,7 @@ def _ping_pong(nbytes: int, peer: int, device: torch.device) -> Callable[[], Cal
 
 
 # One fused Adam step on fp32 parameters, gradients and moments moves 28 bytes per parameter: read and
-# write the parameter and both moments, read the gradient (config.Precision.optimizer_traffic_bytes).
+# write the parameter and both moments, read the gradient (precision.Precision.optimizer_traffic_bytes).
 ADAM_FP32_BYTES_PER_PARAM = 28
 
 

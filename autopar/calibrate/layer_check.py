@@ -24,7 +24,7 @@ def stack_seconds(point: Mapping[str, Any], profile: Mapping[str, Any]) -> float
     hw = hardware_from_dict(profile)
     cost = CostModel(model, hw)
     link = comm.group_link(hw, 1, 1, hw.gpus_per_node)
-    return sum(c.fwd_s + c.bwd_s for c in (cost.layer_cost(layer, b=point["batch"], tp=1, sequence_parallel=False,
+    return sum(c.compute.fwd_s + c.compute.bwd_s for c in (cost.layer_cost(layer, b=point["batch"], tp=1, sequence_parallel=False,
                                                               recompute="none", tp_link=link)
                                            for layer in model.layers))
 

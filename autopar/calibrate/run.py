@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from cost_models import machine
 from cost_models.hardware import PROFILE_DIR
 
 from autopar.errors import AutoparError
+from autopar.runtime.failure import worker_error
 
 WORKER_TIMEOUT_S = 900
 GROUP_TITLES = {"gemm": "GEMM (torch.mm)", "memory": "memory-bound kernels", "collectives": "collectives",
@@ -167,36 +167,10 @@ def _keep_log(lines: list[str]) -> str:
     return path
 
 
-def worker_error(lines: list[str]) -> str:
-    """Why the workers failed: the root cause torchrun reports where a worker died by a signal (the others'
-    errors then only follow from it), else the workers' own last error line, not torchrun's report."""
-    end = next((i for i, t in enumerate(lines) if "ChildFailedError" in t), len(lines))
-    root = next((i for i in range(end, len(lines)) if lines[i].startswith("Root Cause")), len(lines))
-    cause = [re.sub(r"\s+", " ", t.strip()) for t in lines[root:] if re.match(r"\s*(rank|exitcode)\s*:", t)]
-    if any(re.match(r"exitcode : -\d", t) for t in cause):
-        return "a worker died by a signal: " + "; ".join(cause[:2] + _fault(lines[:end]))
-    mine = [t.strip() for t in lines[:end] if re.search(r"(Error|Exception)\b:|No module named", t)]
-    if mine:
-        return mine[-1]
-    return "; ".join(cause[:2]) or (lines[end - 1].strip() if end else "no output")
-
-
-def _fault(lines: list[str]) -> list[str]:
-    """Python's fault handler report of a worker killed by a signal: the fatal error, the C++ exception
-    that aborted it if one was printed, and the innermost frame of the thread that died."""
-    fatal = next((i for i, t in enumerate(lines) if t.startswith("Fatal Python error")), None)
-    if fatal is None:
-        return []
-    out = [lines[fatal].strip()]
-    out += [t.strip() for t in lines[:fatal] if "what():" in t][-1:]
-    frame = next((t.strip() for t in lines[fatal:] if t.strip().startswith("File ")), None)
-    return out + ([f"at {frame}"] if frame else [])
-
-
 def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -> dict[str, Any]:
     """Measure, fit and write ``req.output``; returns the profile dict written."""
     from autopar.calibrate.build import build_profile
-    from autopar.profile import write_atomic
+    from autopar.files import write_atomic
 
     t0 = time.perf_counter()
     raw = run_workers(req, on_event)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from autopar.errors import AutoparError
 from autopar.pricing import predict
-from autopar.profile import load_profile
+from autopar.models import load_profile
 from autopar.plan import Plan
 from cost_models import ConfigError, load_hardware
 from cost_models.hardware import GIB

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.fx
 
-from autopar.capture.loader import ModelSpec
+from autopar.capture.spec import ModelSpec
 
 _TRACING = "data-dependent control flow or shape (a Python `if`/loop on tensor values)"
 _CONSTRUCTS = [

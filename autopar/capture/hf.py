@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autopar.capture.diagnose import first_line
-from autopar.capture.loader import ModelSpec, convert_value
+from autopar.capture.spec import ModelSpec, convert_value
 from autopar.errors import AutoparError
 
 # (task, auto-class attribute of transformers) in the order a config's family is tried.

@@ -7,35 +7,18 @@ A model file defines ``build_model(**kwargs) -> nn.Module`` and ``example_inputs
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import inspect
-import json
 import sys
 import typing
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 
+from autopar.capture.hf import load_hf
+from autopar.capture.spec import ModelSpec, convert_value
 from autopar.errors import AutoparError
-
-
-@dataclasses.dataclass
-class ModelSpec:
-    """Everything capture needs to build and run a model, whatever its source."""
-
-    name: str
-    source: str
-    build: Callable[[], nn.Module]
-    example_inputs: Callable[[int, int], tuple]
-    loss_fn: Callable[..., torch.Tensor]
-    kwargs: dict[str, Any]
-    defaults: dict[str, Any]
-    fixed_seq_len: int | None = None  # a vision model's patch count: --seq-len cannot change it
-    min_seq_len: int = 1              # a vision-language prompt must hold its image placeholders
-    inputs_at: str = ""               # 'file:line' of example_inputs, for errors about what it returns
 
 
 def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> ModelSpec:
@@ -49,7 +32,6 @@ def load_spec(source: str | Path, overrides: dict[str, str] | None = None) -> Mo
     if path.suffix == ".py":
         return _load_python(path, overrides or {})
     if path.suffix == ".json":
-        from autopar.capture.hf import load_hf  # hf builds on this module's ModelSpec
         return load_hf(path, overrides or {})
     raise AutoparError(f"{path}: unknown model input type '{path.suffix}' (expected a .py model file or a .json config)")
 
@@ -116,37 +98,6 @@ def _typed_overrides(build: Callable, overrides: dict[str, str], path: Path) -> 
                                   else None)
         out[key] = convert_value(key, raw, kind)
     return out
-
-
-def convert_value(key: str, raw: str, kind: Any) -> Any:
-    if kind is None:
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            return raw
-    # Optional[X] / X | None
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if args and type(None) in typing.get_args(kind):
-        if raw.lower() in ("none", "null"):
-            return None
-        kind = args[0]
-    try:
-        if kind is bool:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind in (int, float, str):
-            return kind(raw)
-        return json.loads(raw)
-    except (ValueError, json.JSONDecodeError):
-        name = getattr(kind, "__name__", str(kind))
-        raise AutoparError(f"--set {key}={raw}: expected {name} (e.g. --set {key}={_example(kind)})") from None
-
-
-def _example(kind: Any) -> str:
-    return {int: "4", float: "0.1", bool: "true", str: "text"}.get(kind, "[1, 2]")
 
 
 def _default_loss(output: Any, *inputs: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from autopar.capture.diagnose import node_failure_message
-from autopar.capture.loader import ModelSpec
+from autopar.capture.spec import ModelSpec
 from autopar.capture.trace import Traced, default_dtype, meta_inputs
 from autopar.errors import AutoparError
 

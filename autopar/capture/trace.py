@@ -18,7 +18,7 @@ import torch.fx
 import torch.nn as nn
 
 from autopar.capture.diagnose import failure_message, is_tracing_limit, untraceable_message
-from autopar.capture.loader import ModelSpec
+from autopar.capture.spec import ModelSpec
 from autopar.errors import AutoparError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -27,7 +27,7 @@ def export_command(
     format was checked against, and what the target cannot express is warned about on stderr."""
     from autopar.export import ENGINE_OF, check_target, export
     from autopar.plan import Plan
-    from autopar.profile import write_atomic
+    from autopar.files import write_atomic
 
     try:
         target, _ = check_target(to)  # before reading the plan: a bad --to fails first
@@ -59,7 +59,7 @@ def for_engine(plan: Plan, engine: str) -> Plan:
     if plan.prediction.engine == engine:
         return plan
     from autopar.pricing import predict
-    from autopar.profile import load_profile
+    from autopar.models import load_profile
     from cost_models import ConfigError, load_hardware
 
     model = plan.model

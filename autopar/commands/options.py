@@ -1,27 +1,26 @@
 """Every argument and option the commands share, declared once: its flag, metavar, help, default and check.
 
-A command takes them as ``name: Annotated[type, options.X] = default``; the parallelism flags come in two
-forms from one table, ``given("tp")`` (estimate: the configuration to price) and ``pinned("tp")`` (solve:
-fix it, leave the rest to the search). A new flag goes into this file and the commands that take it.
+A command takes them as ``name: Annotated[type, options.X] = default``. The configuration's decisions are not
+listed here: ``with_decisions`` adds one option per decision that cost_models/config.py declares a flag (its name
+with dashes, its help, its allowed values), in one of two forms, "pin" (solve: fix it, leave the rest to the
+search) and "given" (estimate: the configuration to price, the rest its declared defaults), and hands the command
+one Pins of what was given. A new decision is a new declaration there, and no line here.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from autopar.commands.base import OptionError
-from cost_models import builtin_names
+from cost_models import ParallelConfig, Pins, builtin_names
+from cost_models.decisions import Decision, declarations
 from cost_models.engines import ENGINES
 from cost_models.hardware import DEFAULT_HARDWARE
-
-RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
-ZERO = (0, 1, 2, 3)
-DTYPES = ("bf16", "fp16", "fp32")
-ATTENTION_KERNELS = ("fused", "unfused")
-CP_COMMS = ("all_gather", "ring")
+from cost_models.model import DTYPES
 
 
 def one_of(flag: str, choices: tuple) -> Callable[[Any], Any]:
@@ -51,12 +50,6 @@ def whole(metavar: str, minimum: int = 1, **option: Any) -> Any:
 def _positive_seconds(value: float) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise OptionError(f"--time-limit {value:g}: give the seconds the search may take, a positive number")
-    return value
-
-
-def _load_ratio(value: float | None) -> float | None:
-    if value is not None and not (value >= 1 and math.isfinite(value)):
-        raise OptionError(f"--moe-imbalance {value:g}: the busiest GPU's load over the average is at least 1")
     return value
 
 
@@ -98,8 +91,9 @@ GPU = typer.Option(metavar="NAME", help=f"built-in hardware profile: {', '.join(
 GPU_DEFAULT = DEFAULT_HARDWARE
 HARDWARE = typer.Option(metavar="FILE", show_default=False,
                         help="your own hardware profile JSON (autopar calibrate -o); overrides --gpu")
-GLOBAL_BATCH = typer.Option(callback=at_least(1), metavar="B", show_default=False,
-                            help="global batch in samples (default: the model file's, else one per GPU)")
+GLOBAL_BATCH = typer.Option("--global-batch-size", callback=at_least(1), metavar="B",
+                            show_default=False, help="samples per step = micro-batch × dp × micro-batches (default: "
+                                                     "the model file's, else one per GPU)")
 
 ENGINE = typer.Option(metavar="|".join(ENGINES), callback=one_of("--engine", tuple(ENGINES)),
                       help="the engine that will run the plan (its fitted efficiency): autopar (autopar launch), "
@@ -118,47 +112,52 @@ def output(what: str) -> Any:
     return typer.Option("-o", "--output", metavar="FILE", show_default=False, help=what)
 
 
-# -- the parallel configuration: one table, two forms -------------------------------------------------------
-_PARALLELISM: dict[str, dict[str, Any]] = {
-    "tp": dict(callback=at_least(1), metavar="T", help="tensor-parallel degree"),
-    "pp": dict(callback=at_least(1), metavar="P", help="pipeline-parallel degree (stages)"),
-    "dp": dict(callback=at_least(1), metavar="D", help="data-parallel degree"),
-    "micro_batch": dict(callback=at_least(1), metavar="b", help="micro-batch size in samples"),
-    "global_batch": dict(callback=at_least(1), metavar="B", help="samples per step = micro-batch × dp × micro-batches"),
-    "zero": dict(metavar=_choices(ZERO), callback=one_of("--zero", ZERO),
-                 help="ZeRO stage (1: optimizer state sharded, 2: + gradients, 3: + parameters)"),
-    "recompute": dict(metavar=_choices(RECOMPUTE), callback=one_of("--recompute", RECOMPUTE),
-                      help="activation recomputation of every block"),
-    "schedule": dict(metavar=_choices(SCHEDULES), callback=one_of("--schedule", SCHEDULES),
-                     help="pipeline schedule"),
-    "virtual_stages": dict(callback=at_least(1), metavar="V",
-                           help="model chunks per pipeline stage (interleaved schedule)"),
-    "sequence_parallel": dict(flags=("--sequence-parallel",), help="Megatron sequence parallelism (needs tp > 1)"),
-    "offload": dict(flags=("--offload",), help="keep activations in host memory between forward and backward"),
-    "cp": dict(callback=at_least(1), metavar="C",
-               help="context-parallel degree: every sequence split over C GPUs (2·C chunks; long context)"),
-    "cp_comm": dict(metavar=_choices(CP_COMMS), callback=one_of("--cp-comm", CP_COMMS),
-                    help="how context-parallel attention gets the other chunks' keys and values: all_gather "
-                         "(default; what autopar launch runs) or ring (overlapped with attention)"),
-    "ep": dict(callback=at_least(1), metavar="E",
-               help="expert-parallel degree: a stage's routed experts sharded over E GPUs (mixture of experts)"),
-    "etp": dict(callback=at_least(1), metavar="T", help="the experts' tensor-parallel degree: tp (default) or 1"),
-    "moe_imbalance": dict(callback=_load_ratio, metavar="R", show_default=False,
-                          help="the busiest GPU's expert load over the average (default 1.25, or the model's "
-                               "capacity factor)"),
-}
+# -- the parallel configuration: one option per declared decision, in two forms ----------------------------------
+FLAGGED = [d for d in declarations(ParallelConfig) if d.declared.flag]
 
 
-def given(name: str) -> Any:
-    """The option as a value of the configuration to price (autopar estimate)."""
-    spec = dict(_PARALLELISM[name])
-    return typer.Option(*spec.pop("flags", ()), **spec)
+def _checked(d: Decision) -> Callable[[Any], Any]:
+    """An option's check from its declaration: an allowed value (None, not given, passes)."""
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        if d.base is float and not math.isfinite(value):
+            raise OptionError(f"{d.flag} {value}: give a finite number")
+        what = d.problem(value)
+        if what:
+            raise OptionError(f"{d.flag} {value}: {what}")
+        return value
+    return check
 
 
-def pinned(name: str) -> Any:
-    """The option as a pin (autopar solve): fixed to the value given, searched when left out."""
-    spec = dict(_PARALLELISM[name])
-    flags = spec.pop("flags", ())
-    if flags:  # a switch pinned either way
-        flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
-    return typer.Option(*flags, show_default=False, **{**spec, "help": f"pin: {spec['help']}"})
+def decision_option(d: Decision, form: str) -> Any:
+    """The typer option of one decision: ``form`` "pin" (solve) or "given" (estimate)."""
+    flags = [f"{d.flag}/--no-{d.flag[2:]}" if d.base is bool else d.flag]  # a switch is given either way
+    metavar = "|".join(map(str, d.choices)) if d.choices else (d.declared.metavar or d.base.__name__.upper())
+    shown = "none" if d.default is None else str(d.default).lower() if d.base is bool else d.default
+    help_ = d.declared.help if d.required or d.default is None else f"{d.declared.help} [default: {shown}]"
+    if form == "pin":
+        default = "" if d.default is None else f"; default: {shown}"
+        help_ = f"pin: {d.declared.help}" + ("" if d.declared.searched else f" (not searched{default})")
+    return typer.Option(*flags, metavar=None if d.base is bool else metavar, show_default=False,
+                        callback=_checked(d), help=help_)
+
+
+def with_decisions(form: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command taking one option per declared decision (``decision_option``) after its own parameters, and
+    receiving them as one ``choices: Pins`` keyword (None where not given)."""
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "choices"]
+        extra = [inspect.Parameter(d.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation=Annotated[Optional[d.base], decision_option(d, form)]) for d in FLAGGED]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            choices = Pins(**{d.name: kwargs.pop(d.name) for d in FLAGGED})
+            return command(**kwargs, choices=choices)
+
+        run.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in (*own, *extra)}
+        return run
+    return wrap

@@ -3,43 +3,28 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from autopar.commands import options
 from autopar.commands.base import fail
-from autopar.commands.options import given, pinned
 from autopar.errors import AutoparError
 
 
+@options.with_decisions("pin")
 def solve_command(
     model: Annotated[str, options.MODEL],
     gpus: Annotated[int, options.GPUS],
     gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
-    global_batch: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
+    global_batch_size: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
     seq_len: Annotated[Optional[int], options.SEQ_LEN] = None,
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
     threads: Annotated[Optional[int], options.THREADS] = None,
-    tp: Annotated[Optional[int], pinned("tp")] = None,
-    pp: Annotated[Optional[int], pinned("pp")] = None,
-    dp: Annotated[Optional[int], pinned("dp")] = None,
-    micro_batch: Annotated[Optional[int], pinned("micro_batch")] = None,
-    zero: Annotated[Optional[int], pinned("zero")] = None,
-    recompute: Annotated[Optional[str], pinned("recompute")] = None,
-    sequence_parallel: Annotated[Optional[bool], pinned("sequence_parallel")] = None,
-    schedule: Annotated[Optional[str], pinned("schedule")] = None,
-    virtual_stages: Annotated[Optional[int], pinned("virtual_stages")] = None,
-    offload: Annotated[Optional[bool], pinned("offload")] = None,
-    cp: Annotated[Optional[int], pinned("cp")] = None,
-    cp_comm: Annotated[Optional[str], given("cp_comm")] = None,
-    ep: Annotated[Optional[int], pinned("ep")] = None,
-    etp: Annotated[Optional[int], pinned("etp")] = None,
-    moe_imbalance: Annotated[Optional[float], given("moe_imbalance")] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option("--allow-cross-node-tp",
                                                       help="let tensor parallelism span nodes")] = False,
     top_k: Annotated[int, options.whole("K", help="list the K best distinct plans")] = 1,
@@ -48,23 +33,22 @@ def solve_command(
                                                           "profile's uncertainties")] = False,
     output: Annotated[Optional[Path], options.output("write the best plan JSON here")] = None,
     json_: Annotated[bool, options.JSON] = False,
+    *, choices: Any = None,
 ) -> None:
     """Find the fastest parallel plan for MODEL on --gpus GPUs that fits in memory (CP-SAT, exact)."""
     from autopar.profile import parse_set
     from autopar.report.progress import search_progress
-    from autopar.search import Pins, solve_top_k
+    from autopar.search import solve_top_k
     from cost_models import ConfigError
-    from cost_models.config import check_sequence_parallel
+    from cost_models.rules import check_sequence_parallel
 
+    pins = choices
     try:
-        if sequence_parallel and tp is not None:
-            check_sequence_parallel(True, tp=tp)
-        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
-                    sequence_parallel=sequence_parallel, schedule=schedule, virtual_stages=virtual_stages,
-                    offload=offload, ep=ep, etp=etp, moe_imbalance=moe_imbalance, cp=cp, cp_comm=cp_comm)
+        if pins.sequence_parallel and pins.tp is not None:
+            check_sequence_parallel(True, tp=pins.tp)
         with search_progress(f"tracing {Path(model).name}", f"CP-SAT on {gpus} GPUs") as show:
             plans = solve_top_k(model, gpus=gpus, k=top_k, gpus_per_node=gpus_per_node, gpu=gpu,
-                                hardware_file=hardware, global_batch=global_batch, seq_len=seq_len,
+                                hardware_file=hardware, global_batch_size=global_batch_size, seq_len=seq_len,
                                 time_limit_s=time_limit, threads=threads, pins=pins,
                                 allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype,
                                 progress=show, engine=engine, robust=robust)

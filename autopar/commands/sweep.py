@@ -20,7 +20,7 @@ def sweep_command(
     gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
-    global_batch: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
+    global_batch_size: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
     seq_len: Annotated[Optional[str], options.SEQ_LENS] = None,
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
@@ -33,7 +33,8 @@ def sweep_command(
     """Solve MODEL for each of --gpus GPU counts and --seq-len sequence lengths: the best plan's degrees, throughput
     and scaling efficiency, and how the plan changes with the context (--time-limit is per solve)."""
     from autopar.report.progress import activity
-    from autopar.report.sweep import parse_gpus, parse_seq_lens, print_sweep, sweep
+    from autopar.report.sweep import print_sweep
+    from autopar.sweep import parse_gpus, parse_seq_lens, sweep
 
     try:
         counts = parse_gpus(gpus)
@@ -51,7 +52,7 @@ def sweep_command(
                 say(f"CP-SAT on {n} GPUs at seq {seq} ({len(solved)} of {total})")
 
             rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware,
-                         global_batch=global_batch, seq_len=lengths, time_limit_s=time_limit, threads=threads,
+                         global_batch_size=global_batch_size, seq_len=lengths, time_limit_s=time_limit, threads=threads,
                          overrides=overrides, dtype=dtype, progress=progress)
     except AutoparError as err:
         raise fail(str(err))

@@ -34,6 +34,7 @@ class Target:
     name: str
     versions: dict[str, str]
     export: Callable[[Plan, str], Export]
+    reads: frozenset[str]  # the plan's decisions it writes or warns about (common.unexpressed warns about the rest)
 
     @property
     def default(self) -> str:
@@ -42,7 +43,7 @@ class Target:
 
 def _target(name: str, module: ModuleType, versions: dict[str, str] | None = None,
             export: Callable[[Plan, str], Export] | None = None) -> Target:
-    return Target(name, versions or module.VERSIONS, export or module.export)
+    return Target(name, versions or module.VERSIONS, export or module.export, module.READS)
 
 
 EXPORTERS: dict[str, Target] = {t.name: t for t in (

@@ -16,8 +16,26 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from autopar.plan import Plan
+from cost_models import ParallelConfig
+from cost_models.decisions import declarations
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def unexpressed(plan: Plan, target: str, reads: frozenset[str]) -> list[str]:
+    """A warning for each of the plan's decisions (cost_models/config.py declares them) that the launch applies, that
+    the plan sets to other than its default and that the exporter does not read (``reads``: what it expresses in the
+    target's names or warns about itself). A new decision is therefore never dropped silently: every target warns
+    about it until its exporter reads it."""
+    out = []
+    for d in declarations(ParallelConfig):
+        if not (d.declared.plan and d.declared.launch) or d.name in reads:
+            continue
+        value = getattr(plan.parallelism, d.name)
+        if d.required or value != d.default:
+            out.append(f"{target} has no setting for the plan's {d.name} {value!r} ({d.declared.help}); the export "
+                       f"leaves {target}'s default, a different run than planned")
+    return out
 
 
 def block_indices(plan: Plan) -> list[int]:
@@ -157,7 +175,7 @@ class Folded:
 
     dp: int
     accumulate: int
-    global_batch: int
+    global_batch_size: int
     warning: str | None
 
 
@@ -169,10 +187,10 @@ def fold_pipeline(plan: Plan, target: str) -> Folded:
         return Folded(par.dp, par.num_microbatches, par.global_batch_size, None)
     dp = par.dp * par.pp
     accumulate = max(1, round(par.num_microbatches / par.pp))
-    global_batch = par.micro_batch_size * dp * accumulate
-    changed = "" if global_batch == par.global_batch_size else f" (global batch {global_batch}, not " \
+    global_batch_size = par.micro_batch_size * dp * accumulate
+    changed = "" if global_batch_size == par.global_batch_size else f" (global batch {global_batch_size}, not " \
                                                                 f"{par.global_batch_size})"
-    return Folded(dp, accumulate, global_batch, (
+    return Folded(dp, accumulate, global_batch_size, (
         f"{target} has no pipeline parallelism; the plan's {par.pp} pipeline stages are folded into data "
         f"parallelism: dp {dp}, {accumulate} accumulated batches{changed}, every GPU holds the whole model "
         "(more memory per GPU than planned)"))
@@ -188,10 +206,10 @@ def fold_context(plan: Plan, target: str, folded: Folded) -> Folded:
         return folded
     dp = folded.dp * cp
     accumulate = max(1, round(folded.accumulate / cp))
-    global_batch = plan.parallelism.micro_batch_size * dp * accumulate
-    changed = "" if global_batch == plan.parallelism.global_batch_size else \
-        f" (global batch {global_batch}, not {plan.parallelism.global_batch_size})"
-    return Folded(dp, accumulate, global_batch, (
+    global_batch_size = plan.parallelism.micro_batch_size * dp * accumulate
+    changed = "" if global_batch_size == plan.parallelism.global_batch_size else \
+        f" (global batch {global_batch_size}, not {plan.parallelism.global_batch_size})"
+    return Folded(dp, accumulate, global_batch_size, (
         f"{target} has no context parallelism; the plan's cp {cp} is folded into data parallelism: dp {dp}, "
         f"{accumulate} accumulated batches{changed}, each GPU holds whole sequences of {plan.model.seq_len} tokens "
         f"({cp}× the activation memory per micro-batch planned: it may not fit)"))

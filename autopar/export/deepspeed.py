@@ -28,18 +28,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autopar.export.common import (Export, Folded, degree_of, fold_context, fp32_grads, precision, summary, tp_warning,
+from autopar.export.common import (unexpressed, Export, Folded, degree_of, fold_context, fp32_grads, precision, summary, tp_warning,
                                    uniform_recompute)
 from autopar.export.experts import dropless_warning
 from autopar.plan import Plan
 
 TARGET = "DeepSpeed"
 VERSIONS = {"0.19": "DeepSpeed 0.19.8 (DeepSpeedConfig; the engine's optimizer dtype check)"}
+# The plan's decisions this exporter reads: expressed in deepspeed's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
+
 
 
 def export(plan: Plan, dialect: str = "0.19") -> Export:
     par = plan.parallelism
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     folded = fold_context(plan, TARGET, Folded(par.dp, par.num_microbatches, par.global_batch_size, None))
@@ -47,7 +53,7 @@ def export(plan: Plan, dialect: str = "0.19") -> Export:
         warnings.append(folded.warning + " (ds_config's sequence_parallel_size is DeepSpeed-Ulysses, which splits "
                         "attention heads over an all-to-all instead: a different exchange than planned)")
     config: dict[str, Any] = {
-        "train_batch_size": folded.global_batch,
+        "train_batch_size": folded.global_batch_size,
         "train_micro_batch_size_per_gpu": par.micro_batch_size,
         "gradient_accumulation_steps": folded.accumulate,
     }

@@ -17,25 +17,31 @@ explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the pl
 """
 from __future__ import annotations
 
-from autopar.export.common import (Export, fold_context, fold_pipeline, fp32_grads, header, model_degrees, nodes,
+from autopar.export.common import (unexpressed, Export, fold_context, fold_pipeline, fp32_grads, header, model_degrees, nodes,
                                    precision, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "Lightning"
 VERSIONS = {"2.6": "Lightning 2.6.6 (the snippet runs: Trainer and strategy constructors)"}
+# The plan's decisions this exporter reads: expressed in lightning's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
+
 _PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
 _TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
 def export(plan: Plan, dialect: str = "2.6") -> Export:
     par = plan.parallelism
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     model_degrees(plan, {}, TARGET, warnings, handled=("tp", "pp", "cp"))  # tp: the strategy; pp, cp: folded below
     piped = fold_pipeline(plan, TARGET)
     folded = fold_context(plan, TARGET, piped)
-    dp, accumulate, global_batch = folded.dp, folded.accumulate, folded.global_batch
+    dp, accumulate, global_batch_size = folded.dp, folded.accumulate, folded.global_batch_size
     warnings += [w for w in (piped.warning, folded.warning if folded is not piped else None) if w is not None]
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
@@ -81,7 +87,7 @@ def export(plan: Plan, dialect: str = "2.6") -> Export:
         "",
         f"MICRO_BATCH_SIZE = {par.micro_batch_size}  # DataLoader(batch_size=MICRO_BATCH_SIZE) on every GPU",
         f"SEQ_LEN = {plan.model.seq_len}",
-        f"GLOBAL_BATCH_SIZE = {global_batch}  # = {par.micro_batch_size} × {dp} data-parallel × {accumulate} "
+        f"GLOBAL_BATCH_SIZE = {global_batch_size}  # = {par.micro_batch_size} × {dp} data-parallel × {accumulate} "
         "accumulated",
         "",
         f"strategy = {strategy}",

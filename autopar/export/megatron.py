@@ -38,7 +38,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.common import (Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
+from autopar.export.common import (unexpressed, Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
                                    num_blocks, precision, rank_counts, tp_warning)
 from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
 from autopar.plan import Plan
@@ -50,6 +50,12 @@ _DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parall
 # The plan's exchange of keys and values as Megatron-Core's cp_comm_type.
 CP_COMM_TYPES = {"all_gather": "all_gather", "ring": "p2p"}
 VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: parse_args + validate_args)"}
+# The plan's decisions this exporter reads: expressed in megatron's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
+
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
@@ -96,7 +102,7 @@ def megatron_split(chunk_counts: list[int], pp: int, virtual: int) -> StageSplit
 
 def export(plan: Plan, dialect: str = "0.16") -> Export:
     par = plan.parallelism
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     args: list[tuple[str, object]] = list(model_degrees(plan, _DEGREES, TARGET, warnings).items())
     if par.cp > 1:
         args.append(("--cp-comm-type", CP_COMM_TYPES[par.cp_comm]))

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from autopar.export.common import (Export, chunk_block_counts, degree_of, fp32_grads, header, megatron_recompute,
+from autopar.export.common import (unexpressed, Export, chunk_block_counts, degree_of, fp32_grads, header, megatron_recompute,
                                    model_degrees, nodes, num_blocks, precision, tp_warning)
 from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
 from autopar.plan import Plan
@@ -41,6 +41,12 @@ _DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_s
 _CP_COMM_TYPES = {"all_gather": "all_gather", "ring": "p2p"}  # Megatron-Core's names for the plan's exchange
 # Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
 VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
+# The plan's decisions this exporter reads: expressed in nemo's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
+
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
                          "accumulate_grad_batches)"}
 _TRAINER_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32}
@@ -58,7 +64,7 @@ def export_bionemo(plan: Plan, dialect: str = "2") -> Export:
 
 def _export(plan: Plan, bionemo: bool, version: str) -> Export:
     par = plan.parallelism
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     n_nodes, per_node, node_warning = nodes(plan)

@@ -35,7 +35,7 @@ import json
 from typing import Any
 
 from autopar.errors import AutoparError
-from autopar.export.common import (Export, Folded, fold_context, fold_pipeline, fp32_grads, model_degrees, nodes,
+from autopar.export.common import (unexpressed, Export, Folded, fold_context, fold_pipeline, fp32_grads, model_degrees, nodes,
                                    precision, summary, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
@@ -43,6 +43,11 @@ TARGET = "SageMaker model parallelism"
 VERSIONS = {"v2": "smp v2 (SageMaker Python SDK 2.257: PyTorch estimator distribution; SDK 3.27: "
                   "Torchrun(smp=SMP(...)))",
             "v1": "smp v1 (SageMaker Python SDK 2.257: PyTorch estimator distribution, mpi)"}
+# The plan's decisions this exporter reads: expressed in sagemaker's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
 # Instance type per hardware profile (AWS EC2 accelerated-computing instance types: p3dn V100 32 GB,
 # p4d A100 40 GB, p4de A100 80 GB, p5 H100 80 GB, p5e H200 141 GB; 8 GPUs each).
 _INSTANCES = {"v100-32gb": "ml.p3dn.24xlarge", "a100-40gb": "ml.p4d.24xlarge", "a100-80gb": "ml.p4de.24xlarge",
@@ -54,7 +59,7 @@ _V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
 def export(plan: Plan, dialect: str = "v2") -> Export:
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
     instance = _instance_type(plan, dialect, warnings)
@@ -68,12 +73,12 @@ def export(plan: Plan, dialect: str = "v2") -> Export:
         folded = fold_context(plan, "smp v1", Folded(par.dp, par.num_microbatches, par.global_batch_size, None))
         if folded.warning is not None:
             warnings.append(folded.warning)
-        batch = _batch(plan, folded.accumulate, folded.global_batch)
+        batch = _batch(plan, folded.accumulate, folded.global_batch_size)
     else:
         params, folded = _v2(plan, warnings)
         distribution = {"torch_distributed": {"enabled": True},
                         "smdistributed": {"modelparallel": {"enabled": True, "parameters": params}}}
-        batch = _batch(plan, folded.accumulate, folded.global_batch)
+        batch = _batch(plan, folded.accumulate, folded.global_batch_size)
     estimator: dict[str, Any] = {"instance_count": n_nodes, "distribution": distribution, "hyperparameters": batch}
     if instance is not None:
         estimator = {"instance_type": instance, **estimator}
@@ -94,11 +99,11 @@ def _instance_type(plan: Plan, dialect: str, warnings: list[str]) -> str | None:
     return instance
 
 
-def _batch(plan: Plan, accumulate: int, global_batch: int) -> dict[str, Any]:
+def _batch(plan: Plan, accumulate: int, global_batch_size: int) -> dict[str, Any]:
     """Hyperparameters for the training script: the batch split and the precision it sets up."""
     par, dtype = plan.parallelism, precision(plan)
     return {"micro_batch_size": par.micro_batch_size, "accumulation_steps": accumulate,
-            "global_batch_size": global_batch, "seq_len": plan.model.seq_len, "dtype": dtype,
+            "global_batch_size": global_batch_size, "seq_len": plan.model.seq_len, "dtype": dtype,
             "grad_reduce_dtype": "fp32" if fp32_grads(plan) or dtype == "fp32" else dtype}
 
 

@@ -43,13 +43,18 @@ from typing import Any
 
 import tomli_w
 
-from autopar.export.common import (Export, block_indices, chunk_layer_names, degree_of, header, model_degrees,
+from autopar.export.common import (unexpressed, Export, block_indices, chunk_layer_names, degree_of, header, model_degrees,
                                    precision, tp_warning, uniform_recompute)
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
 VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
             "0.2": "torchtitan 0.2.2 (ConfigManager.parse_args --job.config_file)"}
+# The plan's decisions this exporter reads: expressed in torchtitan's names or warned about here; any other decision
+# the plan sets gets common.unexpressed's warning.
+READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
+                   "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
+                   "etp", "cp", "cp_comm"})
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
             "ep": "expert_parallel_degree"}
@@ -59,7 +64,7 @@ _DEGREES_0_2 = {**_DEGREES, "etp": "expert_tensor_parallel_degree"}
 
 
 def export(plan: Plan, dialect: str = "0.3") -> Export:
-    warnings: list[str] = []
+    warnings = unexpressed(plan, TARGET, READS)
     sections = _sections(plan, dialect, warnings)
     if dialect == "0.2":
         checkpoint = _checkpoint_0_2(plan, warnings)

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from autopar.errors import AutoparError
 from autopar.plan import Plan
-from autopar.report.explain import MS, _groups, mesh_groups, nodes_spanned
+from autopar.ranks import gradient_groups, mesh_groups, nodes_spanned
+from autopar.report.tables import MS, group_ranks
 from autopar.report.tables import numbers, table, text
 from cost_models import ConfigError
 
@@ -45,33 +46,34 @@ class StageContext:
     buffer: float                 # bytes of gathered or received K/V (and gradients) while a layer runs
 
 
-def price_context(plan: Plan) -> tuple[list[StageContext], float]:
-    """Each stage's attention layers priced again from the plan's model, and the plan's step time under the other
-    exchange (raises AutoparError if the model cannot be loaded)."""
+def price_context(plan: Plan) -> tuple[list[StageContext], float, float]:
+    """Each stage's attention layers priced again from the plan's model, and its step time priced again under the
+    plan's exchange and under the other one, both by one cost model (raises AutoparError if the model cannot be
+    loaded)."""
     from autopar.pricing import plan_model
-    from cost_models.config import default_precision
     from cost_models.context import traffic_bytes
     from cost_models.model import DTYPE_BYTES
 
     profile, cfg, model = plan_model(plan)
     try:
+        this = model.evaluate(cfg).step_time_s
         other = model.evaluate(replace(cfg, cp_comm=OTHER[cfg.cp_comm])).step_time_s  # type: ignore[arg-type]
     except ConfigError as err:
         raise AutoparError(str(err)) from err
-    precision = cfg.precision or default_precision(profile.dtype)
-    costs = model.layer_costs(cfg, *model.links(cfg), precision)
+    costs = model.layer_costs(cfg)
     out = []
     for stage in range(cfg.pp):
         mine = [(lp, c, cfg.layer_mode(i, lp.kind)) for i, (layer, c, lp) in enumerate(zip(plan.layers, costs,
                                                                                             profile.layers))
-                if layer.stage % cfg.pp == stage and c.cp_buffer_bytes > 0]
+                if layer.stage % cfg.pp == stage and c.held.cp_buffer_bytes > 0]
         if not mine:
             continue
-        lp, c, mode = max(mine, key=lambda m: m[1].cp_fwd_s + m[1].cp_bwd_s)  # the costliest, as the table shows
-        received = traffic_bytes(lp, b=cfg.micro_batch, seq_len=profile.seq_len, tp=cfg.tp, cp=cfg.cp,
+        lp, c, mode = max(mine, key=lambda m: m[1].traffic.cp_fwd_s + m[1].traffic.cp_bwd_s)  # the costliest, as the table shows
+        received = traffic_bytes(lp, b=cfg.micro_batch_size, seq_len=profile.seq_len, tp=cfg.tp, cp=cfg.cp,
                                  cp_comm=cfg.cp_comm, recompute=mode, dtype_bytes=DTYPE_BYTES[profile.dtype])
-        out.append(StageContext(stage, len(mine), received, (c.cp_fwd_s, c.cp_bwd_s), c.cp_buffer_bytes))
-    return out, other
+        out.append(StageContext(stage, len(mine), received, (c.traffic.cp_fwd_s, c.traffic.cp_bwd_s),
+                                c.held.cp_buffer_bytes))
+    return out, this, other
 
 
 def print_context_groups(plan: Plan, console: Console) -> None:
@@ -86,27 +88,21 @@ def print_context_groups(plan: Plan, console: Console) -> None:
     text(out, "group")
     numbers(out, "degree", "groups")
     text(out, "ranks", "spans nodes")
-    grads = _gradient_groups(par.tp, par.dp, par.pp, par.cp)
+    grads = gradient_groups(par.tp, par.dp, par.pp, par.cp)
     for name, found in (("cp (keys, values)", groups["cp"]), ("dp × cp (grads)", grads)):
         most = max(nodes_spanned(g, gpn) for g in found)
         span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
-        out.add_row(name, str(len(found[0])), str(len(found)), _groups(found), span)
+        out.add_row(name, str(len(found[0])), str(len(found)), group_ranks(found), span)
     console.print(out)
     if group_span(plan) > 1:
         console.print(f"[yellow]the cp groups span {group_span(plan)} nodes[/]: the exchange crosses the inter-node "
                       f"network; tp × cp ≤ {gpn} (one node) keeps it on the intra-node links")
 
 
-def _gradient_groups(tp: int, dp: int, pp: int, cp: int) -> list[list[int]]:
-    """Megatron-Core's dp-cp groups: the dp·cp ranks of a stage with the same tp rank."""
-    stage = tp * cp * dp
-    return [[p * stage + j * tp + t for j in range(cp * dp)] for p in range(pp) for t in range(tp)]
-
-
 def print_context_costs(plan: Plan, console: Console) -> None:
     par = plan.parallelism
     try:
-        stages, other = price_context(plan)
+        stages, step, other = price_context(plan)
     except AutoparError as err:
         console.print("key/value exchange per stage and micro-batch (from the plan): " + ", ".join(
             f"stage {s.stage} {s.cp_comm_s * MS:.3g} ms" for s in plan.prediction.stages)
@@ -121,7 +117,6 @@ def print_context_costs(plan: Plan, console: Console) -> None:
                     f"{s.exposed[0] * MS:.3g}", f"{s.exposed[1] * MS:.3g}", f"{per_microbatch * MS:.3g}",
                     f"{s.buffer / MIB:.4g}")
     console.print(out)
-    step = plan.prediction.step_time_s
     console.print(f"bwd includes recomputation; under the {_exchange(OTHER[par.cp_comm])} exchange the step would take "
                   f"{other:.4g} s ({100 * (other / step - 1):+.1f}%)"
                   + (" (autopar launch runs all-gather; Megatron-LM runs both: --cp-comm-type)"

@@ -1,7 +1,7 @@
 """`autopar explain` for a mixture-of-experts plan: the expert-parallel groups, the all-to-all time of each
 MoE layer and the experts' memory per GPU.
 
-Groups are Megatron-Core's (autopar.plan.expert_rank_grid, which the runtime's expert mesh is built from): within
+Groups are Megatron-Core's (autopar.ranks.expert_rank_grid, which the runtime's expert mesh is built from): within
 a pipeline stage's tp·cp·dp consecutive ranks the experts' tensor-parallel rank is fastest, then the
 expert-parallel rank, then the expert data-parallel rank (context parallelism folds into it). An expert-parallel
 group exchanges tokens
@@ -20,22 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.errors import AutoparError
-from autopar.plan import Plan, expert_rank_grid
-from autopar.report.explain import MS, _groups, nodes_spanned
-from cost_models.memory import accumulates_unsharded, model_state_bytes
+from autopar.plan import Plan
+from autopar.ranks import expert_groups, nodes_spanned
+from autopar.report.tables import MS, group_ranks
+from cost_models.memory import model_state_bytes
 
 GIB = 2**30
-
-
-def expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int, cp: int = 1) -> dict[str, list[list[int]]]:
-    """The ranks of every expert-parallel ("ep"), expert tensor-parallel ("etp") and expert data-parallel
-    ("edp") group, in Megatron-Core's expert rank order (autopar.plan.expert_rank_grid)."""
-    grid = expert_rank_grid(tp, dp, pp, ep, etp, cp)
-    edp = len(grid[0])
-    stages = range(pp)
-    return {"ep": [[grid[p][d][e][t] for e in range(ep)] for p in stages for d in range(edp) for t in range(etp)],
-            "etp": [grid[p][d][e] for p in stages for d in range(edp) for e in range(ep)],
-            "edp": [[grid[p][d][e][t] for d in range(edp)] for p in stages for e in range(ep) for t in range(etp)]}
 
 
 @dataclass(frozen=True)
@@ -53,24 +43,22 @@ class StageExperts:
 def price_experts(plan: Plan) -> list[StageExperts]:
     """Each stage's MoE layers priced again from the plan's model (raises AutoparError if it cannot be)."""
     from autopar.pricing import plan_model
-    from cost_models.config import default_precision
-
     profile, cfg, model = plan_model(plan)
-    precision = cfg.precision or default_precision(profile.dtype)
-    costs = model.layer_costs(cfg, *model.links(cfg), precision)
+    precision = cfg.recipe(profile.dtype)
+    costs = model.layer_costs(cfg)
     out = []
     for stage in range(plan.parallelism.pp):
         mine = [c for layer, c, lp in zip(plan.layers, costs, profile.layers)
                 if layer.stage % plan.parallelism.pp == stage and getattr(lp, "moe", None)]
         if not mine:
             continue
-        params = sum(c.expert_params_per_gpu for c in mine)
+        params = sum(c.held.expert_params_per_gpu for c in mine)
         out.append(StageExperts(
-            stage=stage, layers=len(mine), a2a_fwd_s=(min(c.a2a_fwd_s for c in mine), max(c.a2a_fwd_s for c in mine)),
-            a2a_bwd_s=(min(c.a2a_bwd_s for c in mine), max(c.a2a_bwd_s for c in mine)), params=params,
+            stage=stage, layers=len(mine), a2a_fwd_s=(min(c.traffic.a2a_fwd_s for c in mine), max(c.traffic.a2a_fwd_s for c in mine)),
+            a2a_bwd_s=(min(c.traffic.a2a_bwd_s for c in mine), max(c.traffic.a2a_bwd_s for c in mine)),
+            params=params,
             state_bytes=model_state_bytes(params, precision, dp=cfg.expert_dp, zero_stage=cfg.zero_stage,
-                                          accumulating=accumulates_unsharded(cfg.zero_stage, cfg.pp,
-                                                                             cfg.num_microbatches))))
+                                          accumulating=cfg.accumulates_unsharded)))
     return out
 
 
@@ -88,7 +76,7 @@ def print_expert_groups(plan: Plan, console: Console) -> None:
     for kind, groups in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp).items():
         most = max(nodes_spanned(g, gpn) for g in groups)
         span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
-        table.add_row(what[kind], str(len(groups[0])), str(len(groups)), _groups(groups), span)
+        table.add_row(what[kind], str(len(groups[0])), str(len(groups)), group_ranks(groups), span)
     console.print(table)
     crossing = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"])
     if crossing > 1:

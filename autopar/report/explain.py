@@ -2,8 +2,7 @@
 where the step's time goes, the bottleneck and what would relieve it (derived from the plan's numbers),
 and the solver's status.
 
-Ranks follow Megatron's order (tp, cp, dp, pp; autopar/runtime/mesh.py):
-rank = pp_rank·(dp·cp·tp) + dp_rank·(cp·tp) + cp_rank·tp + tp_rank.
+Ranks follow Megatron's order (tp, cp, dp, pp; autopar/ranks.py).
 """
 from __future__ import annotations
 
@@ -16,66 +15,30 @@ from rich.console import Console
 from autopar.plan import Plan, StagePrediction
 from autopar.report.plan_summary import bottleneck, configuration, layer_range
 from autopar.report.schedule import stage_times
-from autopar.report.tables import console as wide_console, numbers, table, text
+from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
+from autopar.report.tables import MS, group_ranks, numbers, table, text
+from autopar.report.tables import console as wide_console
 from cost_models.pipeline import ideal_bubble_fraction
 
-MS = 1e3
 TIGHT_MEMORY = 0.9        # share of capacity above which memory limits the plan
 SIGNIFICANT = 0.10        # share of the step above which a part gets its own suggestions
 BUBBLE_TARGET = 0.05      # bubble share the micro-batch suggestion aims for
-
-
-def mesh_groups(tp: int, dp: int, pp: int, cp: int = 1) -> dict[str, list[list[int]]]:
-    """The ranks of every tensor-, context- (when cp > 1), data- and pipeline-parallel group (Megatron-Core's
-    RankGenerator, order tp-cp-dp-pp)."""
-    def rank(p: int, d: int, c: int, t: int) -> int:
-        return p * dp * cp * tp + d * cp * tp + c * tp + t
-
-    every = [(p, d, c, t) for p in range(pp) for d in range(dp) for c in range(cp) for t in range(tp)]
-    groups = {"tp": [[rank(p, d, c, t) for t in range(tp)] for p, d, c, t in every if t == 0],
-              "cp": [[rank(p, d, c, t) for c in range(cp)] for p, d, c, t in every if c == 0],
-              "dp": [[rank(p, d, c, t) for d in range(dp)] for p, d, c, t in every if d == 0],
-              "pp": [[rank(p, d, c, t) for p in range(pp)] for p, d, c, t in every if p == 0]}
-    if cp == 1:
-        del groups["cp"]
-    return groups
-
-
-def nodes_spanned(group: list[int], gpus_per_node: int) -> int:
-    return len({r // gpus_per_node for r in group})
-
-
-def _ranks(group: list[int]) -> str:
-    if len(group) == 1:
-        return str(group[0])
-    step = group[1] - group[0]
-    if len(group) > 2 and all(b - a == step for a, b in zip(group, group[1:])):
-        return f"{group[0]}–{group[-1]}" if step == 1 else f"{group[0]}, {group[1]}, …, {group[-1]} (every {step})"
-    return ", ".join(map(str, group))
-
-
-def _groups(groups: list[list[int]]) -> str:
-    shown = [_ranks(g) for g in (groups if len(groups) <= 3 else groups[:2] + groups[-1:])]
-    if len(groups) > 3:
-        shown.insert(2, "…")
-    return "; ".join(f"[{g}]" if g != "…" else g for g in shown)
 
 
 def print_mesh(plan: Plan, console: Console) -> None:
     par, gpn = plan.parallelism, plan.cluster.gpus_per_node
     nodes = -(-plan.world_size // gpn)
     cp = f" × cp {par.cp}" if par.cp > 1 else ""
-    order = (f"pp_rank·{par.dp * par.cp * par.tp} + dp_rank·{par.cp * par.tp} + cp_rank·{par.tp}" if par.cp > 1 else
-             f"pp_rank·{par.dp * par.tp} + dp_rank·{par.tp}")
+    order = rank_formula(par.tp, par.dp, par.cp)
     mesh = table(f"device mesh: {plan.world_size} GPUs = pp {par.pp} × dp {par.dp}{cp} × tp {par.tp} on {nodes} "
-                 f"node{'s' if nodes > 1 else ''} of {gpn} (rank = {order} + tp_rank)")
+                 f"node{'s' if nodes > 1 else ''} of {gpn} (rank = {order})")
     text(mesh, "group")
     numbers(mesh, "degree", "groups")
     text(mesh, "ranks", "spans nodes")
     for kind, groups in mesh_groups(par.tp, par.dp, par.pp, par.cp).items():
         most = max(nodes_spanned(g, gpn) for g in groups)
         span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
-        mesh.add_row(kind, str(len(groups[0])), str(len(groups)), _groups(groups), span)
+        mesh.add_row(kind, str(len(groups[0])), str(len(groups)), group_ranks(groups), span)
     console.print(mesh)
     degrees = sorted({layer.tp for layer in plan.layers})
     if degrees and degrees != [par.tp]:
@@ -246,7 +209,6 @@ def _dp_comm(f: _Facts) -> list[str]:
 
 
 def _ep_comm(f: _Facts) -> list[str]:
-    from autopar.report.experts import expert_groups  # it builds on this module
 
     par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
     etp = par.etp if par.etp is not None else par.tp

@@ -20,7 +20,7 @@ from autopar.report.schedule import Timeline, simulate, stage_times
 from cost_models.pipeline import pipeline_time
 
 if TYPE_CHECKING:
-    from autopar.report.sweep import SweepRow
+    from autopar.sweep import SweepRow
 
 COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B3", "comm": "#C44E52",
           "bubble": "#E5E5E5", "tail": "#8C8C8C"}
@@ -69,8 +69,7 @@ def _draw_gantt(ax, plan: Plan, timeline: Timeline) -> None:  # type: ignore[no-
     end = timeline.makespan_s
     # The step's tail after the last backward (gradient sync not overlapped, optimizer), as the cost model has it.
     tail = max(0.0, pred.step_time_s - pipeline_time([s.time_per_microbatch_s for s in pred.stages],
-                                                     num_microbatches=m, schedule=par.schedule,
-                                                     virtual_stages=v).total_s)
+                                                     num_microbatches=m, virtual_stages=v).total_s)
     total = end + tail
     label_ops = len(timeline.ops) / p <= 80
     for s in range(p):

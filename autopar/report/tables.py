@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+MS = 1e3           # seconds → milliseconds in tables
 PIPE_WIDTH = 160   # columns when writing to a file or pipe (rich's default there, 80, wraps more than needed)
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
 
@@ -49,3 +50,21 @@ def count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.4g} {prefix}"
     return f"{n:.4g}"  # pragma: no cover (the loop covers every |n| ≥ 1e6)
+
+
+def _ranks(group: list[int]) -> str:
+    """One group's ranks: 0–7, 0, 2, …, 14 (every 2), or listed."""
+    if len(group) == 1:
+        return str(group[0])
+    step = group[1] - group[0]
+    if len(group) > 2 and all(b - a == step for a, b in zip(group, group[1:])):
+        return f"{group[0]}–{group[-1]}" if step == 1 else f"{group[0]}, {group[1]}, …, {group[-1]} (every {step})"
+    return ", ".join(map(str, group))
+
+
+def group_ranks(groups: list[list[int]]) -> str:
+    """Groups of ranks in a few words: the first two and the last, each as a range or a stride."""
+    shown = [_ranks(g) for g in (groups if len(groups) <= 3 else groups[:2] + groups[-1:])]
+    if len(groups) > 3:
+        shown.insert(2, "…")
+    return "; ".join(f"[{g}]" if g != "…" else g for g in shown)

@@ -39,7 +39,7 @@ from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.wrap import forward_within
 from cost_models import ConfigError
-from cost_models.config import check_context
+from cost_models.rules import check_context
 
 POSITIONS = "positions"  # the keyword a model's forward takes its tokens' global positions by
 
@@ -50,7 +50,7 @@ def check_plan(spec: RunPlan) -> None:
     if p.cp == 1:
         return
     try:  # the plan's rule (a plan parsed by autopar.plan has passed it already; a spec built in code may not)
-        check_context(p.cp, seq_len=spec.model.seq_len, cp_comm=p.cp_comm)
+        check_context(p.cp, seq_len=spec.model.seq_len)
     except ConfigError as err:
         raise AutoparError(str(err)) from None
     if p.cp_comm != "all_gather":

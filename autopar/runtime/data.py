@@ -46,7 +46,7 @@ class SyntheticBatches:
         state = torch.random.get_rng_state()
         torch.manual_seed(10_000 + step)
         try:
-            return self.example_inputs(self.spec.global_batch, self.spec.model.seq_len)
+            return self.example_inputs(self.spec.global_batch_size, self.spec.model.seq_len)
         finally:
             torch.random.set_rng_state(state)
 
@@ -79,7 +79,7 @@ class TokenFile:
 
     def local(self, step: int, dp_rank: int) -> tuple[torch.Tensor, ...]:
         n = per_rank(self.spec)
-        return (self.samples(step * self.spec.global_batch + dp_rank * n, n),)
+        return (self.samples(step * self.spec.global_batch_size + dp_rank * n, n),)
 
 
 def check_token_file(path: Path, dtype: str, seq_len: int) -> np.memmap:

@@ -152,10 +152,6 @@ def sync_gradients(pairs: list[tuple[torch.Tensor, Any]], base_dp: int) -> None:
             local.div_(base_dp)
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    return module.module if isinstance(module, DistributedDataParallel) else module
-
-
 def optimizer_for(params: list[nn.Parameter], meshes: Meshes, *, zero1: bool,
                   factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> torch.optim.Optimizer:
     if not zero1:

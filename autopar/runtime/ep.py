@@ -3,7 +3,7 @@ group, tokens dispatched to the experts' owners and combined back with all-to-al
 with its all-to-all token dispatcher; torchtitan's ``ExpertParallel``).
 
 Groups: Megatron-Core's "parallel folding" (Liu et al. 2025, arXiv:2504.14960): a pipeline stage's tp·dp ranks
-are viewed as edp × ep × etp for the experts, the 4-D mesh ``Meshes.experts`` (autopar.plan.expert_rank_grid).
+are viewed as edp × ep × etp for the experts, the 4-D mesh ``Meshes.experts`` (autopar.ranks.expert_rank_grid).
 Expert e lives on the ep rank e // (E/ep): its stacked weights (E, …) become DTensors sharded on dim 0 over
 "ep" (and, with etp > 1, on their FFN dimension over "etp"), so each rank allocates, initialises, checkpoints
 and updates only its E/ep experts.
@@ -314,7 +314,7 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
     """What would stop the plan's expert parallelism, in one line, before any process group exists: ``profile``
     the model's capture, ``model`` the model (on meta)."""
     from cost_models import ConfigError
-    from cost_models.config import check_experts as check_degrees
+    from cost_models.rules import check_experts as check_degrees
 
     p = spec.parallelism
     moe = {layer.name: layer.moe for layer in profile.layers if layer.moe is not None}
@@ -324,8 +324,7 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
         if layer.name not in moe:
             continue
         try:
-            check_degrees(moe[layer.name].num_experts, ep=p.ep, etp=p.expert_tp, tp=p.tp, dp=p.dp,
-                          expert_ffn=moe[layer.name].expert_ffn_size, cp=p.cp)
+            check_degrees(moe[layer.name].num_experts, p.config().degrees, expert_ffn=moe[layer.name].expert_ffn_size)
         except ConfigError as err:
             raise AutoparError(f"layer {layer.name}: {err}") from None
         if p.expert_tp > 1 and layer.tp != p.tp:

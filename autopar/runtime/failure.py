@@ -34,11 +34,35 @@ def run_quietly(cmd: list[str], env: dict[str, str], *, verbose: bool = False) -
 def failure_reason(stderr: str) -> str:
     """A rank killed by a signal (the root cause torchrun reports: the others' errors only follow from it),
     else the first rank's own error line (``error: [rank r] ...``), else the last exception a rank raised
-    (autopar.calibrate.run.worker_error reads torchrun's report)."""
-    from autopar.calibrate.run import worker_error
-
+    (worker_error reads torchrun's report)."""
     cause = worker_error(stderr.splitlines())
     found = _RANK_ERROR.search(stderr)
     if found is None or cause.startswith("a worker died by a signal"):
         return cause
     return f"[rank {found.group(1)}] {found.group(2).strip()}"
+
+
+def worker_error(lines: list[str]) -> str:
+    """Why the workers failed: the root cause torchrun reports where a worker died by a signal (the others'
+    errors then only follow from it), else the workers' own last error line, not torchrun's report."""
+    end = next((i for i, t in enumerate(lines) if "ChildFailedError" in t), len(lines))
+    root = next((i for i in range(end, len(lines)) if lines[i].startswith("Root Cause")), len(lines))
+    cause = [re.sub(r"\s+", " ", t.strip()) for t in lines[root:] if re.match(r"\s*(rank|exitcode)\s*:", t)]
+    if any(re.match(r"exitcode : -\d", t) for t in cause):
+        return "a worker died by a signal: " + "; ".join(cause[:2] + _fault(lines[:end]))
+    mine = [t.strip() for t in lines[:end] if re.search(r"(Error|Exception)\b:|No module named", t)]
+    if mine:
+        return mine[-1]
+    return "; ".join(cause[:2]) or (lines[end - 1].strip() if end else "no output")
+
+
+def _fault(lines: list[str]) -> list[str]:
+    """Python's fault handler report of a worker killed by a signal: the fatal error, the C++ exception
+    that aborted it if one was printed, and the innermost frame of the thread that died."""
+    fatal = next((i for i, t in enumerate(lines) if t.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return []
+    out = [lines[fatal].strip()]
+    out += [t.strip() for t in lines[:fatal] if "what():" in t][-1:]
+    frame = next((t.strip() for t in lines[fatal:] if t.strip().startswith("File ")), None)
+    return out + ([f"at {frame}"] if frame else [])

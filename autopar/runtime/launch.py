@@ -289,7 +289,7 @@ def _run(args: argparse.Namespace, rank: int) -> int:
                                    "build_peak_rss_bytes": built})
     if rank == 0 and args.json:
         print(json.dumps({"plan": str(args.plan), "world_size": spec.world_size, "device": str(meshes.device),
-                          "global_batch": spec.global_batch, "resumed_from_step": start, "steps": records,
+                          "global_batch_size": spec.global_batch_size, "resumed_from_step": start, "steps": records,
                           "ranks": ranks}), flush=True)
     return 0
 

@@ -11,7 +11,7 @@ has its own 3-D mesh ``(pp, dp_l, tp_l)`` over the whole world (all ranks create
 creating a group is collective).
 
 Expert parallelism (a plan with ep > 1) views the same ranks as a 4-D mesh ``(pp, edp, ep, etp)`` in
-Megatron-Core's expert rank order (autopar.plan.expert_rank_grid): the routed experts are sharded over "ep",
+Megatron-Core's expert rank order (autopar.ranks.expert_rank_grid): the routed experts are sharded over "ep",
 their gradients reduced over "edp" (autopar.runtime.ep).
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.errors import AutoparError
-from autopar.plan import RunPlan, expert_rank_grid
+from autopar.plan import RunPlan
+from autopar.ranks import expert_rank_grid
 
 PROCESS_GROUP_TIMEOUT_S = 120  # a hang fails fast instead of waiting NCCL/gloo's default 30 minutes
 
@@ -93,10 +94,6 @@ class Meshes:
     @property
     def cp_group(self) -> dist.ProcessGroup:
         return self.world.get_group("cp")
-
-    @property
-    def tp_mesh(self) -> DeviceMesh:
-        return self.world["tp"]
 
     @property
     def pp_group(self) -> dist.ProcessGroup:

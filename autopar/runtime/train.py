@@ -146,13 +146,6 @@ def build(spec: RunPlan, loaded: LoadedModel, meshes: Meshes, *, loss_parallel: 
                        loss_parallel=loss_parallel, init=initializer(loaded, spec, seed=seed, weights=weights))
 
 
-def setup(spec: RunPlan, source: str, *, loss_parallel: bool = True, seed: int = init_mod.SEED,
-          weights: str | Path | None = None) -> tuple[LoadedModel, Meshes, ParallelModel]:
-    """Everything before the first step; raises AutoparError (the same on every rank) on a mismatch."""
-    loaded, meshes = prepare_rank(spec, source)
-    return loaded, meshes, build(spec, loaded, meshes, loss_parallel=loss_parallel, seed=seed, weights=weights)
-
-
 def synthetic_batch(loaded: LoadedModel, spec: RunPlan, step: int) -> tuple[torch.Tensor, ...]:
     """The model file's example inputs for the global batch, the same on every rank (seeded by step)."""
     return SyntheticBatches(loaded.spec.example_inputs, spec).global_batch(step)

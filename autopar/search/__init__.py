@@ -16,13 +16,15 @@ from typing import Callable, Mapping
 from autopar.errors import AutoparError, NoValidConfiguration
 from autopar.pricing import plan_of, priced_hardware
 from autopar.plan import Plan, SolverInfo
-from autopar.profile import ModelProfile, load_profile
+from autopar.profile import ModelProfile
+from autopar.models import load_profile
 from autopar.search.explain import explain_infeasible
 from autopar.search.engine import SearchResult, search
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
-from autopar.search.space import Pins
+from cost_models.config import Pins
 from cost_models import CostModel, HardwareProfile
+from cost_models.config import flag
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
 
@@ -35,7 +37,7 @@ def solve(model: str | Path | ModelProfile, *, gpus: int, **options: object) -> 
 
 
 def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus_per_node: int = 8,
-                gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch: int | None = None,
+                gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch_size: int | None = None,
                 seq_len: int | None = None, time_limit_s: float = 60.0, threads: int | None = None, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
                 dtype: str = "bf16", progress: Callable[[int, int, float | None], None] | None = None,
@@ -53,18 +55,18 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     pins, limits = runnable_pins(profile, pins, engine)
-    batch = global_batch or profile.global_batch or gpus
+    batch = global_batch_size or profile.global_batch or gpus
     corners = robust_scenarios(raw, load_engine(engine))
     worst = next(c.hw for c in corners if c.name == "all slow")
 
     def run(h: HardwareProfile, limit: float, top: int = 1, report: Callable | None = None) -> SearchResult:
-        return search(profile, h, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch=batch, pins=pins,
+        return search(profile, h, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch_size=batch, pins=pins,
                       allow_cross_node_tp=allow_cross_node_tp, top_k=top, time_limit_s=limit, threads=threads,
                       progress=report)
 
     result = run(worst if robust else hw, time_limit_s, k, progress)
     if not result.best:  # raises DoesNotFit (or NoValidConfiguration), saying what would change it
-        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=batch, pins=pins)
+        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=batch, pins=pins)
     plans = []
     for rank, cand in enumerate(result.best, start=1):
         objective = cand.estimate.step_time_s
@@ -98,9 +100,9 @@ def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins,
     for feature, why in limits.items():
         given = getattr(pins, feature)
         if given is not None and given != off[feature]:
-            flag = "--" + feature.replace("_", "-")
-            raise AutoparError(f"{flag} {given}: autopar launch cannot run it on this model ({why}); pick "
-                               f"another --engine to plan for it (megatron, torchtitan, …), or drop {flag}")
+            raise AutoparError(f"{flag(feature, given)}: autopar launch cannot run it on this model ({why}); pick "
+                               f"another --engine to plan for it (megatron, torchtitan, …), or drop "
+                               f"{flag(feature).split()[0]}")
         fixed[feature] = off[feature]
         why = re.split(r"[;:] re-plan with", why)[0]
         notes.append(f"searched without {feature} (autopar's runtime cannot run it on this model: {why}); "

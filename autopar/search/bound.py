@@ -22,46 +22,17 @@ from dataclasses import replace
 
 from autopar.search.cpsat import block_degrees
 from autopar.search.granularity import least_step_with_tail
+from autopar.search.option import FLOAT, Option
 from autopar.search.placement import Layers, Placement, place
 from autopar.search.relaxations import cover_breakpoints, golden_max, knapsack_busy, least_cost_cover
 from cost_models import CostModel, ParallelConfig
-from cost_models.algebra import FloatAlgebra
-from cost_models.composition import LARGEST, UNHIDDEN, StepShape, device_cuts, device_time, layer_row, memory
-from cost_models.config import default_precision
+from cost_models.composition import (UNHIDDEN, StepShape, busy, device_cuts, device_time, most_time, tail_forms,
+                                     traffic_floor, unhidden)
+from cost_models.layer_cost import layer_row
 from cost_models.memory import accumulates_unsharded
 from cost_models.partition import interleaved_balance
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
-
-FLOAT = FloatAlgebra()
-
-
-class Option:
-    """One option (tp degree, recomputation) of one distinct layer: its row and what the bounds read."""
-
-    __slots__ = ("row", "busy", "memory_fixed", "memory_per_microbatch", "_alone")
-
-    def __init__(self, row: dict[str, float], fragmentation: float = 0.0):
-        self.row = row
-        self._alone: dict[tuple, float] = {}
-        self.busy = busy(row)
-        # composition.memory of the layer alone (nothing rematerialised or gathered yet) with no micro-batch in
-        # flight, and what each micro-batch in flight adds (the formula is linear in them), the allocator's
-        # fragmentation of those activations included (it only grows with the rematerialised and gathered bytes)
-        leaves = {**row, **dict.fromkeys(LARGEST, 0.0)}
-        self.memory_fixed = memory(FLOAT, leaves, 0.0, 0.0, fragmentation)["memory"]
-        self.memory_per_microbatch = memory(FLOAT, leaves, 1.0, 0.0, fragmentation)["memory"] - self.memory_fixed
-
-    def memory(self, in_flight: float) -> float:
-        return self.memory_fixed + in_flight * self.memory_per_microbatch
-
-    def alone(self, shape: StepShape) -> float:
-        """device_time of a device holding only this layer (no transfers)."""
-        key = (shape.host_s_per_byte, shape.zero3_overlap)
-        if key not in self._alone:
-            self._alone[key] = device_time(FLOAT, {**self.row, "p2p": 0.0}, shape, 0)["time"]
-        return self._alone[key]
-
 
 class LowerBound:
     """Call it on an outer choice for a lower bound on its step time (inf: it cannot fit); ``beats`` says
@@ -78,10 +49,9 @@ class LowerBound:
         self._cuts = list({lp.block_id: i for i, lp in reversed(list(enumerate(cost.model.layers[:-1])))}.values())
         self._entries: dict[tuple, _Entry] = {}
         self._layers: dict[tuple, list[Option]] = {}
-        self._block_degrees: dict[tuple, list[int]] = {}
+        self._block_degrees: dict[tuple, tuple[int, ...]] = {}
         self._knapsack: dict[tuple, float] = {}
         self._p2p: dict[tuple, tuple[float, float]] = {}
-        self._shapes: dict[tuple, StepShape] = {}
         self._limits: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
         self._slowest: dict[tuple, Placement] = {}
         self._times: dict[tuple, tuple[float, ...]] = {}  # placement's per-device block times
@@ -105,12 +75,10 @@ class LowerBound:
         its options are shared by every (ep, etp) of a setting."""
         cost = self.cost
         layer = cost.model.layers[i]
-        experts = (cfg.ep, cfg.expert_tp, cfg.moe_imbalance) if getattr(layer, "moe", None) else ()
-        key = (i, self._options_key(cfg)[:-3], experts)
+        key = (i, self._setting_key(cfg), cfg.expert_shape if getattr(layer, "moe", None) else None)
         opts = self._layers.get(key)
         if opts is None:
-            precision = cfg.precision or default_precision(cost.model.dtype)
-            costs = cost.option_costs(cfg, cost.links(cfg), precision, self._choices(cfg, i))
+            costs = cost.option_costs(cfg, self._choices(cfg, i))
             opts = self._layers[key] = [Option(layer_row(c, copy=False), cost.hw.allocator_fragmentation)
                                         for c in costs]
         return opts
@@ -122,19 +90,23 @@ class LowerBound:
             return [(i, "none", cfg.tp)]
         return [(i, k, t) for t in self._degrees(cfg) for k in self.modes]
 
-    def _degrees(self, cfg: ParallelConfig) -> list[int]:
-        key = self._options_key(cfg)[:-3]
-        if key not in self._block_degrees:
-            self._block_degrees[key] = block_degrees(self.cost, cfg, self.gpus_per_node)
-        return self._block_degrees[key]
+    def _degrees(self, cfg: ParallelConfig) -> tuple[int, ...]:
+        key = self._setting_key(cfg)
+        degrees = self._block_degrees.get(key)
+        if degrees is None:
+            degrees = self._block_degrees[key] = tuple(block_degrees(self.cost, cfg, self.gpus_per_node))
+        return degrees
+
+    @staticmethod
+    def _setting_key(cfg: ParallelConfig) -> tuple:
+        """What a dense layer's rows on the first stage depend on: the configuration's layer and step settings
+        (CostModel.option_costs' key) and whether the step accumulates whole gradients (a tied copy's pipeline
+        link does not matter on the first stage)."""
+        return cfg.layer_setting, cfg.step_setting, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
 
     def _options_key(self, cfg: ParallelConfig) -> tuple:
-        """What a layer's rows on the first stage depend on (CostModel.layer_costs' setting, whose tp and dp links
-        follow from tp, dp and the node size; the pipeline link only prices a tied copy, not on the first stage)."""
-        return (cfg.tp, cfg.dp, cfg.micro_batch, cfg.sequence_parallel, cfg.zero_stage, cfg.precision,
-                cfg.attention_kernel, cfg.attention_dropout, cfg.gpus_per_node or self.cost.hw.gpus_per_node,
-                cfg.cp, cfg.cp_comm, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches),
-                cfg.ep, cfg.expert_tp, cfg.moe_imbalance)  # the expert degrees last: _layer_options drops them
+        """What every layer's rows on the first stage depend on: the setting and the experts' shape."""
+        return self._setting_key(cfg), cfg.expert_shape
 
     def _memory_limits(self, cfg: ParallelConfig) -> tuple[tuple[float, float], tuple[float, float]]:
         """Two necessary conditions on the layers' memory, each a knapsack (micro-batches in flight, capacity).
@@ -142,7 +114,7 @@ class LowerBound:
         the fewest in flight f_min (the last device's in every schedule): Σ (S + f_min·K) ≤ pp·(C − R); and
         K_d ≤ (C − R − S_d)/f_d summed, with Σ_d S_d/f_d ≥ S/f_max: Σ (S + f_max·K) ≤ f_max·Σ_d (C − R)/f_d,
         which binds when early stages hold many micro-batches (1F1B's stage 0 holds pp of them)."""
-        key = (cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages, cfg.offload_activations)
+        key = cfg.pipeline_shape
         limits = self._limits.get(key)
         if limits is None:
             hw = self.cost.hw
@@ -182,20 +154,13 @@ class LowerBound:
         return max(value(lam, mu), value(0.0, 0.0), value(1.0, 1.0))
 
     def _shape(self, cfg: ParallelConfig) -> StepShape:
-        """The composition's constants of ``cfg``. What the bounds read of them (the overlaps, offload, v) is
-        shared by many choices, so the shape of the first such choice serves them all; in-flight counts,
-        which differ, come from device_in_flight."""
-        key = (cfg.zero_stage == 3, cfg.offload_activations, cfg.zero3_overlap, cfg.dp_overlap, cfg.virtual_stages)
-        shape = self._shapes.get(key)
-        if shape is None:
-            precision = cfg.precision or default_precision(self.cost.model.dtype)
-            shape = self._shapes[key] = self.cost.step_shape(cfg, precision, self.cost.links(cfg)[1])
-        return shape
+        """What the bounds read of ``cfg``'s step shape: what hides behind what (CostModel.overlap_shape; the
+        micro-batches in flight come from device_in_flight, the last bucket only adds to a tail)."""
+        return self.cost.overlap_shape(cfg)
 
     def _transfers(self, cfg: ParallelConfig) -> tuple[float, float]:
         """(least, most) time of one pipeline transfer of this choice."""
-        gpn = cfg.gpus_per_node or self.cost.hw.gpus_per_node
-        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, gpn, cfg.gpus > gpn, cfg.cp)  # what the transfers follow
+        key = (cfg.layer_setting, cfg.gpus)  # what the transfers follow (the pipeline's link: whether it leaves a node)
         if key not in self._p2p:
             cost = self.cost
             tp_link, _, pp_link = cost.links(cfg)
@@ -218,10 +183,7 @@ class LowerBound:
         so it does not depend on dp or the ZeRO stage and the few settings it does depend on serve every
         choice. What each outer choice gets first; ``cheap`` is at least as high (its rows add the step work
         to these, which only adds time)."""
-        gpn = cfg.gpus_per_node or self.cost.hw.gpus_per_node
-        degrees = self._degrees(cfg)
-        key = (cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.attention_kernel, cfg.attention_dropout, gpn,
-               cfg.cp, cfg.cp_comm, cfg.ep, cfg.expert_tp, cfg.moe_imbalance, tuple(degrees))
+        key = (cfg.layer_setting, cfg.expert_shape, self._degrees(cfg))
         per_microbatch = self._coarse.get(key)
         if per_microbatch is None:
             cost, layers = self.cost, self.cost.model.layers
@@ -242,7 +204,7 @@ class LowerBound:
         heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
         return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
 
-    def family(self, templates: list[ParallelConfig], global_batch: int) -> float:
+    def family(self, templates: list[ParallelConfig], global_batch_size: int) -> float:
         """A lower bound on every choice of a (tp, cp) family, from ``templates`` (space.family_templates: one per
         micro-batch b, SP and expert degrees its choices may take). A choice of b, dp, pp runs m = B/(b·dp)
         micro-batches, so step ≥ m·max_d T_d ≥ m·Σ_d T_d/pp ≥ B/(b·dp·pp)·Σ_layers busy(b) (T_d is at least its
@@ -250,8 +212,8 @@ class LowerBound:
         busy time of a layer does not depend on dp, pp or the ZeRO stage but for ZeRO-3's copies, which only add."""
         least = math.inf
         for cfg in templates:
-            per_sample = sum(n * min(o.busy for o in opts) for n, opts in self.options(cfg)) / cfg.micro_batch
-            least = min(least, global_batch * per_sample * cfg.tp * cfg.cp / cfg.gpus)
+            per_sample = sum(n * min(o.busy for o in opts) for n, opts in self.options(cfg)) / cfg.micro_batch_size
+            least = min(least, global_batch_size * per_sample * cfg.tp * cfg.cp / cfg.gpus)
         return least
 
     def strong(self, cfg: ParallelConfig) -> float:
@@ -303,8 +265,7 @@ class LowerBound:
         return self._placement(cfg, shape or self._shape(cfg)).slowest if cfg.pp > 1 else 0.0
 
     def _placement(self, cfg: ParallelConfig, shape: StepShape) -> Placement:
-        key = (self._options_key(cfg), cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages,
-               cfg.offload_activations, shape.zero3_overlap)
+        key = (self._options_key(cfg), cfg.pipeline_shape)
         if key not in self._slowest:
             layers = self.cost.model.layers
             ids = list(self._rep)
@@ -359,17 +320,12 @@ class LowerBound:
         need = busy - (pp - 1) * (upper - busy / v) / (m - 1 / v)
         need -= 2 * v * self._transfers(cfg)[1]  # device 0's transfers, at most 2 per chunk
         first = self.cost.model.layers[0].block_id
-        offload = 2 * shape.host_s_per_byte if shape.host_s_per_byte is not None else 0.0
         tails = []
-        # device 0's end ≥ dpe + optimizer (A) and ≥ dpo − overlap·bwd/v + dpe + optimizer (B): per layer, linear
-        for with_overlap in (False, True):
+        for tail_of in tail_forms(shape.dp_overlap, v):  # device 0's end, per layer: linear lower bounds
             items = []  # (count, most time it adds to T_0, least tail it brings, forced) per distinct layer
             for block, (n, opts) in zip(self._rep, self.options(cfg)):
-                most = max(o.busy + o.row["z3"] + o.row["z3_sync"] + offload * o.row["kept"] for o in opts)
-                least = min(o.row["dpe"] + o.row["optimizer"] +
-                            ((o.row["dpo"] - o.row["bwd"] * shape.dp_overlap / v) if with_overlap else 0.0)
-                            for o in opts)
-                items.append((n, most, least, block == first))
+                most = max(most_time(o.row, shape.host_s_per_byte) for o in opts)
+                items.append((n, most, min(tail_of(o.row) for o in opts), block == first))
             tails.append(least_cost_cover(items, need))
         return pipeline_total(max(busy / pp, heaviest), busy, m, v) + max(tails) < upper
 
@@ -380,7 +336,7 @@ class _Entry:
     def __init__(self, options: list[tuple[int, list[Option]]]):
         self.options = options
         self.least = {q: sum(n * min(o.row[q] for o in opts) for n, opts in options) for q in ("z3", "z3_sync")}
-        self.floor = sum(n * min(unhidden(o.row) + o.row["z3"] for o in opts) for n, opts in options)
+        self.floor = sum(n * min(traffic_floor(o.row) for o in opts) for n, opts in options)
         self.fastest = sum(n * min(o.busy for o in opts) for n, opts in options)  # the knapsack without memory
         self._heaviest: dict[tuple, float] = {}
         self._items: dict[tuple, list[list[tuple]]] = {}
@@ -388,11 +344,10 @@ class _Entry:
     def busy_bound(self, shape: StepShape, busy: float, p2p: float) -> float:
         """Σ_d T_d ≥ device_time(fwd = the least busy time, traffic and sync at their least, p2p): with
         compute c and TP time t, c + t + max(0, traffic − ov·c) ≥ the same at c = busy, t = 0 whenever
-        c + t ≥ busy (it grows with c). Also ≥ TP + traffic + transfers + sync, as compute hides no more
-        ZeRO-3 traffic than itself."""
+        c + t ≥ busy (it grows with c). Also ≥ Σ traffic_floor + transfers (composition.traffic_floor)."""
         leaves = {"fwd": busy, "bwd": 0.0, **dict.fromkeys(UNHIDDEN, 0.0), "kept": 0.0, "p2p": p2p,
                   "z3": self.least["z3"], "z3_sync": self.least["z3_sync"]}
-        return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + self.least["z3_sync"] + p2p)
+        return max(device_time(FLOAT, leaves, shape, 0)["time"], self.floor + p2p)
 
     def tail_items(self, dp_overlap: float, v: int, blocks: list[str], first: str) -> list[list[tuple]]:
         """Device 0's end is at least dpe + optimizer (A) and at least dpo − overlap·bwd/v + dpe + optimizer
@@ -403,8 +358,7 @@ class _Entry:
             self._items[key] = [
                 [(n, max(o.busy for o in opts), min(tail_of(o.row) for o in opts), block == first)
                  for block, (n, opts) in zip(blocks, self.options)]
-                for tail_of in (lambda r: r["dpe"] + r["optimizer"],
-                                lambda r: r["dpo"] - r["bwd"] * dp_overlap / v + r["dpe"] + r["optimizer"])]
+                for tail_of in tail_forms(dp_overlap, v)]
         return self._items[key]
 
     def heaviest(self, shape: StepShape, at_least: float = 0.0) -> float:
@@ -437,13 +391,3 @@ def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, 
     points.update(w / busy for w in cover_breakpoints(items))
     return min(pipeline_total(max(x * busy, (1 - x) * busy / (pp - 1), floor), total, m, v) +
                least_cost_cover(items, x * busy) for x in points if 0.0 <= x <= 1.0)
-
-
-def busy(row: dict[str, float]) -> float:
-    """A row's compute and the traffic nothing hides: the least it adds to its device's time."""
-    return row["fwd"] + row["bwd"] + unhidden(row)
-
-
-def unhidden(row: dict[str, float]) -> float:
-    """A row's traffic that adds to a device's time in full (composition.UNHIDDEN)."""
-    return sum(row[name] for name in UNHIDDEN)

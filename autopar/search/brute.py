@@ -20,13 +20,13 @@ def compositions(n: int, parts: int):  # noqa: ANN201
         yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
 
 
-def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
+def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
                 pins: Pins = Pins()) -> StepEstimate | None:
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     best: StepEstimate | None = None
     gpn = min(gpus_per_node, gpus)
-    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch=global_batch, pins=pins):
+    for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch_size=global_batch_size, pins=pins):
         est = choice_optimum(cost, replace(cfg, gpus_per_node=gpus_per_node), modes, gpn)
         if est is not None and (best is None or est.step_time_s < best.step_time_s):
             best = est

@@ -19,14 +19,15 @@ import math
 from ortools.sat.python import cp_model
 
 from cost_models import CostModel, ParallelConfig
-from cost_models.composition import (LARGEST, SUMMED, TERM_UNITS, TIME, compose, device_chunks, device_cuts, layer_largest,
-                                     layer_row, named_terms, term_unit)
-from cost_models.config import default_precision
+from cost_models.composition import (LARGEST, SUMMED, TERM_UNITS, TIME, compose, device_chunks, device_cuts, named_terms,
+                                     term_unit)
+from cost_models.config import RECOMPUTE_MODES
+from cost_models.layer_cost import layer_largest, layer_row
 from cost_models.partition import interleaved_balance
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
 from autopar.search.cuts import Cut, canonical, interchangeable_chunks, segments, starts
 
-MODES = ("none", "selective", "full")
+MODES = RECOMPUTE_MODES  # from least to most recomputation
 # CP-SAT's workers per inner solve. Eight is CP-SAT's full portfolio (default, max and no LP, core-based, quick
 # restarts, reduced costs, first-solution and LNS workers), not a thread count to match the cores: these models
 # find their optimum at once and spend their time proving it, and which worker proves fastest varies from model
@@ -58,7 +59,7 @@ def block_degrees(cost: CostModel, cfg: ParallelConfig, gpus_per_node: int) -> l
         return [cfg.tp]  # a MoE model's experts take their own degree (etp) instead
     devices = cfg.tp * cfg.dp
     return [t for t in range(1, min(devices, gpus_per_node) + 1)
-            if devices % t == 0 and (cfg.micro_batch * t) % cfg.tp == 0
+            if devices % t == 0 and (cfg.micro_batch_size * t) % cfg.tp == 0
             and all(t == 1 or all(dv % t == 0 for dv in lp.tp.divisors) for lp in blocks)] or [cfg.tp]
 
 
@@ -81,18 +82,16 @@ class Tables:
     def __init__(self, cost: CostModel, cfg: ParallelConfig, modes: tuple[str, ...], degrees: list[int]):
         layers = cost.model.layers
         L = len(layers)
-        precision = cfg.precision or default_precision(cost.model.dtype)
-        tp_link, dp_link, pp_link = cost.links(cfg)
-        self.shape = cost.step_shape(cfg, precision, dp_link)
+        tp_link, _, pp_link = cost.links(cfg)
+        self.shape = cost.step_shape(cfg)
         self.is_block = [lp.kind == "block" for lp in layers]
         self.options = [(t, k) for t in degrees for k in modes]     # what each block may choose
         self.base_option = (cfg.tp, "none")
-        base = cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision, modes=["none"] * L, degrees=[cfg.tp] * L)
+        base = cost.layer_costs(cfg, modes=["none"] * L, degrees=[cfg.tp] * L)
         self.types = sorted({lp.block_id for lp, blk in zip(layers, self.is_block) if blk})
         self.rep = {j: next(i for i, lp in enumerate(layers) if lp.block_id == j and self.is_block[i]) for j in self.types}
         reps = list(self.rep.values())
-        by_option = {opt: dict(zip(reps, cost.layer_costs(cfg, tp_link, dp_link, pp_link, precision, modes=[opt[1]] * L,
-                                                          degrees=[opt[0]] * L, only=reps)))
+        by_option = {opt: dict(zip(reps, cost.layer_costs(cfg, modes=[opt[1]] * L, degrees=[opt[0]] * L, only=reps)))
                      for opt in self.options}  # blocks only: every other layer stays at cfg.tp without recomputation
         rows = {copy: [{q: _units(q, x) for q, x in layer_row(c, copy).items() if q in LEAVES} for c in base]
                 for copy in (False, True)}

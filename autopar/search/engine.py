@@ -141,7 +141,7 @@ class _Search:
     def skip(self, cfg: ParallelConfig, pins: Pins) -> bool:
         """Offload only adds time when the same choice fits without it; a choice whose once-per-step tail
         rules it out is never solved (its strong bound is the queue's, _Queue.pop)."""
-        if cfg.offload_activations and pins.offload is None and \
+        if cfg.offload_activations and pins.offload_activations is None and \
                 replace(cfg, offload_activations=False) in self.fits_without_offload:
             return True
         kth = self.kth()
@@ -157,7 +157,6 @@ class _Search:
         self.solved += 1
         if inner.status not in ("OPTIMAL", "INFEASIBLE"):
             self.all_optimal = False
-        if inner.status not in ("OPTIMAL", "INFEASIBLE"):
             self.bound = min(self.bound, max(lb, inner.bound_s))
         if inner.objective_s is None:
             return
@@ -187,14 +186,14 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
+def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
            threads: int | None = None, per_layer_tp: bool = True,
            progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
     """``progress(visited, total, best step time)`` is called after each outer choice is settled; ``threads``:
     CP-SAT's workers per inner solve (None: cpsat.CP_SAT_WORKERS)."""
     with _frozen_heap():
-        return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+        return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                        allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, time_limit_s=time_limit_s,
                        threads=threads or CP_SAT_WORKERS, per_layer_tp=per_layer_tp, progress=progress)
 
@@ -253,23 +252,23 @@ class _Queue:
         return self.heap[0][0] if self.heap else math.inf
 
 
-def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch: int,
+def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
             pins: Pins, allow_cross_node_tp: bool, top_k: int, time_limit_s: float, threads: int,
             per_layer_tp: bool, progress: Callable[[int, int, float | None], None] | None) -> SearchResult:
     start = time.perf_counter()
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k)
-    space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+    space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                  allow_cross_node_tp=allow_cross_node_tp)
-    families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch),  # type: ignore[arg-type]
+    families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch_size),  # type: ignore[arg-type]
                  partial(outer_choices, profile, family=family, **space))
                 for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                                allow_cross_node_tp=allow_cross_node_tp)]
     queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, **space), families)  # type: ignore[arg-type]
     if not queue.heap:
         raise NoValidConfiguration(explain_no_configuration(
-            profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+            profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
             allow_cross_node_tp=allow_cross_node_tp))
     greedy = _greedy_incumbent(cost, queue, modes, state.lower_bound) if top_k == 1 else None
     first = None

@@ -13,24 +13,25 @@ from autopar.errors import DoesNotFit, NoValidConfiguration
 from autopar.profile import ModelProfile
 from autopar.search.space import Pins, degrees, outer_choices
 from cost_models import ConfigError, CostModel, HardwareProfile
+from cost_models.config import flag
 
 GIB = 2**30
 
 
 def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
-                 global_batch: int, pins: Pins, cost: CostModel | None = None) -> tuple[float, str] | None:
+                 global_batch_size: int, pins: Pins, cost: CostModel | None = None) -> tuple[float, str] | None:
     """(peak bytes per GPU, configuration) of the most memory-frugal plan, or None if none is valid. ``cost``: a
     cost model of the same profile and hardware to reuse (its layer costs are cached)."""
     cost = cost or CostModel(profile, hw)
     best: tuple[float, str] | None = None
     frugal = replace(pins, recompute=pins.recompute or "full")
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
-                             global_batch=global_batch, pins=frugal):
-        if cfg.zero_stage != (3 if cfg.grad_replicas > 1 else 0) and pins.zero is None:
+                             global_batch_size=global_batch_size, pins=frugal):
+        if cfg.zero_stage != (3 if cfg.grad_replicas > 1 else 0) and pins.zero_stage is None:
             continue
-        if cfg.micro_batch != 1 and pins.micro_batch is None:
+        if cfg.micro_batch_size != 1 and pins.micro_batch_size is None:
             continue
-        if not cfg.offload_activations and pins.offload is None:  # its offloading twin never needs more memory
+        if not cfg.offload_activations and pins.offload_activations is None:  # its offloading twin never needs more memory
             continue
         if cfg.schedule == "interleaved" and pins.schedule is None:  # more micro-batches in flight than 1F1B
             continue
@@ -44,26 +45,26 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
 
 
 def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
-                       global_batch: int, pins: Pins) -> NoReturn:
+                       global_batch_size: int, pins: Pins) -> NoReturn:
     """Raise DoesNotFit naming the smallest change that would fit (or NoValidConfiguration: nothing is valid)."""
     cost = CostModel(profile, hw)  # one for every count and batch tried: they share most layer costs
-    here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, pins=pins,
+    here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                         cost=cost)
     if here is None:
         raise NoValidConfiguration(explain_no_configuration(profile, gpus=gpus, gpus_per_node=gpus_per_node,
-                                                            global_batch=global_batch, pins=pins))
+                                                            global_batch_size=global_batch_size, pins=pins))
     need, where = here
     fixes = [f"at least {need / GIB:.1f} GiB per GPU ({where})"]
     for more in (gpus * 2 ** i for i in range(1, 8)):
         found = least_memory(profile, hw, gpus=more, gpus_per_node=gpus_per_node,
-                             global_batch=max(global_batch, more), pins=replace(pins, dp=None), cost=cost)
+                             global_batch_size=max(global_batch_size, more), pins=replace(pins, dp=None), cost=cost)
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"{more} GPUs")
             break
-    for smaller in (global_batch // 2 ** i for i in range(1, 12)):
+    for smaller in (global_batch_size // 2 ** i for i in range(1, 12)):
         if smaller < 1:
             break
-        found = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch=smaller, pins=pins,
+        found = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=smaller, pins=pins,
                              cost=cost)
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"global batch {smaller}")
@@ -73,11 +74,10 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
 
 
 def _pins_text(pins: Pins) -> str:
-    given = {k: v for k, v in pins.__dict__.items() if v is not None}
-    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in given.items())
+    return " ".join(flag(name, value) for name, value in pins.given().items())
 
 
-def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
+def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
                              allow_cross_node_tp: bool = False) -> str:
     """Why no outer choice exists: the data-parallel degrees the GPU count allows (tp inside a node and dividing
     the model's heads, cp splitting the sequence into 2·cp chunks, pp at most its layers) all fail to divide the
@@ -86,16 +86,16 @@ def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node:
     splits = list(degrees(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), pins=Pins(),
                           allow_cross_node_tp=allow_cross_node_tp))
     dps = sorted({dp for _, _, _, dp in splits})
-    if dps and not any(global_batch % dp == 0 for dp in dps):
-        batch, dp = min((-(-global_batch // dp) * dp, dp) for dp in dps)
+    if dps and not any(global_batch_size % dp == 0 for dp in dps):
+        batch, dp = min((-(-global_batch_size // dp) * dp, dp) for dp in dps)
         shown = ", ".join(map(str, dps[:6])) + (", ..." if len(dps) > 6 else "")
         return (f"no split of {gpus} GPUs into tp × cp × pp × dp has a data-parallel degree dividing the global batch "
-                f"{global_batch}: with tp at most {max(t for t, *_ in splits)} (inside a node, dividing the heads), "
+                f"{global_batch_size}: with tp at most {max(t for t, *_ in splits)} (inside a node, dividing the heads), "
                 f"cp splitting the sequence and pp at most {n_layers} (the model's layers), dp is one of {shown}; use "
-                f"--global-batch {batch} (a multiple of dp {dp}) or fewer GPUs")
+                f"--global-batch-size {batch} (a multiple of dp {dp}) or fewer GPUs")
     pinned = _pins_text(pins)
     if pinned:
-        return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch} "
+        return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch_size} "
                 "(degrees multiply to the GPU count, the batch divides by micro-batch × dp, interleaving needs "
                 "pp ≥ 2 and micro-batches a multiple of pp); relax a pin")
-    return f"no valid configuration of {gpus} GPUs for global batch {global_batch}"
+    return f"no valid configuration of {gpus} GPUs for global batch {global_batch_size}"

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from autopar.search.relaxations import lower_hull
 from cost_models.pipeline import pipeline_total
 
 _ROUNDING = 1e-9  # a block that fits to rounding fits (only lowers the bound)
@@ -126,15 +127,9 @@ def _cheapest(costs: Sequence[tuple[float, int]], k: int) -> float:
 
 def _falling_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The lower convex hull of (bytes, seconds) points sorted by bytes, up to its fastest point."""
-    hull: list[tuple[float, float]] = []
-    for p in points:
-        if hull and p[1] >= hull[-1][1]:
-            continue  # more bytes and no faster: not on the falling part
-        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) >= \
-                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
-            hull.pop()
-        hull.append(p)
-    return hull
+    hull = lower_hull(points)
+    fastest = min(range(len(hull)), key=lambda h: (hull[h][1], h))
+    return hull[:fastest + 1]
 
 
 def _at(hull: list[tuple[float, float]], x: float) -> float:

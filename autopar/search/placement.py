@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from autopar.search.granularity import Device, least_slowest, linear, memory_times
+from cost_models.composition import zero3_form
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,6 @@ class Layers:
     last: int
     cache: dict = dataclasses.field(default_factory=dict, compare=False)  # memory_times by options and device,
     # kept by the caller for as long as the option lists it names live (bound.LowerBound: the whole search)
-
-
-def busy(o: Any) -> float:
-    return o.busy + o.row["z3_sync"]
 
 
 def place(layers: Layers, *, pp: int, p2p: Sequence[float], in_flight: Sequence[float], usable: float,
@@ -61,9 +58,9 @@ def place(layers: Layers, *, pp: int, p2p: Sequence[float], in_flight: Sequence[
             alone = _devices(layers, [i], pp=pp, p2p=p2p, in_flight=in_flight, usable=usable, fewest=0, most=most,
                              own=own)
             slowest = max(slowest, least_slowest(layers.distinct[i][1] - sum(own(d, [i]) for d in range(pp)), alone))
-    forms: list[Callable[[Any], float]] = [busy]
-    if zero3_overlap is not None:  # compute hides no more ZeRO-3 traffic than itself (composition.zero3_time)
-        forms.append(lambda o: o.busy + o.row["z3"] + o.row["z3_sync"] - zero3_overlap * (o.row["fwd"] + o.row["bwd"]))
+    forms: list[Callable[[Any], float]] = [lambda o: o.least]  # composition.least_time
+    if zero3_overlap is not None:  # compute hides no more ZeRO-3 traffic than itself
+        forms.append(lambda o: zero3_form(o.row, zero3_overlap))
     for form in forms:
         slowest = max(slowest, _by_threshold(layers, form, p2p, blocks, fewest, most, own))
     return Placement(slowest, blocks, devices)
@@ -75,7 +72,7 @@ def _devices(layers: Layers, kinds: Sequence[int], *, pp: int, p2p: Sequence[flo
     devices = []
     for d in range(pp):
         pins = ([layers.first] if d == 0 else []) + ([layers.last] if d == pp - 1 else [])
-        fixed = p2p[d] + sum(min(busy(o) for o in layers.distinct[i][2]) for i in pins)
+        fixed = p2p[d] + sum(min(o.least for o in layers.distinct[i][2]) for i in pins)
         budget = usable - sum(min(o.memory(in_flight[d]) for o in layers.distinct[i][2]) for i in pins)
         mine = own(d, kinds)
         devices.append(Device(fixed, _times(layers, kinds, in_flight[d], budget, max(0, most - mine)),
@@ -89,7 +86,7 @@ def _times(layers: Layers, kinds: Sequence[int], in_flight: float, budget: float
     key = (tuple(id(layers.distinct[i][2]) for i in kinds), in_flight, budget, most)
     times = layers.cache.get(key)
     if times is None:
-        points = [(layers.distinct[i][1], [(o.memory(in_flight), busy(o)) for o in layers.distinct[i][2]]) for i in kinds]
+        points = [(layers.distinct[i][1], [(o.memory(in_flight), o.least) for o in layers.distinct[i][2]]) for i in kinds]
         times = layers.cache[key] = memory_times(points, budget, most)
     return times
 

@@ -3,10 +3,9 @@ options, a least-cost cover, and a golden-section search over a concave bound's 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:
-    from autopar.search.bound import Option
+from autopar.search.option import Option
 
 
 def golden_max(f: Callable[[float], float], iterations: int = 12) -> float:

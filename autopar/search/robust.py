@@ -45,7 +45,7 @@ def step_at(profile: ModelProfile, cfg: ParallelConfig, hw: HardwareProfile) -> 
 
 def describe(cfg: ParallelConfig) -> str:
     """A plan's outer decisions in a few words (what a regret names)."""
-    return (f"tp {cfg.tp} pp {cfg.pp} dp {cfg.dp} micro-batch {cfg.micro_batch}×{cfg.num_microbatches} "
+    return (f"tp {cfg.tp} pp {cfg.pp} dp {cfg.dp} micro-batch {cfg.micro_batch_size}×{cfg.num_microbatches} "
             f"ZeRO-{cfg.zero_stage}{' SP' if cfg.sequence_parallel else ''} {cfg.schedule}"
             f"{f' v{cfg.virtual_stages}' if cfg.virtual_stages > 1 else ''}{' offload' if cfg.offload_activations else ''}")
 

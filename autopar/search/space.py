@@ -17,7 +17,6 @@ Dominated choices left out unless pinned, because the cost model can never prefe
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from math import gcd
 from typing import Iterator
@@ -26,31 +25,11 @@ from autopar.errors import AutoparError
 from autopar.pricing import attention_kernel
 from autopar.profile import ModelProfile
 from cost_models import ParallelConfig
-from cost_models.config import model_experts
+from cost_models.config import ZERO_STAGES, Pins, default, quick_config
+from cost_models.decisions import declarations
+from cost_models.rules import model_experts
 
-ZERO_STAGES = (0, 1, 2, 3)
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
-
-
-@dataclasses.dataclass(frozen=True)
-class Pins:
-    """Decisions the user fixed (None: free)."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    micro_batch: int | None = None
-    zero: int | None = None
-    recompute: str | None = None          # one mode for every block
-    sequence_parallel: bool | None = None
-    schedule: str | None = None
-    virtual_stages: int | None = None
-    offload: bool | None = None
-    cp: int | None = None                 # context parallelism
-    cp_comm: str | None = None            # not searched: its exchange (None: all_gather, what autopar launch runs)
-    ep: int | None = None                 # expert parallelism (mixture-of-experts models)
-    etp: int | None = None                # the experts' tensor-parallel degree: tp or 1
-    moe_imbalance: float | None = None    # not searched: the load the plan assumes (None: the default)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,7 +52,7 @@ def tp_degrees(profile: ModelProfile, gpus: int, gpus_per_node: int, allow_cross
 
 def cp_degrees(profile: ModelProfile, gpus: int, pins: Pins) -> list[int]:
     """Context-parallel degrees for ``gpus`` GPUs (those tp leaves): divisors whose 2·cp chunks split the
-    sequence evenly (cost_models.config.check_context); only cp 1 for a model without attention, which has
+    sequence evenly (cost_models.rules.check_context); only cp 1 for a model without attention, which has
     nothing to gain from it but smaller pieces of the same work."""
     if pins.cp is not None:
         return [pins.cp] if gpus % pins.cp == 0 else []
@@ -99,10 +78,10 @@ def degrees(profile: ModelProfile, *, gpus: int, gpus_per_node: int, pins: Pins,
                     yield tp, cp, pp, dp
 
 
-def _micro_batches(global_batch: int, tp: int, cp: int, dp: int, pins: Pins) -> list[int]:
+def _micro_batches(global_batch_size: int, tp: int, cp: int, dp: int, pins: Pins) -> list[int]:
     """Micro-batch sizes of a split: dividing the batch over dp, and (free) sharing no factor with cp."""
-    free = pins.cp is None and pins.dp is None and pins.micro_batch is None  # the dominating choice is open
-    return [b for b in divisors(global_batch) if global_batch % (b * dp) == 0 and pins.micro_batch in (None, b)
+    free = pins.cp is None and pins.dp is None and pins.micro_batch_size is None  # the dominating choice is open
+    return [b for b in divisors(global_batch_size) if global_batch_size % (b * dp) == 0 and pins.micro_batch_size in (None, b)
             and not (free and gcd(cp, b) > 1)]
 
 
@@ -117,34 +96,43 @@ def context_families(profile: ModelProfile, *, gpus: int, gpus_per_node: int, pi
 
 
 def family_templates(profile: ModelProfile, family: tuple[int, int], *, gpus: int, gpus_per_node: int,
-                     global_batch: int, pins: Pins, allow_cross_node_tp: bool = False) -> list[ParallelConfig]:
+                     global_batch_size: int, pins: Pins, allow_cross_node_tp: bool = False) -> list[ParallelConfig]:
     """One configuration (pp 1, the family's largest dp, no ZeRO) per micro-batch, sequence parallelism and
     expert degrees that a (tp, cp) family's choices may take: what LowerBound.family prices its work by."""
     tp, cp = family
     dps = {dp for t, c, _, dp in degrees(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                          allow_cross_node_tp=allow_cross_node_tp) if (t, c) == family}
     widest = gpus // (tp * cp)
-    sizes = sorted({b for dp in dps for b in _micro_batches(global_batch, tp, cp, dp, pins)})
-    kernel = attention_kernel(profile)
-    return [ParallelConfig(tp=tp, pp=1, dp=widest, micro_batch=b, num_microbatches=1, recompute="none",
-                           sequence_parallel=sp, gpus_per_node=gpus_per_node, attention_kernel=kernel,  # type: ignore[arg-type]
-                           ep=ep, etp=etp, moe_imbalance=pins.moe_imbalance, cp=cp,
-                           cp_comm=pins.cp_comm or "all_gather")  # type: ignore[arg-type]
+    sizes = sorted({b for dp in dps for b in _micro_batches(global_batch_size, tp, cp, dp, pins)})
+    fixed = given_decisions(profile, pins, cp)
+    return [quick_config(tp=tp, pp=1, dp=widest, micro_batch_size=b, num_microbatches=1, recompute="none",
+                           sequence_parallel=sp, gpus_per_node=gpus_per_node, ep=ep, etp=etp, cp=cp, **fixed)
             for b in sizes for sp in _sp_choices(tp, pins)
             for ep, etp in expert_choices(profile, tp=tp, dp=widest, pins=pins, cp=cp)]
+
+
+def given_decisions(profile: ModelProfile, pins: Pins, cp: int) -> dict[str, object]:
+    """The decisions the search takes as given (declared ``searched=False``: the recipe, the attention kernel, the
+    experts' load, the context-parallel exchange): the pinned value, else the default; the attention kernel the
+    model runs, and the default exchange where there is no context parallelism (every exchange is the same then)."""
+    fixed = {d.name: getattr(pins, d.name) for d in declarations(ParallelConfig)
+             if d.declared.flag and not d.declared.searched and getattr(pins, d.name) is not None}
+    fixed["attention_kernel"] = attention_kernel(profile, fixed.get("attention_kernel", default("attention_kernel")))
+    if cp == 1:
+        fixed.pop("cp_comm", None)
+    return fixed
 
 
 def _sp_choices(tp: int, pins: Pins) -> list[bool]:
     return [sp for sp in ((False, True) if tp > 1 else (False,)) if pins.sequence_parallel in (None, sp)]
 
 
-def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch: int, pins: Pins,
+def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
                   allow_cross_node_tp: bool = False, family: tuple[int, int] | None = None,
                   defer_families: bool = False) -> Iterator[ParallelConfig]:
     """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
     model: Megatron's even split, no recomputation), with the attention kernel the model runs. ``family``: only
     that (tp, cp) family's; ``defer_families``: leave out the families context_families names."""
-    kernel = attention_kernel(profile)
     n_layers = len(profile.layers)
     deferred = set(context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                     allow_cross_node_tp=allow_cross_node_tp)) if defer_families else set()
@@ -152,30 +140,29 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                                   allow_cross_node_tp=allow_cross_node_tp):
         if (family is not None and (tp, cp) != family) or (family is None and (tp, cp) in deferred):
             continue
-        cp_comm = (pins.cp_comm or "all_gather") if cp > 1 else "all_gather"
+        fixed = given_decisions(profile, pins, cp)
         experts = expert_choices(profile, tp=tp, dp=dp, pins=pins, cp=cp)
-        for b in _micro_batches(global_batch, tp, cp, dp, pins):
-            m = global_batch // (b * dp)
+        for b in _micro_batches(global_batch_size, tp, cp, dp, pins):
+            m = global_batch_size // (b * dp)
             for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
-                if pins.zero is not None and zero != pins.zero:
+                if pins.zero_stage is not None and zero != pins.zero_stage:
                     continue
-                if zero == 2 and m > 1 and pins.zero is None:
+                if zero == 2 and m > 1 and pins.zero_stage is None:
                     continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)
                 for sp in _sp_choices(tp, pins):
                     for schedule, v in _schedules(pp, m, n_layers, pins):
-                        for offload in ((False, True) if pins.offload is None else (pins.offload,)):
+                        for offload in ((False, True) if pins.offload_activations is None else (pins.offload_activations,)):
                             for ep, etp in experts:
-                                yield ParallelConfig(
-                                    tp=tp, pp=pp, dp=dp, micro_batch=b, num_microbatches=m, zero_stage=zero,
+                                yield quick_config(
+                                    tp=tp, pp=pp, dp=dp, micro_batch_size=b, num_microbatches=m, zero_stage=zero,
                                     recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
                                     virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
-                                    attention_kernel=kernel, ep=ep, etp=etp,  # type: ignore[arg-type]
-                                    moe_imbalance=pins.moe_imbalance, cp=cp, cp_comm=cp_comm)  # type: ignore[arg-type]
+                                    ep=ep, etp=etp, cp=cp, **fixed)
 
 
 def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins, cp: int = 1) -> list[tuple[int, int | None]]:
     """(ep, etp) a stage of tp·cp·dp GPUs may run the experts at (etp None: the stage's tp): every ep dividing the
-    routed experts and tp·cp·dp/etp (cost_models.config.check_experts); (1, None) for a model without experts."""
+    routed experts and tp·cp·dp/etp (cost_models.rules.check_experts); (1, None) for a model without experts."""
     experts, ffn = model_experts(profile)
     if experts is None:
         return [(1, None)]
@@ -191,7 +178,7 @@ def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins, cp: i
 
 def choice_key(cfg: ParallelConfig) -> tuple:
     """An outer choice's decisions, for a deterministic order among equally fast plans."""
-    return (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.num_microbatches, cfg.zero_stage, cfg.sequence_parallel,
+    return (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.num_microbatches, cfg.zero_stage, cfg.sequence_parallel,
             cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp, cfg.cp, cfg.cp_comm)
 
 

@@ -1,0 +1,160 @@
+"""The rules a parallel configuration obeys, each written once; ParallelConfig, make_config, autopar's plan and its
+runtime call them. Each raises ConfigError with a one-line reason and what to change. The allowed values of each
+field are its declaration's (cost_models/decisions.py: ``Decision.check``).
+
+Megatron's conventions (Narayanan et al. 2021; Megatron-LM ``initialize_model_parallel``): ``N = dp × cp × pp × tp``;
+global batch ``B = micro_batch_size × dp × num_microbatches`` (NVIDIA BioNeMo / NeMo "Training Parallelism"
+documentation); under pipelining the micro-batches are the gradient-accumulation steps.
+"""
+from __future__ import annotations
+
+from math import gcd
+from typing import Any
+
+from cost_models.errors import ConfigError
+from cost_models.model import ModelLike
+
+
+class Degrees:
+    """The degrees of a configuration (its ``degrees`` record): tp·cp·pp·dp GPUs, the experts' etp·ep·edp over a
+    stage's tp·cp·dp (Megatron-Core folds expert parallelism over cp·dp). torchtitan's ``ParallelDims``: the check
+    prints the formula that fails."""
+
+    __slots__ = ()
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    etp: int | None
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def stage(self) -> int:
+        """GPUs of one pipeline stage: tp·cp·dp."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: etp, or the stage's tp where it is left out (Megatron-Core's default)."""
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def edp(self) -> int:
+        """GPUs of a stage holding the same experts: tp·cp·dp / (etp·ep)."""
+        return self.stage // (self.expert_tp * self.ep)
+
+    def check(self, world: int | None = None) -> None:
+        """The degrees multiply to ``world`` (when given), and the experts' divide a stage."""
+        if world is not None and self.world != world:
+            what = f"pp({self.pp}) * dp({self.dp}) * tp({self.tp})" + (f" * cp({self.cp})" if self.cp != 1 else "")
+            raise ConfigError(f"{what} = {self.world} != world_size({world}); "
+                              "pick degrees whose product is the number of GPUs")
+        etp = self.expert_tp
+        if etp not in (1, self.tp):
+            raise ConfigError(f"expert tensor parallelism etp {etp} must be the stage's tp ({self.tp}) or 1")
+        if self.stage % (etp * self.ep):
+            what = f"tp({self.tp}) * dp({self.dp})" if self.cp == 1 else f"tp({self.tp}) * cp({self.cp}) * dp({self.dp})"
+            raise ConfigError(f"ep({self.ep}) * etp({etp}) = {self.ep * etp} does not divide the stage's {what} = "
+                              f"{self.stage} GPUs (etp * ep * edp); pick an ep that divides {self.stage // etp}")
+
+
+def check_batch(global_batch_size: int, *, micro_batch_size: int, dp: int, num_microbatches: int) -> None:
+    """global batch = micro-batch × dp × micro-batches (NeMo / BioNeMo's formula)."""
+    if micro_batch_size * dp * num_microbatches != global_batch_size:
+        raise ConfigError(f"micro_batch_size({micro_batch_size}) * dp({dp}) * num_microbatches({num_microbatches}) "
+                          f"!= global_batch_size({global_batch_size})")
+
+
+def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatches: int) -> None:
+    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and m a multiple of pp (Megatron)."""
+    if schedule != "interleaved" and virtual_stages != 1:
+        raise ConfigError(f"virtual_stages {virtual_stages} needs schedule 'interleaved' (schedule is '{schedule}')")
+    if schedule == "interleaved":
+        if pp < 2:
+            raise ConfigError("the interleaved schedule needs pp ≥ 2; use --schedule 1f1b")
+        if num_microbatches % pp:
+            raise ConfigError(f"interleaved 1F1B needs the number of micro-batches ({num_microbatches}) to be a "
+                              f"multiple of pp ({pp}) (Megatron); change --global-batch-size")
+
+
+def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:
+    """Sequence parallelism splits, over the tensor-parallel group, the activations tensor parallelism leaves
+    replicated (norms, dropout; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models"): without a tensor-parallel group there is nothing to split."""
+    if sequence_parallel and tp < 2:
+        raise ConfigError(f"sequence parallelism needs tp > 1 (it splits activations over the tensor-parallel "
+                          f"group) but tp is {tp}; drop --sequence-parallel or raise --tp")
+
+
+def check_context(cp: int, *, seq_len: int) -> None:
+    """Context parallelism splits every sequence into 2·cp chunks, rank i holding chunks i and 2·cp − 1 − i so
+    that causal attention's work is even (Megatron-LM: "seq-length should be a multiple of 2 *
+    context-parallel-size")."""
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(f"cp {cp} needs the sequence length ({seq_len}) to be a multiple of 2 × cp = {2 * cp} "
+                          "(each rank holds two of 2·cp chunks); pick a cp that divides it")
+
+
+def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch_size: int, zero_stage: int,
+                       sequence_parallel: bool, cp: int = 1) -> None:
+    """A layer at its own tensor-parallel degree t views the stage's tp·dp devices as t × (tp·dp / t): t must
+    divide them and keep every replica's micro-batch whole; the runtime runs it without ZeRO, SP and context
+    parallelism."""
+    if t == tp:
+        return
+    if cp > 1:
+        raise ConfigError(f"layer {name}: per-layer tp degrees run without context parallelism; use one tp for "
+                          "every layer or cp 1")
+    if zero_stage or sequence_parallel:
+        raise ConfigError(f"layer {name}: per-layer tp degrees run without ZeRO and sequence parallelism; use one "
+                          "tp for every layer or zero_stage 0 without sequence parallelism")
+    if t < 1 or (tp * dp) % t:
+        raise ConfigError(f"layer {name}: tp {t} does not divide the stage's tp({tp}) * dp({dp}) = {tp * dp} devices")
+    if (micro_batch_size * t) % tp:
+        raise ConfigError(f"layer {name}: tp {t} gives it dp {tp * dp // t}, which does not divide the stage's "
+                          f"micro-batch of {micro_batch_size * dp} samples")
+
+
+def model_experts(model: ModelLike) -> tuple[int | None, int | None]:
+    """(routed experts, expert FFN width) of the model's MoE layers, or (None, None) without any."""
+    moes = [layer.moe for layer in model.layers if getattr(layer, "moe", None)]  # type: ignore[attr-defined]
+    if not moes:
+        return None, None
+    experts = sorted({m.num_experts for m in moes})
+    return experts[0] if len(experts) == 1 else _gcd_all(experts), _gcd_all(sorted({m.expert_ffn_size for m in moes}))
+
+
+def _gcd_all(values: list[int]) -> int:
+    out = 0
+    for v in values:
+        out = gcd(out, v)
+    return out
+
+
+def undivided(pattern: Any, tp: int) -> str:
+    """What of a layer ``tp`` does not divide, in words: its attention heads, its key/value heads (GQA, MQA), or
+    the other sizes its pattern splits (FFN width, vocabulary)."""
+    for attr, words in (("heads", "attention heads"), ("kv_heads", "key/value heads")):
+        sizes = sorted({getattr(p, attr) for p in pattern.pairs if getattr(p, attr)})
+        if sizes and any(n % tp for n in sizes):
+            return f"the {next(n for n in sizes if n % tp)} {words}"
+    return f"{[d for d in pattern.divisors if d % tp] or list(pattern.divisors)}"
+
+
+def check_experts(num_experts: int | None, degrees: Degrees, *, expert_ffn: int | None = None) -> None:
+    """Expert parallelism (Megatron-Core): the degrees' own check, and ep divides the routed experts (and etp their
+    FFN width); a model without experts runs ep = 1."""
+    if num_experts is None:
+        if degrees.ep != 1:
+            raise ConfigError(f"--ep {degrees.ep}: the model has no mixture-of-experts layer; use ep 1")
+        return
+    degrees.check()
+    if num_experts % degrees.ep:
+        raise ConfigError(f"ep({degrees.ep}) does not divide the model's {num_experts} routed experts; "
+                          f"pick an ep that divides {num_experts}")
+    if expert_ffn is not None and expert_ffn % degrees.expert_tp:
+        raise ConfigError(f"etp({degrees.expert_tp}) does not divide the experts' FFN width {expert_ffn}; use etp 1")
