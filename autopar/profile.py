@@ -112,6 +112,10 @@ class LayerProfile(_Frozen):
         default_factory=dict, description="the heavy bytes by kernel (gelu_tanh, layer_norm, ...): per sample, fixed")
     saved_bytes_per_sample: int = Field(description="activation bytes autograd saves for backward")
     saved_bytes_fixed: int = 0
+    autocast_saved_bytes_per_sample: int | None = Field(
+        default=None, description="the same with fp32 weights under torch.autocast, as autopar's runtime runs a "
+                                  "mixed-precision plan without FSDP2 (None: not measured, an fp32 capture)")
+    autocast_saved_bytes_fixed: int | None = None
     input_bytes_per_sample: int = Field(description="bytes of the layer's external activation inputs")
     cut_bytes_per_sample: int = Field(description="activation bytes crossing the cut after this layer")
     cut_bytes_fixed: int = 0

@@ -20,10 +20,11 @@ Each number names its source; tests/test_engines.py checks every engine against 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from cost_models.errors import ConfigError
 from cost_models.hardware import EfficiencyTable, HardwareProfile, KernelCosts
+from cost_models.model import DTYPE_BYTES
 
 DEFAULT_ENGINE = "autopar"
 FSDP2_COPIES = ("FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather outputs out into the parameters "
@@ -42,6 +43,7 @@ class Engine:
     zero3_overlap: float = 1.0
     layer_overhead_s: float = 0.0
     zero3_copies: str = "none"
+    autocast: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -52,6 +54,7 @@ class Engine:
     def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
         return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
                        zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
+                       autocast=self.autocast or hw.autocast,
                        comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
@@ -96,7 +99,7 @@ ENGINES: dict[str, Engine] = {
     "autopar": Engine(
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
-        compute=0.98, zero3_copies="per_parameter",
+        compute=0.98, zero3_copies="per_parameter", autocast=True,
         sources={
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
                        "tests/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
@@ -104,7 +107,9 @@ ENGINES: dict[str, Engine] = {
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
-            "zero3_copies": FSDP2_COPIES}),
+            "zero3_copies": FSDP2_COPIES,
+            "autocast": "autopar/runtime/parallelize.py: a bf16 / fp16 plan that FSDP2's MixedPrecisionPolicy does not "
+                        "cast runs under torch.autocast with fp32 weights (data_parallel_engines)"}),
     "deepspeed": Engine(
         "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
         compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055,
@@ -127,3 +132,37 @@ def load_engine(name: str) -> Engine:
     if engine is None:
         raise ConfigError(f"unknown engine '{name}'; use one of {', '.join(ENGINES)}")
     return engine
+
+
+@dataclass(frozen=True)
+class DataParallelEngines:
+    """How autopar's own runtime (autopar/runtime/parallelize.py) runs a configuration's data parallelism, with
+    PyTorch's engines (autopar/runtime/data_parallel.py): the cost model reads it where the runtime's choice
+    changes what is held (``autocast``)."""
+
+    fsdp: bool         # FSDP2: ZeRO-2/3 (ZeRO-1 with TP or experts), or mixed precision on one device
+    reshard: bool      # ZeRO-3: parameters re-gathered for backward
+    ddp: bool          # DDP (ZeRO-0, and ZeRO-1 under ZeroRedundancyOptimizer)
+    manual_sync: bool  # a gradient all-reduce per parameter after backward
+    zero1: bool        # ZeroRedundancyOptimizer
+    autocast: bool     # the forward runs under torch.autocast (a mixed-precision plan that FSDP2 does not cast)
+
+
+def data_parallel_engines(cfg: Any, dtype: str) -> DataParallelEngines:
+    """The engines autopar's runtime picks for ``cfg`` (a cost_models.config.ParallelConfig) training in ``dtype``."""
+    zero, pipelined = cfg.zero_stage, cfg.chunks > 1
+    dp = cfg.dp * cfg.cp  # the gradients' data-parallel degree: context-parallel ranks reduce theirs too
+    degrees = cfg.layer_tp or (cfg.tp,)
+    uniform = all(t == cfg.tp for t in degrees)
+    # DDP and ZeroRedundancyOptimizer: plain tensors, all reduced over dp (experts are DTensors, over edp)
+    ddp_ok = max(degrees) == 1 and cfg.ep == 1
+    # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
+    # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
+    manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not uniform
+    manual = manual or (zero == 0 and pipelined)
+    sharded = not manual and dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
+    mixed = DTYPE_BYTES[dtype] < 4
+    one_device = not manual and dp == 1 and mixed and cfg.gpus == 1
+    fsdp = sharded or one_device
+    return DataParallelEngines(fsdp=fsdp, reshard=sharded and zero == 3, ddp=not manual and dp > 1 and not sharded,
+                               manual_sync=manual, zero1=zero == 1 and ddp_ok and dp > 1, autocast=mixed and not fsdp)

@@ -36,7 +36,7 @@ from cost_models import comm
 from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_times
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
-from cost_models.model import LayerLike, heavy_mix, input_bytes
+from cost_models.model import LayerLike, autocast_ratio, heavy_mix, input_bytes
 
 # Switch Transformer (Fedus et al. 2022, §2.2 and Table 1) trains at capacity factor 1.25, the share above an
 # even split at which few tokens overflow an expert under an auxiliary load-balancing loss; a dropless run is
@@ -77,6 +77,8 @@ class DenseView:
                                           getattr(layer, "fwd_heavy_bytes_by_kernel", {}).items()}
         self.saved_bytes_per_sample = max(0, int(layer.saved_bytes_per_sample
                                                  - per_sample * moe.expert_saved_bytes_per_token))
+        if getattr(layer, "autocast_saved_bytes_per_sample", None) is not None:  # autocast's share, as the layer's
+            self.autocast_saved_bytes_per_sample = round(self.saved_bytes_per_sample * autocast_ratio(layer))
         self.moe = None
 
     def __getattr__(self, name: str) -> Any:
@@ -85,7 +87,7 @@ class DenseView:
 
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
-                dtype_bytes: int) -> LayerCost:
+                dtype_bytes: int, autocast: bool = False) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding)."""
@@ -103,7 +105,7 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     bwd = BACKWARD_FACTOR * t_gemm + mem_bwd
     routed = b * seq_len * k * moe.expert_fwd_flops_per_token  # one replica's useful routed FLOPs
     executed = 3.0 * routed * cf
-    saved = received * moe.expert_saved_bytes_per_token
+    saved = received * moe.expert_saved_bytes_per_token * (autocast_ratio(layer) if autocast else 1.0)
     a2a = comm.all_to_all_time(received * h * dtype_bytes, ep, stride=etp, gpus_per_node=gpus_per_node, hw=hw)
     tp_fwd, tp_bwd = _tensor_parallel(layer, b=b, tp=tp, etp=etp, gathered=received * etp * h * dtype_bytes,
                                       sequence_parallel=sequence_parallel, gpus_per_node=gpus_per_node, hw=hw)

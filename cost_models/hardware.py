@@ -175,6 +175,9 @@ class HardwareProfile:
     # The copies the engine's ZeRO-3 makes on the compute stream (ZERO3_COPIES; cost_models.step prices them); set by
     # cost_models.engines.
     zero3_copies: str = "none"
+    # The engine runs a mixed-precision plan that FSDP2 does not cast under torch.autocast with fp32 weights, so
+    # its activations are those capture measured that way (engines.data_parallel_engines); set by cost_models.engines.
+    autocast: bool = False
     # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
     calibrated: bool = False
 

@@ -70,16 +70,17 @@ def model_state_bytes(params_per_gpu: float, precision: Precision, *, dp: int, z
     return params, grads, optimizer
 
 
-def tp_saved_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) -> float:
-    """Activation bytes one tp rank saves for ``layer`` (no recomputation)."""
-    total = float(saved_bytes(layer, b))
+def tp_saved_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool, autocast: bool = False) -> float:
+    """Activation bytes one tp rank saves for ``layer`` (no recomputation; ``autocast``: under torch.autocast with
+    fp32 weights, where the layer's input, the residual stream, is fp32)."""
+    total = float(saved_bytes(layer, b, autocast))
     if tp == 1 or not layer.tp.plan:
         return total
     if sequence_parallel:
         return total / tp
     if not is_tp_sharded(layer, tp):
         return total
-    replicated = min(total, max(1, 2 * len(layer.tp.pairs)) * input_bytes(layer, b))
+    replicated = min(total, max(1, 2 * len(layer.tp.pairs)) * input_bytes(layer, b) * (2 if autocast else 1))
     return replicated + (total - replicated) / tp
 
 
@@ -96,16 +97,18 @@ def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype
 
 def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                           seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
-                          attention_dropout: bool = False) -> float:
+                          attention_dropout: bool = False, autocast: bool = False) -> float:
     """Bytes one micro-batch of ``layer`` keeps on one GPU from its forward until its backward.
 
     ``recompute`` is this layer's mode. Full recomputation keeps the layer's input (split by tp under
-    SP, as Megatron does); it never keeps more than the layer would save without recomputation."""
+    SP, as Megatron does); it never keeps more than the layer would save without recomputation. ``autocast``: the
+    forward runs under torch.autocast with fp32 weights (saved_bytes), its input (the residual stream) in fp32."""
     scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
                                 attention_kernel=attention_kernel, attention_dropout=attention_dropout)
-    saved = tp_saved_bytes(layer, b, tp, sequence_parallel) + scores
+    saved = tp_saved_bytes(layer, b, tp, sequence_parallel, autocast) + scores
     if recompute == "full":
-        kept = input_bytes(layer, b) / (tp if sequence_parallel and tp > 1 else 1)
+        widen = 4 / dtype_bytes if autocast else 1
+        kept = input_bytes(layer, b) * widen / (tp if sequence_parallel and tp > 1 else 1)
         return min(saved, kept)
     if recompute == "selective":
         split = tp if is_tp_sharded(layer, tp) else 1
@@ -116,12 +119,12 @@ def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_paralle
 
 def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                      seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
-                     attention_dropout: bool = False) -> float:
+                     attention_dropout: bool = False, autocast: bool = False) -> float:
     """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch)."""
     if recompute == "none":
         return 0.0
     kw = dict(b=b, tp=tp, sequence_parallel=sequence_parallel, seq_len=seq_len, dtype_bytes=dtype_bytes,
-              attention_kernel=attention_kernel, attention_dropout=attention_dropout)
+              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast)
     return kept_activation_bytes(layer, recompute="none", **kw) - kept_activation_bytes(layer, recompute=recompute, **kw)
 
 

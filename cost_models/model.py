@@ -93,8 +93,19 @@ def heavy_mix(layer: LayerLike, b: int) -> dict[str, float]:
     return {k: v for k, v in mix.items() if v > 0}
 
 
-def saved_bytes(layer: LayerLike, b: int) -> int:
+def saved_bytes(layer: LayerLike, b: int, autocast: bool = False) -> int:
+    """Bytes autograd saves for ``layer`` at micro-batch b: as capture traced it, or (``autocast``) as a forward
+    with fp32 weights under torch.autocast saves them, where capture measured that (autopar/capture/measure.py)."""
+    per_sample = getattr(layer, "autocast_saved_bytes_per_sample", None) if autocast else None
+    if per_sample is not None:
+        return per_sample * b + layer.autocast_saved_bytes_fixed  # type: ignore[attr-defined]
     return layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
+
+
+def autocast_ratio(layer: LayerLike) -> float:
+    """Bytes saved per sample under autocast over bytes saved as traced (1: not measured)."""
+    per_sample = getattr(layer, "autocast_saved_bytes_per_sample", None)
+    return per_sample / layer.saved_bytes_per_sample if per_sample is not None and layer.saved_bytes_per_sample else 1.0
 
 
 def input_bytes(layer: LayerLike, b: int) -> int:

@@ -20,6 +20,7 @@ from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_
 from cost_models.compute import attention_core_times, layer_compute
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
+from cost_models.engines import data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
@@ -57,24 +58,26 @@ class CostModel:
     # -- one layer -------------------------------------------------------------------------------
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
-                   cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None) -> LayerCost:
+                   cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None,
+                   autocast: bool = False) -> LayerCost:
         """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
-        group: it runs 1/cp of every sample's tokens, context.py)."""
+        group: it runs 1/cp of every sample's tokens, context.py); ``autocast``: run under torch.autocast with fp32
+        weights (its activations as capture measured them that way)."""
         mode = recompute if layer.kind == "block" else "none"
         gpn = gpus_per_node or self.hw.gpus_per_node
         attn = (attention_kernel, attention_dropout)
         context = (cp, cp_comm, gpn) if cp > 1 else ()
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
-               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context)
+               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
-                                                       sequence_parallel, mode, tp_link, attn, context)
+                                                       sequence_parallel, mode, tp_link, attn, context, autocast)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
-                    attn: tuple[str, bool], context: tuple = ()) -> LayerCost:
+                    attn: tuple[str, bool], context: tuple = (), autocast: bool = False) -> LayerCost:
         """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
         every per-token figure and 1/cp of the attention (context.py)."""
@@ -95,7 +98,7 @@ class CostModel:
             tp_bwd += tp_fwd  # the recomputed forward repeats its all-reduces (Megatron)
         split = tp if is_tp_sharded(layer, tp) else 1
         kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
-                  attention_kernel=attn[0], attention_dropout=attn[1])
+                  attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast)
         exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1], recompute=mode,
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
                                                                  dtype=self.model.dtype),
@@ -135,7 +138,7 @@ class CostModel:
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         devices = cfg.tp * cfg.grad_replicas
         whole = cfg.accumulates_unsharded
-        setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links)
+        setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links, self.autocast(cfg))
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         for i, mode, t in entries:
             layer = self.model.layers[i]
@@ -157,10 +160,11 @@ class CostModel:
         layer = self.model.layers[i]
         gpn = cfg.gpus_per_node or self.hw.gpus_per_node
         b = cfg.micro_batch_size * t // cfg.tp
+        autocast = self.autocast(cfg)
         c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
-                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn)
+                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast)
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
@@ -168,12 +172,18 @@ class CostModel:
                                   c.compute.model_flops * share),
                           added(c.traffic, Traffic(tp_fwd_s=enter, tp_bwd_s=leave)), c.held, NO_STEP_WORK)
         if getattr(layer, "moe", None):
-            c = self._with_experts(c, layer, cfg, mode)
+            c = self._with_experts(c, layer, cfg, mode, autocast)
         return c
 
-    def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str) -> LayerCost:
+    def autocast(self, cfg: ParallelConfig) -> bool:
+        """Does the engine run ``cfg``'s forward under torch.autocast with fp32 weights (hardware.autocast: autopar's
+        runtime, for a mixed-precision plan that FSDP2 does not cast: engines.data_parallel_engines)?"""
+        return self.hw.autocast and data_parallel_engines(cfg, self.model.dtype).autocast
+
+    def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str,
+                      autocast: bool) -> LayerCost:
         """A MoE layer's dense cost with its routed experts added (experts.py), record by record."""
-        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape)
+        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             e = self._experts[key] = expert_cost(
@@ -183,7 +193,7 @@ class CostModel:
                 sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance_of(layer.moe, cfg.moe_imbalance),  # type: ignore[attr-defined]
                 gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, hw=self.hw, dtype=self.model.dtype,
-                dtype_bytes=self.dtype_bytes)
+                dtype_bytes=self.dtype_bytes, autocast=autocast)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,

@@ -78,3 +78,15 @@ def test_a_decision_an_exporter_does_not_read_is_a_warning(monkeypatch):
         assert any("the plan's cp_comm 'ring'" in w for w in warnings), target.name
         default = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"cp_comm": "all_gather"})})
         assert all("the plan's cp_comm" not in w for w in export(default, target.name).warnings), target.name
+
+
+def test_every_table_keyed_by_a_decisions_values_covers_them():
+    """A mapping from a decision's values to a target's names holds every value the declaration allows (a value
+    added to the declaration fails here until each target says what it is)."""
+    from autopar.export import megatron, torchtitan
+    from autopar.report import context
+    from cost_models.config import CP_COMMS, SCHEDULES
+
+    assert set(megatron.CP_COMM_TYPES) == set(torchtitan.ROTATE_METHODS) == set(CP_COMMS)
+    assert set(context.OTHER) == set(CP_COMMS)
+    assert set(torchtitan.SCHEDULE_CLASSES) == set(SCHEDULES)

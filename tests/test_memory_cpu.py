@@ -36,7 +36,9 @@ def profile():
     return capture_model(str(EX / "gpt.py"), overrides={k: str(v) for k, v in KW.items()}, seq_len=SEQ, dtype="fp32")
 
 
-def real_step(b: int) -> dict[str, int]:
+def real_step(b: int, autocast: bool = False) -> dict[str, int]:
+    """One real step of the model (``autocast``: fp32 weights, the forward under torch.autocast to bf16, as
+    autopar's runtime runs a bf16 plan without FSDP2: autopar/runtime/parallelize.py ParallelModel.autocast)."""
     gpt = _gpt_module()
     torch.manual_seed(0)
     model = gpt.build_model(**KW)
@@ -53,7 +55,8 @@ def real_step(b: int) -> dict[str, int]:
             saved[0] += storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    mixed = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mixed:
         loss = gpt.loss_fn(model(x), x)
     loss.backward()
     opt.step()
@@ -87,3 +90,27 @@ def test_pipeline_stages_split_the_model_states(profile) -> None:
     tied = next(x.tied_params for x in profile.layers if x.tied_params)
     assert first.params_per_gpu + last.params_per_gpu == profile.params + tied
     assert first.memory.params == first.params_per_gpu * 4
+
+
+def test_a_bf16_ddp_plan_keeps_what_autocast_saves() -> None:
+    """autopar's runtime runs a bf16 plan without FSDP2 (here DDP over 2 GPUs) under torch.autocast with fp32
+    weights: the residual stream and norms stay fp32 and every linear saves its own bf16 copy of its input. The
+    cost model prices what capture measured that way for the autopar engine; per sample it equals the bytes a real
+    CPU step under autocast saves (the bf16 copies of the weights, the same at every batch, are the recipe's
+    2 bytes per parameter), and it is more than the pure-bf16 forward's."""
+    from cost_models.engines import load_engine
+
+    bf16 = capture_model(str(EX / "gpt.py"), overrides={k: str(v) for k, v in KW.items()}, seq_len=SEQ, dtype="bf16")
+    engine = CostModel(bf16, load_engine("autopar").on(load_hardware("a100-80gb")))
+    plain = CostModel(bf16, load_hardware("a100-80gb"))
+
+    def kept(cost: CostModel, b: int) -> float:
+        cfg = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=b, num_microbatches=1, recompute="none")
+        return sum(c.held.kept_bytes for c in cost.layer_costs(cfg))
+
+    assert engine.autocast(ParallelConfig(tp=1, pp=1, dp=2, num_microbatches=1))
+    assert not engine.autocast(ParallelConfig(tp=1, pp=1, dp=2, num_microbatches=1, zero_stage=3))  # FSDP2 casts
+    predicted = (kept(engine, 4) - kept(engine, 1)) / 3
+    real = (real_step(4, autocast=True)["activations"] - real_step(1, autocast=True)["activations"]) / 3
+    assert predicted == pytest.approx(real, rel=0.02)
+    assert predicted > 1.05 * (kept(plain, 4) - kept(plain, 1)) / 3

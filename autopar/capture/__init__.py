@@ -116,7 +116,8 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
         cuts = cut_bytes(g, len(layers))
         head = head_index(layers, model)
         by_node = {core.node: core for core in cores}
-        traced_layers = [layer_profile(layer, model, gm, g, head, cuts, seq, by_node) for layer in layers]
+        mixed = torch_dtype in (torch.bfloat16, torch.float16)  # measure.py measured what autocast would save
+        traced_layers = [layer_profile(layer, model, gm, g, head, cuts, seq, by_node, autocast=mixed) for layer in layers]
         assign_params(traced_layers, layers, g, wrapper, model)
         modules = {u: model.get_submodule(u) for u in reduced_units}
     by_name = {lp.name: lp for lp in traced_layers}

@@ -19,7 +19,7 @@ from autopar.profile import LayerProfile, MoEProfile, TPPattern
 
 def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule, g: nx.DiGraph,
                   head: int | None, cuts: list[tuple[float, float]], tokens: int,
-                  cores: dict[str, AttentionCore]) -> LayerProfile:
+                  cores: dict[str, AttentionCore], autocast: bool = False) -> LayerProfile:
     nodes = layer.nodes
     kept = [n for n in nodes if not g.nodes[n]["scores"]]
 
@@ -32,6 +32,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     mem, mem_fixed = total("memory_bytes", kept)
     heavy, heavy_fixed = total("heavy_bytes", kept)
     saved, saved_fixed = (a - b for a, b in zip(total("saved_bytes"), total("saved_score_bytes")))
+    # an eager attention's scores are priced apart, in the model's dtype (attention.py): left out of both
+    cast, cast_fixed = (a - b for a, b in zip(total("autocast_saved_bytes"), total("saved_score_bytes")))
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
     moe = None
@@ -41,6 +43,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         extra = 0.0 if found.padded else (moe.capacity_factor or 1.0) - 1.0
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]
         mem, saved = mem + extra * experts["memory_bytes"], saved + extra * experts["saved_bytes"]
+        cast += extra * experts["autocast_saved_bytes"]
     is_head = layer.index == head
     pattern = _pattern(layer, unit, module, gm, g, is_head, moe, cores)
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
@@ -52,6 +55,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         fwd_heavy_bytes_per_sample=heavy, fwd_heavy_bytes_fixed=heavy_fixed,
         fwd_heavy_bytes_by_kernel=_by_kernel(g, kept),
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
+        **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
+           if autocast else {}),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe)
 

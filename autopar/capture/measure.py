@@ -30,6 +30,20 @@ _VIEW_OPS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "un
 # Casts: no kernel when the tensor already has the dtype (the output is the input).
 _CASTS = {"to", "float", "half", "bfloat16", "type", "type_as"}
 
+# torch.autocast on CUDA (PyTorch "Automatic Mixed Precision package", Autocast Op Reference: "CUDA Ops that can
+# autocast to float16" and "CUDA Ops that can autocast to float32"), by the aten names capture's graphs carry. The
+# first run in the autocast dtype on casts of their inputs (and save those casts for backward); the second run in
+# fp32; every other op runs in the widest dtype of its inputs.
+AUTOCAST_LOW = {"linear", "matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "addr", "mv", "prelu",
+                "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                "convolution", "_convolution", "scaled_dot_product_attention", "chain_matmul", "multi_dot"}
+AUTOCAST_FP32 = {"layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "softmax", "_softmax",
+                 "log_softmax", "_log_softmax", "softmin", "cross_entropy", "cross_entropy_loss", "nll_loss",
+                 "nll_loss2d", "nll_loss_forward", "pow", "rsqrt", "reciprocal", "exp", "expm1", "log", "log10", "log2",
+                 "log1p", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "sum", "prod", "cumsum", "cumprod", "norm",
+                 "normalize", "dist", "cdist", "pdist", "renorm", "softplus", "mse_loss", "l1_loss", "smooth_l1_loss",
+                 "kl_div", "binary_cross_entropy_with_logits", "cosine_similarity", "logsumexp"}
+
 
 # Element-wise ops that take many instructions per element (transcendentals, normalisations): on a CPU
 # they run far below memory bandwidth, on a GPU they are memory-bound like the rest. Their bytes are
@@ -94,7 +108,13 @@ class NodeCost:
     heavy_kernel: str = ""
     saved_bytes: int = 0
     saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
+    autocast_saved_bytes: int = 0  # what autograd would save with fp32 weights under torch.autocast (attribute_autocast)
     aten_ops: int = 0
+
+
+def op_name_of(meter: "_Meter", name: str) -> str:
+    """The op of the node called ``name`` in the meter's graph."""
+    return op_name(meter._names[name])
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -124,8 +144,11 @@ def tensor_bytes(value: Any) -> int:
 class _Meter(torch.fx.Interpreter):
     """fx Interpreter that records the cost of every node it runs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int], scores: set[str]):
+    def __init__(self, gm: torch.fx.GraphModule, excluded_storages: set[int], scores: set[str],
+                 traced_dtype: torch.dtype = torch.bfloat16):
         super().__init__(gm)
+        self._traced_dtype = traced_dtype
+        self._names = {n.name: n for n in gm.graph.nodes}
         self.costs: dict[str, NodeCost] = {}
         self._excluded = excluded_storages
         self._seen: set[int] = set()
@@ -135,10 +158,17 @@ class _Meter(torch.fx.Interpreter):
         self._producer: dict[int, str] = {}  # storage → the node that produced it
         self._alive: list[Any] = []  # every output, so that no storage address is reused (meta: no data)
         self._packed: list[tuple[int, int, str]] = []  # (storage, bytes, the node that saved it)
+        # every save, repeats included: (storage, bytes, element size, floating, the node, one of its inputs)
+        self._saves: list[tuple[int, int, int, bool, str, bool]] = []
+        self._inputs: set[int] = set()  # the storages of the running node's tensor inputs
+        self._fp32: dict[str, bool] = {}  # node → its output would be fp32 under autocast (fp32 weights)
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
+        if self._current is not None and key not in self._excluded:
+            self._saves.append((key, t.untyped_storage().nbytes(), t.element_size(), t.is_floating_point(),
+                                self.current_node, key in self._inputs))
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             self._current.saved_bytes += t.untyped_storage().nbytes()
@@ -153,9 +183,44 @@ class _Meter(torch.fx.Interpreter):
             if self._producer.get(key) in self._scores:
                 self.costs[consumer].saved_score_bytes += nbytes
 
+    def attribute_autocast(self, half_bytes: int) -> None:
+        """Each node's saved bytes as the same forward would save them with fp32 weights under torch.autocast
+        (autopar's runtime without FSDP2: autopar/runtime/parallelize.py), from the dtype each node's output would
+        have there (``_fp32``): an fp32 tensor keeps 4 bytes an element, a half one ``half_bytes``, and an op that
+        autocast runs in half precision saves its own cast copy of each fp32 input (one per op: only weights'
+        casts are cached). A kernel's own temporaries (flash attention's log-sum-exp) keep their bytes."""
+        seen: set[int] = set()
+        for key, nbytes, size, floating, node, is_input in self._saves:
+            producer = self._producer.get(key)
+            fp32 = self._fp32.get(producer, False) if producer is not None else None
+            if is_input and fp32 and op_name_of(self, node) in AUTOCAST_LOW:
+                self.costs[node].autocast_saved_bytes += nbytes // size * half_bytes  # the op's cast copy
+            elif key not in seen:
+                seen.add(key)
+                scaled = nbytes if not floating or fp32 is None else nbytes // size * (4 if fp32 else half_bytes)
+                self.costs[node].autocast_saved_bytes += scaled
+
+    def _autocast_dtype(self, n: torch.fx.Node, result: Any) -> bool:
+        """Whether ``n``'s output would be fp32 under autocast with fp32 weights and inputs."""
+        name = op_name(n)
+        if n.op in ("placeholder", "get_attr"):
+            return True
+        if name in AUTOCAST_LOW:
+            return False
+        if name in AUTOCAST_FP32:
+            return True
+        if name in _CASTS and isinstance(result, torch.Tensor) and result.is_floating_point():
+            if name == "type_as" and len(n.all_input_nodes) > 1:
+                return self._fp32.get(n.all_input_nodes[1].name, True)
+            # a cast to fp32, or to the dtype the model was traced in (its own dtype: fp32 with fp32 weights)
+            return result.dtype in (torch.float32, self._traced_dtype)
+        return any(self._fp32.get(a.name, False) for a in n.all_input_nodes)
+
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
         self.current_node = n.name
+        self._inputs = {v.untyped_storage()._cdata for a in n.all_input_nodes
+                        if isinstance(v := self.env.get(a), torch.Tensor)}
         before = self._flops.get_total_flops()
         with OpCounter() as ops:
             result = super().run_node(n)
@@ -166,6 +231,7 @@ class _Meter(torch.fx.Interpreter):
             if isinstance(t, torch.Tensor):
                 self._producer.setdefault(t.untyped_storage()._cdata, n.name)
         self._alive.append(result)
+        self._fp32[n.name] = self._autocast_dtype(n, result)
         n.meta.setdefault("val", result)  # symbolic_trace graphs carry no shapes of their own
         if cost.flops > 0:
             cost.matmul_flops = cost.flops
@@ -234,11 +300,13 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
         else:
             args.append(inputs[key])
     excluded = {t.untyped_storage()._cdata for t in list(state.values()) + list(buffers.values())}
-    meter = _Meter(traced.graph_module, excluded, scores or set())
+    meter = _Meter(traced.graph_module, excluded, scores or set(), dtype)
     try:
         with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
             meter.run(*args)
         meter.attribute_scores()
+        if dtype in (torch.bfloat16, torch.float16):  # mixed precision: autopar's runtime may run it under autocast
+            meter.attribute_autocast(torch.finfo(dtype).bits // 8)
     except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from
         node = next((n for n in traced.graph_module.graph.nodes if n.name == meter.current_node), None)
         raise AutoparError(node_failure_message(spec, node, e)) from None

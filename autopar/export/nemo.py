@@ -33,12 +33,12 @@ import yaml
 from autopar.export.common import (unexpressed, Export, chunk_block_counts, degree_of, fp32_grads, header, megatron_recompute,
                                    model_degrees, nodes, num_blocks, precision, tp_warning)
 from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
+from autopar.export.megatron import CP_COMM_TYPES  # Megatron-Core's names for the plan's exchange
 from autopar.plan import Plan
 
 TARGET = "NeMo"
 _DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
             "cp": "context_parallel_size", "ep": "expert_model_parallel_size"}
-_CP_COMM_TYPES = {"all_gather": "all_gather", "ring": "p2p"}  # Megatron-Core's names for the plan's exchange
 # Neither installs on a CPU machine in reasonable time: the tests check the rules quoted above, not NeMo's code.
 VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumulate_grad_batches must be 1)"}
 # The plan's decisions this exporter reads: expressed in nemo's names or warned about here; any other decision
@@ -83,7 +83,7 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
         "encoder_seq_length": plan.model.seq_len, **megatron_core_moe(plan, TARGET, warnings),
     }
     if par.cp > 1:
-        model["cp_comm_type"] = _CP_COMM_TYPES[par.cp_comm]
+        model["cp_comm_type"] = CP_COMM_TYPES[par.cp_comm]
     warnings += [w for w in (sp_warning, _expert_tp_warning(plan)) if w]
     _pipeline_warnings(plan, warnings)
     recompute = megatron_recompute(plan, TARGET)

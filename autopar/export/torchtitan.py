@@ -55,10 +55,10 @@ VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
                    "etp", "cp", "cp_comm"})
-_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULE_CLASSES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
             "ep": "expert_parallel_degree"}
-_ROTATE = {"all_gather": "allgather", "ring": "alltoall"}  # 0.2's context_parallel_rotate_method
+ROTATE_METHODS = {"all_gather": "allgather", "ring": "alltoall"}  # 0.2's context_parallel_rotate_method
 # 0.2 also sets the experts' tensor-parallel degree (1 or tp); 0.3 always runs them without (ep borrows tp ranks)
 _DEGREES_0_2 = {**_DEGREES, "etp": "expert_tensor_parallel_degree"}
 
@@ -114,7 +114,7 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         if par.tp > 1:
             parallelism["enable_sequence_parallel"] = par.sequence_parallel
     if par.pp > 1:
-        parallelism["pipeline_parallel_schedule"] = _SCHEDULES[par.schedule]
+        parallelism["pipeline_parallel_schedule"] = SCHEDULE_CLASSES[par.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = par.micro_batch_size
         if plan.layers:
             parallelism["module_fqns_per_model_part"] = chunk_layer_names(plan)
@@ -131,7 +131,7 @@ def _context(plan: Plan, dialect: str, parallelism: dict[str, Any], warnings: li
     if par.cp == 1:
         return
     if dialect == "0.2":
-        parallelism["context_parallel_rotate_method"] = _ROTATE[par.cp_comm]
+        parallelism["context_parallel_rotate_method"] = ROTATE_METHODS[par.cp_comm]
     elif par.cp_comm == "ring":
         warnings.append("torchtitan 0.3 has no setting for the context-parallel exchange and runs torch's default, "
                         "all-gather; the plan's ring (keys and values passed round, overlapped with attention) is "

@@ -26,12 +26,13 @@ Precision: a bf16 / fp16 plan keeps fp32 parameters (the master weights), fp32 g
 state, and computes in its dtype: FSDP2's ``MixedPrecisionPolicy`` (bf16 all-gathers, fp32 reduce-scatters)
 where ZeRO-2/3 shard and on a single device (a 1-device mesh), else ``torch.autocast`` around every forward
 (PyTorch's AMP, as torchtitan does without FSDP). That is the 18 bytes per parameter of Megatron's bf16
-recipe the cost model prices: 4 + 4 + 8 held, plus the 2-byte compute copy of the weights. fp16 runs
-without loss scaling. Not priced:
-autocast's activations are larger than a bf16 model's (the residual stream and norms stay fp32, each
-linear saves its own bf16 copy of a shared input): 1.7x (Llama) and 1.9x (GPT) the saved bytes of a
-pure-bf16 forward, measured on a CPU; under FSDP2's policy the compute runs in bf16 throughout, as the
-cost model counts.
+recipe the cost model prices: 4 + 4 + 8 held, plus the 2-byte compute copy of the weights (autocast's cache of
+their casts, one per step). fp16 runs without loss scaling. Autocast's activations are larger than a bf16 model's
+(the residual stream and norms stay fp32, each linear saves its own bf16 copy of its input): 1.12x (GPT) and 1.22x
+(Llama) the saved bytes of a pure-bf16 forward per sample; capture measures them that way too
+(autopar/capture/measure.py) and the cost model prices them where this runtime autocasts
+(cost_models/engines.py data_parallel_engines, the rule ``_engines`` reads; tests/test_memory_cpu.py). Under
+FSDP2's policy the compute runs in bf16 throughout.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ from autopar.runtime.init import aliases, to_empty
 from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
 from autopar.plan import LayerAssignment, RunPlan
+from cost_models.engines import DataParallelEngines, data_parallel_engines
 from autopar.runtime.tp import apply_relayout, apply_tp
 
 LossFn = Callable[..., torch.Tensor]
@@ -233,32 +235,12 @@ def clean_name(name: str) -> str:
     return name
 
 
-@dataclasses.dataclass(frozen=True)
-class _Engines:
-    """Which data-parallel engine runs the plan (see autopar.runtime.data_parallel)."""
-
-    fsdp: bool  # FSDP2: ZeRO-2/3 (ZeRO-1 with TP), or mixed precision on one device
-    reshard: bool  # ZeRO-3: parameters re-gathered for backward
-    ddp: bool  # DDP (ZeRO-0, and ZeRO-1 under ZeroRedundancyOptimizer)
-    manual_sync: bool  # a gradient all-reduce per parameter after backward
-    zero1: bool  # ZeroRedundancyOptimizer
-
-    @staticmethod
-    def of(spec: RunPlan) -> "_Engines":
-        p = spec.parallelism
-        zero, pipelined = p.zero_stage, spec.num_chunks > 1
-        dp = p.dp * p.cp  # the gradients' data-parallel degree: context-parallel ranks reduce theirs too
-        # DDP and ZeroRedundancyOptimizer: plain tensors, all reduced over dp (experts are DTensors, over edp)
-        ddp_ok = not any(layer.tp > 1 for layer in spec.layers) and p.ep == 1
-        # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
-        # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
-        manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not spec.uniform_tp
-        manual = manual or (zero == 0 and pipelined)
-        sharded = not manual and dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
-        one_device = not manual and dp == 1 and spec.model.dtype in COMPUTE_DTYPES and spec.world_size == 1
-        return _Engines(fsdp=sharded or one_device, reshard=sharded and zero == 3,
-                        ddp=not manual and dp > 1 and not sharded, manual_sync=manual,
-                        zero1=zero == 1 and ddp_ok and dp > 1)
+def _engines(spec: RunPlan) -> DataParallelEngines:
+    """Which data-parallel engine runs the plan (cost_models/engines.py: the cost model reads the same rule)."""
+    degrees = tuple(layer.tp for layer in spec.layers)
+    cfg = spec.parallelism.config(stage_layers=spec.stage_layers,
+                                  layer_tp=degrees if any(t != spec.parallelism.tp for t in degrees) else None)
+    return data_parallel_engines(cfg, spec.model.dtype)
 
 
 def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: dict[str, dict[str, str]],
@@ -271,7 +253,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     ``loss_fn(output, *inputs)`` is the model file's loss; ``example_inputs`` the model file's (under DDP, a
     model on meta is run once on them to learn whether some parameter gets no gradient)."""
     p = spec.parallelism
-    engines = _Engines.of(spec)
+    engines = _engines(spec)
     find_unused = engines.ddp and example_inputs is not None and any(q.is_meta for q in model.parameters()) and \
         has_unused_parameters(model, example_inputs, loss_fn, spec.model.seq_len)
     pipelined = spec.num_chunks > 1

@@ -97,12 +97,12 @@ class LowerBound:
             degrees = self._block_degrees[key] = tuple(block_degrees(self.cost, cfg, self.gpus_per_node))
         return degrees
 
-    @staticmethod
-    def _setting_key(cfg: ParallelConfig) -> tuple:
+    def _setting_key(self, cfg: ParallelConfig) -> tuple:
         """What a dense layer's rows on the first stage depend on: the configuration's layer and step settings
-        (CostModel.option_costs' key) and whether the step accumulates whole gradients (a tied copy's pipeline
-        link does not matter on the first stage)."""
-        return cfg.layer_setting, cfg.step_setting, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches)
+        (CostModel.option_costs' key), whether the step accumulates whole gradients and whether it runs under
+        autocast (a tied copy's pipeline link does not matter on the first stage)."""
+        return (cfg.layer_setting, cfg.step_setting, accumulates_unsharded(cfg.zero_stage, cfg.pp, cfg.num_microbatches),
+                self.cost.autocast(cfg))
 
     def _options_key(self, cfg: ParallelConfig) -> tuple:
         """What every layer's rows on the first stage depend on: the setting and the experts' shape."""
@@ -183,7 +183,7 @@ class LowerBound:
         so it does not depend on dp or the ZeRO stage and the few settings it does depend on serve every
         choice. What each outer choice gets first; ``cheap`` is at least as high (its rows add the step work
         to these, which only adds time)."""
-        key = (cfg.layer_setting, cfg.expert_shape, self._degrees(cfg))
+        key = (cfg.layer_setting, cfg.expert_shape, self._degrees(cfg), self.cost.autocast(cfg))
         per_microbatch = self._coarse.get(key)
         if per_microbatch is None:
             cost, layers = self.cost, self.cost.model.layers
