@@ -19,6 +19,7 @@ Each number names its source; tests/test_engines.py checks every engine against 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -150,19 +151,28 @@ class DataParallelEngines:
 
 def data_parallel_engines(cfg: Any, dtype: str) -> DataParallelEngines:
     """The engines autopar's runtime picks for ``cfg`` (a cost_models.config.ParallelConfig) training in ``dtype``."""
-    zero, pipelined = cfg.zero_stage, cfg.chunks > 1
-    dp = cfg.dp * cfg.cp  # the gradients' data-parallel degree: context-parallel ranks reduce theirs too
+    return _engines(_rule_inputs(cfg), dtype)
+
+
+def _rule_inputs(cfg: Any) -> tuple:
+    """What the runtime's choice reads of a configuration (``_engines``' arguments, and its cache key)."""
     degrees = cfg.layer_tp or (cfg.tp,)
-    uniform = all(t == cfg.tp for t in degrees)
-    # DDP and ZeroRedundancyOptimizer: plain tensors, all reduced over dp (experts are DTensors, over edp)
-    ddp_ok = max(degrees) == 1 and cfg.ep == 1
-    # DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its bucket rebuild
-    # asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
+    return (cfg.zero_stage, cfg.chunks > 1, cfg.dp * cfg.cp, max(degrees) == 1 and cfg.ep == 1,
+            all(t == cfg.tp for t in degrees), cfg.gpus == 1)
+
+
+@functools.cache
+def _engines(inputs: tuple, dtype: str) -> DataParallelEngines:
+    zero, pipelined, dp, ddp_ok, uniform, one_gpu = inputs
+    # dp: the gradients' data-parallel degree, dp·cp (context-parallel ranks reduce theirs too). ddp_ok: DDP and
+    # ZeroRedundancyOptimizer take plain tensors, all reduced over dp (no tensor-parallel layer, no experts, which
+    # are DTensors over edp). DDP's reducer does not survive the pipeline's per-micro-batch partial backwards (its
+    # bucket rebuild asserts): under pipelining, ZeRO-0/1 all-reduce the gradients themselves, once per step.
     manual = (zero == 0 and not ddp_ok) or (zero == 1 and ddp_ok and pipelined) or not uniform
     manual = manual or (zero == 0 and pipelined)
     sharded = not manual and dp > 1 and (zero >= 2 or (zero == 1 and not ddp_ok))
     mixed = DTYPE_BYTES[dtype] < 4
-    one_device = not manual and dp == 1 and mixed and cfg.gpus == 1
+    one_device = not manual and dp == 1 and mixed and one_gpu
     fsdp = sharded or one_device
     return DataParallelEngines(fsdp=fsdp, reshard=sharded and zero == 3, ddp=not manual and dp > 1 and not sharded,
                                manual_sync=manual, zero1=zero == 1 and ddp_ok and dp > 1, autocast=mixed and not fsdp)
