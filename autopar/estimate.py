@@ -5,10 +5,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.errors import AutoparError
+from autopar.models import load_profile
 from autopar.plan import Plan
 from autopar.pricing import attention_kernel, plan_of, priced_hardware
 from autopar.profile import ModelProfile
-from autopar.models import load_profile
 from autopar.search.robust import assess, scenarios
 from cost_models import ConfigError, CostModel, make_config
 from cost_models.config import default

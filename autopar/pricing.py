@@ -11,8 +11,21 @@ from dataclasses import replace
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.plan import (Breakdown, ClusterSpec, ExpertsRef, LayerAssignment, MemoryBreakdown, ModelRef, Parallelism,
-                          Plan, Prediction, RunPlan, SolverInfo, StagePrediction, Uncertainty)
+from autopar.plan import (
+    Breakdown,
+    ClusterSpec,
+    ExpertsRef,
+    LayerAssignment,
+    MemoryBreakdown,
+    ModelRef,
+    Parallelism,
+    Plan,
+    Prediction,
+    RunPlan,
+    SolverInfo,
+    StagePrediction,
+    Uncertainty,
+)
 from autopar.profile import ModelProfile
 from cost_models import ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
 from cost_models.engines import DEFAULT_ENGINE, load_engine

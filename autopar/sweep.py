@@ -67,8 +67,8 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
     """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's).
     Counts that are not whole nodes are rejected up front (bad input); a count where no plan fits becomes a row
     with the reason."""
-    from autopar.pricing import priced_hardware
     from autopar.models import load_profile
+    from autopar.pricing import priced_hardware
     from autopar.search import solve
 
     if not gpu_counts:

@@ -1,5 +1,5 @@
-"""Engine fits: every published run of every engine (tests/published_runs.py and the Megatron-LM table of
-tests/test_megatron_table.py) predicted under its engine (cost_models/engines.py), and the least-squares-free
+"""Engine fits: every published run of every engine (tests/helpers/published_runs.py and the Megatron-LM table of
+tests/integration/test_megatron_table.py) predicted under its engine (cost_models/engines.py), and the least-squares-free
 refit of each engine's free parameters (least squares of the log errors, on a grid). Printed figures.
 
     python benchmarks/engines.py                 # every row, errors per engine
@@ -17,9 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "helpers")]
 
 import published_runs as runs  # noqa: E402
+
 from cost_models import CostModel, load_hardware  # noqa: E402
 from cost_models.engines import ENGINES, Engine  # noqa: E402
 
@@ -34,7 +35,7 @@ def _profile(run: runs.Run):  # noqa: ANN202 - a ModelProfile
 
 
 def megatron_rows(engine: Engine) -> list[tuple[str, float, float]]:
-    """(row, published TFLOP/s per GPU, predicted): the Megatron-LM table as tests/test_megatron_table.py runs it."""
+    """(row, published TFLOP/s per GPU, predicted): the Megatron-LM table as tests/integration/test_megatron_table.py runs it."""
     from test_megatron_table import ROWS, SEQ, VOCAB, megatron_config
 
     out = []

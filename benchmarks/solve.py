@@ -184,8 +184,8 @@ LONG = [("Llama-3-8B", "llama-3-8b.json", 131072, 64, 64), ("Llama-3-70B", "llam
 def long_context(limit: float) -> None:
     """The long-context cases of the README: the best plan (context parallelism searched with everything else),
     its solve time and status, and the best plan without context parallelism (--cp 1) for comparison."""
-    from autopar.pricing import priced_hardware
     from autopar.models import load_profile
+    from autopar.pricing import priced_hardware
     from autopar.search import runnable_pins
 
     _, h100 = priced_hardware("h100-80gb", dtype="bf16")  # as `autopar solve --gpu h100-80gb` prices it

@@ -1,13 +1,13 @@
 """Every plan `autopar solve` emits for the bundled examples and the Hugging Face corpus, launched: the wide sweep
-of tests/test_solved_plans.py (which runs a few of them in CI).
+of tests/integration/test_solved_plans.py (which runs a few of them in CI).
 
-    python benchmarks/solved_plans.py                      # every model of tests/solved_plans.py, worlds 2 and 4
+    python benchmarks/solved_plans.py                      # every model of tests/helpers/solved_plans.py, worlds 2 and 4
     python benchmarks/solved_plans.py --models gpt,hf/t5-base --worlds 2
 
 For each model (tiny shape) and world size: the solver free (its 3 best) and pinned to each feature
-(tests/solved_plans.py: variants), the distinct plans checked as `autopar launch` does before torchrun, then the
+(tests/helpers/solved_plans.py: variants), the distinct plans checked as `autopar launch` does before torchrun, then the
 accepted ones run by the rank half of `autopar launch` in one torchrun job per model and world size
-(tests/solved_plans_worker.py: two AdamW steps, losses against one process). Prints one line per plan: launched
+(tests/helpers/solved_plans_worker.py: two AdamW steps, losses against one process). Prints one line per plan: launched
 (and its largest loss difference), refused before torchrun (the one line), or failed in the ranks.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "helpers")]
 
 import solved_plans as sp  # noqa: E402
 
@@ -58,7 +58,7 @@ def run(accepted: dict[str, dict], world: int, tmp: Path) -> dict[str, dict]:
     out.unlink(missing_ok=True)  # a result of the previous model is not this one's
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "AUTOPAR_PG_TIMEOUT_S": "60"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                           str(ROOT / "tests" / "solved_plans_worker.py"), "--plans", str(plans), "--out", str(out)],
+                           str(ROOT / "tests" / "helpers" / "solved_plans_worker.py"), "--plans", str(plans), "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if out.exists():
         return json.loads(out.read_text())

@@ -20,9 +20,19 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from cost_models.hardware import HardwareProfile
-from cost_models.model import (DTYPE_BYTES, LayerLike, attention_core_fwd_flops_per_sample, heavy_mix,
-                               attention_scores_per_sample, fwd_flops, fwd_matmul_flops, fwd_memory_bytes,
-                               input_bytes, is_tp_sharded, unfused_attention_traffic_per_score)
+from cost_models.model import (
+    DTYPE_BYTES,
+    LayerLike,
+    attention_core_fwd_flops_per_sample,
+    attention_scores_per_sample,
+    fwd_flops,
+    fwd_matmul_flops,
+    fwd_memory_bytes,
+    heavy_mix,
+    input_bytes,
+    is_tp_sharded,
+    unfused_attention_traffic_per_score,
+)
 
 # Per column→row pair, the ops outside the pair act on the layer's input width: a norm (read x,
 # write y: 2 passes) and a residual add (read 2, write 1: 3 passes). Megatron-style pre-norm block.

@@ -12,15 +12,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from cost_models.decisions import (CLUSTER, DEGREES, EXPERTS, LAYER, LAYOUT, PIPELINE, STEP, choices_of, declarations,
-                                   declared, decision, install_records, pins_of, pins_type)
+from cost_models.decisions import (
+    CLUSTER,
+    DEGREES,
+    EXPERTS,
+    LAYER,
+    LAYOUT,
+    PIPELINE,
+    STEP,
+    choices_of,
+    decision,
+    declarations,
+    declared,
+    install_records,
+    pins_of,
+    pins_type,
+)
 from cost_models.errors import ConfigError
 from cost_models.memory import accumulates_unsharded
 from cost_models.model import ModelLike, is_tp_sharded
 from cost_models.partition import chunk_blocks, interleaved_balance
 from cost_models.precision import PRECISIONS, Precision, default_precision
-from cost_models.rules import (Degrees, check_batch, check_context, check_experts, check_layer_degree, check_schedule,
-                               check_sequence_parallel, model_experts, undivided)
+from cost_models.rules import (
+    Degrees,
+    check_batch,
+    check_context,
+    check_experts,
+    check_layer_degree,
+    check_schedule,
+    check_sequence_parallel,
+    model_experts,
+    undivided,
+)
 
 Recompute = Literal["none", "selective", "full"]   # in order of more recomputation
 Schedule = Literal["1f1b", "gpipe", "interleaved"]

@@ -14,8 +14,8 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
   per-parameter sharding copies each all-gather's output out into the parameters and the unsharded gradients into
   the reduce-scatter's input.
 
-Each number names its source; tests/test_engines.py checks every engine against its published runs
-(tests/published_runs.py) and benchmarks/engines.py refits them.
+Each number names its source; tests/integration/test_engines.py checks every engine against its published runs
+(tests/helpers/published_runs.py) and benchmarks/engines.py refits them.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ ENGINES: dict[str, Engine] = {
         compute=1.06, dp_overlap=0.0,
         sources={
             "compute": "fitted to Megatron-LM's published runs (Narayanan et al. 2021, arXiv:2104.04473, Table 1, "
-                       "fp16; tests/test_megatron_table.py) by benchmarks/engines.py --fit megatron",
+                       "fp16; tests/integration/test_megatron_table.py) by benchmarks/engines.py --fit megatron",
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "Megatron-LM 2021 reduced gradients after the backward; Megatron-Core's "
                           "--overlap-grad-reduce is off by default (megatron/training/arguments.py) and the export "
@@ -91,7 +91,7 @@ ENGINES: dict[str, Engine] = {
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter",
         sources={
-            "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/published_runs.py), "
+            "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/helpers/published_runs.py), "
                        "by benchmarks/engines.py --fit torchtitan",
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "FSDP2 / DDP reduce gradients during the backward",
@@ -103,7 +103,7 @@ ENGINES: dict[str, Engine] = {
         compute=0.98, zero3_copies="per_parameter", autocast=True,
         sources={
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
-                       "tests/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
+                       "tests/helpers/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
                        "closest to autopar's runtime, which has no published GPU runs of its own yet",
             "memory": "1: not separable from compute on these runs",
             "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
@@ -116,7 +116,7 @@ ENGINES: dict[str, Engine] = {
         compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055,
         sources={
             "compute": "fitted with layer_overhead_s to BLOOM-176B's Megatron-DeepSpeed runs (bigscience "
-                       "tr11-176B-ml; tests/published_runs.py) by benchmarks/engines.py --fit deepspeed",
+                       "tr11-176B-ml; tests/helpers/published_runs.py) by benchmarks/engines.py --fit deepspeed",
             "layer_overhead_s": "fitted with compute (5.5 ms per layer and micro-batch: step time grows with the "
                                 "number of micro-batches at a fixed batch). Those runs launched every CUDA kernel "
                                 "synchronously (CUDA_LAUNCH_BLOCKING=1, tr11-176B-ml README, to avoid hangs at 40+ "

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from cost_models.composition import StepShape, device_chunks
 from cost_models.config import ParallelConfig
-from cost_models.precision import Precision
 from cost_models.memory import StageMemory
 from cost_models.pipeline import PipelineTime
+from cost_models.precision import Precision
 
 
 @dataclass(frozen=True)

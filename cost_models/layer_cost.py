@@ -5,7 +5,7 @@ A cost is four records: its kernels (``Compute``), the traffic its device waits 
 it holds (``Held``) and its share of the per-step work (``StepWork``). Each field names the composition leaf it adds
 to (``term``): ``layer_row`` and ``layer_largest`` read those names, and ``added`` sums two records field by field
 (a MoE layer's dense part and its experts), so a new field reaches the step, or a test says it does not
-(tests/test_one_source.py: every field moves a term of the step).
+(tests/unit/search/test_one_source.py: every field moves a term of the step).
 
 The records are mutable only because the search builds hundreds of thousands of them (a frozen dataclass
 constructs 2x slower); nothing changes one after it is made: CostModel caches and shares them.

@@ -22,9 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.model import (
+    LayerLike,
+    attention_core_saved_bytes_per_sample,
+    attention_scores_per_sample,
+    input_bytes,
+    is_tp_sharded,
+    saved_bytes,
+    unfused_attention_saved_per_score,
+)
 from cost_models.precision import Precision
-from cost_models.model import (LayerLike, attention_core_saved_bytes_per_sample, attention_scores_per_sample,
-                               input_bytes, is_tp_sharded, saved_bytes, unfused_attention_saved_per_score)
 
 
 @dataclass(frozen=True)

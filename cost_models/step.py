@@ -24,10 +24,18 @@ from cost_models.engines import data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
 from cost_models.hardware import HardwareProfile
-from cost_models.layer_cost import (NO_STEP_WORK, Compute, Held, LayerCost, StepWork, Traffic, added, layer_largest,
-                                    layer_row)
-from cost_models.memory import (kept_activation_bytes, microbatches_in_flight, offload_resident,
-                                remat_peak_bytes)
+from cost_models.layer_cost import (
+    NO_STEP_WORK,
+    Compute,
+    Held,
+    LayerCost,
+    StepWork,
+    Traffic,
+    added,
+    layer_largest,
+    layer_row,
+)
+from cost_models.memory import kept_activation_bytes, microbatches_in_flight, offload_resident, remat_peak_bytes
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import pipeline_time

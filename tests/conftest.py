@@ -16,6 +16,7 @@ shutil.copy(Path(machine.__file__).resolve().parent / "profiles" / "cpu-calibrat
 
 import pytest  # noqa: E402
 
+
 class NameLongTests:
     """Names a multi-process or slow test (markers: pyproject.toml) on the terminal as it starts, so a long run
     says what it is waiting for; -v names every test already."""
@@ -38,26 +39,112 @@ class NameLongTests:
             reporter.write_line(f"  {nodeid}: {self.why[nodeid]} ...")
 
 
+class CheckMarks:
+    """Every test is measured, so its marks say what it costs: one that starts torchrun must be marked ``dist``, one
+    whose call takes more than SLOW_CPU_S of CPU time (its own and its child processes': load on the machine does
+    not change it, as wall-clock time would) must be marked ``slow`` or ``dist``. A test that breaks either fails the
+    session, named at its end."""
+
+    SLOW_CPU_S = float(os.environ.get("AUTOPAR_SLOW_CPU_S", "5"))
+    STARTS_TORCHRUN = {"launch", "validate", "calibrate"}
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):  # noqa: ANN201 - a hook wrapper
+        import resource
+        import subprocess
+
+        marks = {m.name for m in item.iter_markers()}
+        commands: list[list[str]] = []
+        original = subprocess.Popen.__init__
+
+        def record(popen: object, args: object, *rest: object, **kw: object) -> None:
+            commands.append([str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split())
+            original(popen, args, *rest, **kw)  # type: ignore[arg-type]
+
+        def cpu() -> float:
+            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+        subprocess.Popen.__init__ = record  # type: ignore[method-assign]
+        start = cpu()
+        try:
+            yield
+        finally:
+            subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+        used = cpu() - start
+        if "dist" not in marks and any(map(self.starts_torchrun, commands)):
+            self.problems.append(f"{item.nodeid} starts torchrun: mark it dist")
+        elif not marks & {"slow", "dist"} and used > self.SLOW_CPU_S:
+            self.problems.append(f"{item.nodeid} took {used:.1f} s of CPU: mark it slow")
+
+    @classmethod
+    def starts_torchrun(cls, args: list[str]) -> bool:
+        """A command that runs torchrun itself, or an autopar command that starts it (launch, validate, calibrate
+        in a child process). A shell script that merely names torchrun (an export's text) does not count."""
+        if not args:
+            return False
+        program = Path(args[0]).name
+        as_module = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-m"]
+        return (program == "torchrun" or "torch.distributed.run" in as_module
+                or (program == "autopar" or "autopar" in as_module) and bool(set(args) & cls.STARTS_TORCHRUN))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.problems and session.exitstatus == 0:
+            session.exitstatus = 1
+
+    def pytest_terminal_summary(self, terminalreporter: object) -> None:
+        for problem in self.problems:
+            terminalreporter.write_line(f"MARKS: {problem}", red=True)  # type: ignore[attr-defined]
+
+
+MISSING_FRAMEWORK = "is not installed"  # how a test that needs a framework says it skips (pytest.importorskip reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 - a hook wrapper
+    """Under CI (CI=true, as .ci/run sets it, which installs every framework the exports are checked by), a test
+    that skips because a framework is missing fails: a parser test that skips proves nothing. Run by hand without
+    the frameworks, it still skips."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CI", "").lower() == "true" and MISSING_FRAMEWORK in str(report.longrepr):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true but a framework is missing: {report.longrepr}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(NameLongTests(config), "autopar-name-long-tests")
+    config.pluginmanager.register(CheckMarks(), "autopar-check-marks")
 
 
 @pytest.fixture(autouse=True)
 def narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test sees an 80-column terminal: what autopar prints must read right there (tests/screen.py)."""
+    """Every test sees an 80-column terminal: what autopar prints must read right there (tests/helpers/screen.py)."""
     monkeypatch.setenv("COLUMNS", "80")
 
 
 @pytest.fixture(scope="session")
 def megatron_profiles() -> dict:
     """The GPT shapes of the Megatron scaling table (Narayanan et al. 2021, Table 1), captured once per test session."""
-    from pathlib import Path
 
     from autopar.capture import capture_model
-    from test_megatron_table import ROWS, SEQ, VOCAB
+    from helpers import EX
+    from helpers.megatron import ROWS, SEQ, VOCAB
 
-    gpt = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
+    gpt = EX / "gpt.py"
     return {name: capture_model(str(gpt), overrides={"n_layer": str(layers), "n_embd": str(hidden),
                                                     "n_head": str(heads), "vocab_size": str(VOCAB),
                                                     "block_size": str(SEQ)}, seq_len=SEQ, dtype="bf16")
             for name, heads, hidden, layers, *_ in ROWS}
+
+
+@pytest.fixture(scope="session")
+def llama():
+    """A small Llama (examples/llama.py: 8 query heads, 2 key/value heads of width 32) captured at 4096 tokens."""
+    from autopar.capture import capture_model
+    from helpers.builders import LLAMA, LLAMA_SEQ, LLAMA_SHAPE
+
+    return capture_model(LLAMA, LLAMA_SHAPE, seq_len=LLAMA_SEQ)

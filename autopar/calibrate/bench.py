@@ -32,9 +32,19 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from autopar.calibrate.kernels import (Case, Sweep, attention_cases, collective_cases, dtype_cases, gemm_cases,
-                                       host_link_cases, layer_cases, memory_cases, optimizer_case,
-                                       sweep_for)
+from autopar.calibrate.kernels import (
+    Case,
+    Sweep,
+    attention_cases,
+    collective_cases,
+    dtype_cases,
+    gemm_cases,
+    host_link_cases,
+    layer_cases,
+    memory_cases,
+    optimizer_case,
+    sweep_for,
+)
 from autopar.calibrate.lockstep import measure_dtensor, measure_sync
 from autopar.runtime.mesh import PROCESS_GROUP_TIMEOUT_S
 

@@ -14,15 +14,24 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cost_models import comm, compute
-from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
-
+from autopar.calibrate.fit import (
+    CollectiveFit,
+    CollectivePoint,
+    GemmFit,
+    GemmPoint,
+    MemoryFit,
+    fit_collectives,
+    fit_gemm,
+    fit_memory,
+    relative_errors,
+    summarize,
+)
 from autopar.calibrate.kernel_fit import LIGHT, kernel_fields, light_points
 from autopar.calibrate.layer_check import check_layers
 from autopar.calibrate.lockstep_fit import lockstep_fields
 from autopar.calibrate.uncertainty import calibration_uncertainty
-from autopar.calibrate.fit import (CollectiveFit, CollectivePoint, GemmFit, GemmPoint, MemoryFit, fit_collectives,
-                                   fit_gemm, fit_memory, relative_errors, summarize)
+from cost_models import comm, compute
+from cost_models.hardware import GIB, HardwareProfile, hardware_from_dict
 
 INTER_NODE_FIELDS = ("nic_bandwidth_gbits_per_s", "nics_per_node", "inter_node_latency_us")
 

@@ -15,8 +15,8 @@ from cost_models.hardware import hardware_from_dict
 
 def stack_seconds(point: Mapping[str, Any], profile: Mapping[str, Any]) -> float:
     """The cost model's forward + backward seconds of the reference stack ``point`` under ``profile``."""
-    from autopar.capture import capture_model
     from autopar.calibrate import reference
+    from autopar.capture import capture_model
 
     keys = ("family", "n_layer", "n_embd", "n_head")
     model = capture_model(reference.__file__, {k: str(point[k]) for k in keys if k in point},

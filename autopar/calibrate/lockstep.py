@@ -90,8 +90,7 @@ def measure_dtensor(bench: Any, dtype: str, repeats: int = 5) -> dict | None:
         return None
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     dev, dt, k = bench.device, DTYPES[dtype], bench.world
     mesh = init_device_mesh(dev.type, (k,))

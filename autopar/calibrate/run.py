@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cost_models import ConfigError, load_hardware
-from cost_models import machine
-from cost_models.hardware import PROFILE_DIR
-
 from autopar.errors import AutoparError
 from autopar.runtime.failure import worker_error
+from cost_models import ConfigError, load_hardware, machine
+from cost_models.hardware import PROFILE_DIR
 
 WORKER_TIMEOUT_S = 900
 GROUP_TITLES = {"gemm": "GEMM (torch.mm)", "memory": "memory-bound kernels", "collectives": "collectives",

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.pricing import predict
 from autopar.models import load_profile
 from autopar.plan import Plan
+from autopar.pricing import predict
 from cost_models import ConfigError, load_hardware
 from cost_models.hardware import GIB
 
@@ -70,9 +70,8 @@ class Validation:
 def measure(plan_path: str | Path, model: str | None, *, steps: int, warmup: int,
             timeout_s: float = RUN_TIMEOUT_S, trust_plan_model: bool = False) -> dict:
     """Run the plan for warmup + steps steps under torchrun; the runtime's JSON report (rank 0)."""
-    from autopar.runtime.launch import RunOptions, prepare
-
     from autopar.runtime.failure import failure_reason
+    from autopar.runtime.launch import RunOptions, prepare
 
     with tempfile.TemporaryDirectory(prefix="autopar-validate-") as workdir:
         cmd, env = prepare(plan_path, model, RunOptions(steps=warmup + steps, as_json=True),

@@ -18,9 +18,9 @@ from autopar.capture.graph import Layer, build_graph, cut_bytes, group_layers
 from autopar.capture.layer_profile import assign_params, head_index, layer_profile, model_shape
 from autopar.capture.layers import layer_units, signature
 from autopar.capture.loader import load_spec
-from autopar.capture.spec import ModelSpec
 from autopar.capture.measure import measure
 from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_copies
+from autopar.capture.spec import ModelSpec
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile

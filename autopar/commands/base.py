@@ -29,7 +29,7 @@ def fail(message: str) -> typer.Exit:
 def usage_pieces(command: Any, ctx: Any) -> list[str]:
     """What a command's usage line shows after its name: its arguments (MODEL, or [MODEL] when optional),
     its required options with their metavar (--gpus N), then [OPTIONS]. The README's command list is
-    checked against these (tests/test_cli_help.py)."""
+    checked against these (tests/unit/cli/test_cli_help.py)."""
     args, required = [], []
     for param in command.get_params(ctx):
         if isinstance(param, TyperArgument):

@@ -26,8 +26,8 @@ def export_command(
     overrides (or 0.2's TOML) or SageMaker smp arguments; the output's header names the framework version the
     format was checked against, and what the target cannot express is warned about on stderr."""
     from autopar.export import ENGINE_OF, check_target, export
-    from autopar.plan import Plan
     from autopar.files import write_atomic
+    from autopar.plan import Plan
 
     try:
         target, _ = check_target(to)  # before reading the plan: a bad --to fails first
@@ -58,8 +58,8 @@ def for_engine(plan: Plan, engine: str) -> Plan:
     source and overrides; the plan itself where it already is."""
     if plan.prediction.engine == engine:
         return plan
-    from autopar.pricing import predict
     from autopar.models import load_profile
+    from autopar.pricing import predict
     from cost_models import ConfigError, load_hardware
 
     model = plan.model

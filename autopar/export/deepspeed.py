@@ -28,8 +28,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autopar.export.common import (unexpressed, Export, Folded, degree_of, fold_context, fp32_grads, precision, summary, tp_warning,
-                                   uniform_recompute)
+from autopar.export.common import (
+    Export,
+    Folded,
+    degree_of,
+    fold_context,
+    fp32_grads,
+    precision,
+    summary,
+    tp_warning,
+    unexpressed,
+    uniform_recompute,
+)
 from autopar.export.experts import dropless_warning
 from autopar.plan import Plan
 

@@ -17,8 +17,19 @@ explicit ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` with the pl
 """
 from __future__ import annotations
 
-from autopar.export.common import (unexpressed, Export, fold_context, fold_pipeline, fp32_grads, header, model_degrees, nodes,
-                                   precision, tp_warning, uniform_recompute)
+from autopar.export.common import (
+    Export,
+    fold_context,
+    fold_pipeline,
+    fp32_grads,
+    header,
+    model_degrees,
+    nodes,
+    precision,
+    tp_warning,
+    unexpressed,
+    uniform_recompute,
+)
 from autopar.plan import Plan
 
 TARGET = "Lightning"

@@ -38,8 +38,19 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.common import (unexpressed, Export, chunk_block_counts, header, megatron_recompute, model_degrees, nodes,
-                                   num_blocks, precision, rank_counts, tp_warning)
+from autopar.export.common import (
+    Export,
+    chunk_block_counts,
+    header,
+    megatron_recompute,
+    model_degrees,
+    nodes,
+    num_blocks,
+    precision,
+    rank_counts,
+    tp_warning,
+    unexpressed,
+)
 from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
 from autopar.plan import Plan
 

@@ -30,8 +30,20 @@ from typing import Any
 
 import yaml
 
-from autopar.export.common import (unexpressed, Export, chunk_block_counts, degree_of, fp32_grads, header, megatron_recompute,
-                                   model_degrees, nodes, num_blocks, precision, tp_warning)
+from autopar.export.common import (
+    Export,
+    chunk_block_counts,
+    degree_of,
+    fp32_grads,
+    header,
+    megatron_recompute,
+    model_degrees,
+    nodes,
+    num_blocks,
+    precision,
+    tp_warning,
+    unexpressed,
+)
 from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
 from autopar.export.megatron import CP_COMM_TYPES  # Megatron-Core's names for the plan's exchange
 from autopar.plan import Plan

@@ -35,8 +35,20 @@ import json
 from typing import Any
 
 from autopar.errors import AutoparError
-from autopar.export.common import (unexpressed, Export, Folded, fold_context, fold_pipeline, fp32_grads, model_degrees, nodes,
-                                   precision, summary, tp_warning, uniform_recompute)
+from autopar.export.common import (
+    Export,
+    Folded,
+    fold_context,
+    fold_pipeline,
+    fp32_grads,
+    model_degrees,
+    nodes,
+    precision,
+    summary,
+    tp_warning,
+    unexpressed,
+    uniform_recompute,
+)
 from autopar.plan import Plan
 
 TARGET = "SageMaker model parallelism"

@@ -43,8 +43,18 @@ from typing import Any
 
 import tomli_w
 
-from autopar.export.common import (unexpressed, Export, block_indices, chunk_layer_names, degree_of, header, model_degrees,
-                                   precision, tp_warning, uniform_recompute)
+from autopar.export.common import (
+    Export,
+    block_indices,
+    chunk_layer_names,
+    degree_of,
+    header,
+    model_degrees,
+    precision,
+    tp_warning,
+    unexpressed,
+    uniform_recompute,
+)
 from autopar.plan import Plan
 
 TARGET = "torchtitan"

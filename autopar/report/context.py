@@ -17,8 +17,7 @@ from rich.console import Console
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.ranks import gradient_groups, mesh_groups, nodes_spanned
-from autopar.report.tables import MS, group_ranks
-from autopar.report.tables import numbers, table, text
+from autopar.report.tables import MS, group_ranks, numbers, table, text
 from cost_models import ConfigError
 
 MIB = 2**20

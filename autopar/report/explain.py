@@ -7,15 +7,14 @@ Ranks follow Megatron's order (tp, cp, dp, pp; autopar/ranks.py).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from rich.console import Console
 
 from autopar.plan import Plan, StagePrediction
+from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
 from autopar.report.plan_summary import bottleneck, configuration, layer_range
 from autopar.report.schedule import stage_times
-from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from autopar.report.tables import console as wide_console
 from cost_models.pipeline import ideal_bubble_fraction

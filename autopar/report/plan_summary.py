@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.plan import Parallelism, Plan, RunPlan
-from autopar.report.tables import console as wide_console, numbers, table, text
+from autopar.report.tables import console as wide_console
+from autopar.report.tables import numbers, table, text
 from autopar.report.uncertainty import range_text, regret_text
 
 _RELIEF = {

@@ -5,7 +5,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autopar.profile import LayerProfile, ModelProfile
-from autopar.report.tables import console as wide_console, count, numbers, table, text
+from autopar.report.tables import console as wide_console
+from autopar.report.tables import count, numbers, table, text
 
 MIB = 2**20
 WIDE = 120  # columns from which the tensor-parallel pattern is a column of the table

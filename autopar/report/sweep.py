@@ -6,7 +6,8 @@ from typing import Sequence
 from rich.console import Console
 
 from autopar.report.plan_summary import PLAN_HEADER, plan_cell
-from autopar.report.tables import console as wide_console, count, numbers, table, text
+from autopar.report.tables import console as wide_console
+from autopar.report.tables import count, numbers, table, text
 from autopar.sweep import SweepRow
 
 

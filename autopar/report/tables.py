@@ -1,7 +1,7 @@
 """The one look of autopar's tables, and the rule that keeps them honest at 80 columns: a number is never
 cut. Numeric columns never wrap and are kept short (abbreviated counts: 131.1 M); names and free text wrap
 (fold) instead of ending in an ellipsis; headers are short words that may wrap. Each table fits 80 columns
-(tests/test_cli_width.py renders them at COLUMNS=80 and looks for a cut)."""
+(tests/unit/cli/test_cli_width.py renders them at COLUMNS=80 and looks for a cut)."""
 from __future__ import annotations
 
 import os

@@ -28,8 +28,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from autopar.runtime.mesh import Meshes
 from autopar.plan import LayerAssignment
+from autopar.runtime.mesh import Meshes
 
 
 def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, reshard_after_forward: bool,

@@ -31,7 +31,7 @@ their casts, one per step). fp16 runs without loss scaling. Autocast's activatio
 (the residual stream and norms stay fp32, each linear saves its own bf16 copy of its input): 1.12x (GPT) and 1.22x
 (Llama) the saved bytes of a pure-bf16 forward per sample; capture measures them that way too
 (autopar/capture/measure.py) and the cost model prices them where this runtime autocasts
-(cost_models/engines.py data_parallel_engines, the rule ``_engines`` reads; tests/test_memory_cpu.py). Under
+(cost_models/engines.py data_parallel_engines, the rule ``_engines`` reads; tests/unit/runtime/test_memory_cpu.py). Under
 FSDP2's policy the compute runs in bf16 throughout.
 """
 from __future__ import annotations
@@ -43,24 +43,30 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
+from torch.nn.parallel import DistributedDataParallel
 
 from autopar.errors import AutoparError
+from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.ac import apply_ac, apply_offload
 from autopar.runtime.cp import ContextParallel, apply_cp, check_loss, check_plan, check_positions
-from autopar.runtime.data_parallel import (apply_ddp, apply_fsdp, gradient_groups, has_unused_parameters,
-                                           optimizer_for, sync_gradients)
+from autopar.runtime.data_parallel import (
+    apply_ddp,
+    apply_fsdp,
+    gradient_groups,
+    has_unused_parameters,
+    optimizer_for,
+    sync_gradients,
+)
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
-from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.init import aliases, to_empty
+from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
-from autopar.plan import LayerAssignment, RunPlan
-from cost_models.engines import DataParallelEngines, data_parallel_engines
 from autopar.runtime.tp import apply_relayout, apply_tp
+from cost_models.engines import DataParallelEngines, data_parallel_engines
 
 LossFn = Callable[..., torch.Tensor]
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # mixed precision; fp32 plans: none
@@ -202,7 +208,7 @@ class ParallelModel:
 
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         """Mean over micro-batches, then over the ranks holding losses (the last stage's dp * tp ranks)."""
-        values = [(l.full_tensor() if isinstance(l, DTensor) else l).detach().float().reshape(()) for l in losses]
+        values = [(x.full_tensor() if isinstance(x, DTensor) else x).detach().float().reshape(()) for x in losses]
         total = torch.stack(values).mean() if values else torch.zeros(())
         buf = torch.stack([total, torch.tensor(1.0 if values else 0.0)]).to(self.meshes.device)
         dist.all_reduce(buf)

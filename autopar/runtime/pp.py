@@ -31,12 +31,17 @@ import torch
 import torch.fx
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B,
-                                                    ScheduleGPipe, ScheduleInterleaved1F1B)
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 from autopar.errors import AutoparError
-from autopar.runtime.mesh import Meshes
 from autopar.plan import LayerAssignment, RunPlan
+from autopar.runtime.mesh import Meshes
 
 _SIDE = -1  # a node computed from inputs/constants only: recomputed where needed
 

@@ -27,14 +27,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
-from autopar.runtime.mesh import Meshes
 from autopar.plan import LayerAssignment
+from autopar.runtime.mesh import Meshes
 from autopar.runtime.wrap import forward_within
 
 

@@ -14,17 +14,16 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from autopar.errors import AutoparError, NoValidConfiguration
-from autopar.pricing import plan_of, priced_hardware
-from autopar.plan import Plan, SolverInfo
-from autopar.profile import ModelProfile
 from autopar.models import load_profile
-from autopar.search.explain import explain_infeasible
+from autopar.plan import Plan, SolverInfo
+from autopar.pricing import plan_of, priced_hardware
+from autopar.profile import ModelProfile
 from autopar.search.engine import SearchResult, search
+from autopar.search.explain import explain_infeasible
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
-from cost_models.config import Pins
 from cost_models import CostModel, HardwareProfile
-from cost_models.config import flag
+from cost_models.config import Pins, flag
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
 

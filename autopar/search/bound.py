@@ -26,13 +26,23 @@ from autopar.search.option import FLOAT, Option
 from autopar.search.placement import Layers, Placement, place
 from autopar.search.relaxations import cover_breakpoints, golden_max, knapsack_busy, least_cost_cover
 from cost_models import CostModel, ParallelConfig
-from cost_models.composition import (UNHIDDEN, StepShape, busy, device_cuts, device_time, most_time, tail_forms,
-                                     traffic_floor, unhidden)
+from cost_models.composition import (
+    UNHIDDEN,
+    StepShape,
+    busy,
+    device_cuts,
+    device_time,
+    most_time,
+    tail_forms,
+    traffic_floor,
+    unhidden,
+)
 from cost_models.layer_cost import layer_row
 from cost_models.memory import accumulates_unsharded
 from cost_models.partition import interleaved_balance
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
+
 
 class LowerBound:
     """Call it on an outer choice for a lower bound on its step time (inf: it cannot fit); ``beats`` says

@@ -13,7 +13,7 @@ Dominated choices left out unless pinned, because the cost model can never prefe
   b/g runs the same tokens on every GPU (b/cp samples' worth), reduces gradients over the same dp·cp GPUs and
   exchanges keys and values over a group of fewer ranks at the same stride (no larger chunk, buffer, step count
   or node count: cost_models.context; fewer bytes, which never take longer on any profile's tables), so it is
-  never slower and never bigger (tests/test_solver_context.py checks it against brute force).
+  never slower and never bigger (tests/unit/search/test_solver_context.py checks it against brute force).
 """
 from __future__ import annotations
 
