@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from autopar.errors import AutoparError
 from autopar.models import load_profile
 from autopar.plan import Plan
-from autopar.pricing import attention_kernel, plan_of, priced_hardware
+from autopar.pricing import attention_kernel, cluster_shape, plan_of, priced_hardware
 from autopar.profile import ModelProfile
 from autopar.search.robust import assess, scenarios
 from cost_models import ConfigError, CostModel, make_config
@@ -16,7 +16,8 @@ from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
 
 
-def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_per_node: int = 8,
+def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_per_node: int | None = None,
+             gpus_per_domain: int | None = None,
              gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None,
              global_batch_size: int | None = None, seq_len: int | None = None,
              overrides: Mapping[str, str] | None = None, dtype: str = "bf16", engine: str = DEFAULT_ENGINE,
@@ -31,7 +32,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
     hardware_name = str(hardware_file) if hardware_file is not None else gpu
     if hardware_file is not None and Path(hardware_file).suffix != ".json":
         raise AutoparError(f"--hardware expects a .json profile file, got {hardware_file}")
-    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
+    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=choices.get("fp8"))
+    node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain, whole_nodes=False)
     try:
         profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)
         given = {name: value for name, value in choices.items() if value is not None}
@@ -39,10 +41,10 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
         batch = global_batch_size if global_batch_size is not None else (
             profile.global_batch or degrees["micro_batch_size"] * gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"]))
         given["attention_kernel"] = attention_kernel(profile, given.get("attention_kernel", default("attention_kernel")))
-        cfg = make_config(gpus, global_batch_size=batch, gpus_per_node=gpus_per_node, **given)
+        cfg = make_config(gpus, global_batch_size=batch, gpus_per_node=min(domain, gpus), **given)
         result = CostModel(profile, hw).evaluate(cfg)
         spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, 0.0)
     except ConfigError as err:
         raise AutoparError(str(err)) from err
-    return plan_of(profile, result, hw, gpus_per_node=gpus_per_node, hardware_name=hardware_name, engine=engine,
-                   uncertainty=spread)
+    return plan_of(profile, result, hw, gpus_per_node=node, hardware_name=hardware_name, engine=engine,
+                   uncertainty=spread, gpus_per_domain=domain)

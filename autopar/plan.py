@@ -29,8 +29,21 @@ class _Frozen(BaseModel):
 
 class ClusterSpec(_Frozen):
     gpus: int = Field(description="total GPUs (processes)")
-    gpus_per_node: int
+    gpus_per_node: int = Field(description="GPUs per node (its NICs, host memory; what a launch's nodes hold)")
     hardware: str = Field(description="hardware profile name, or the path of the profile file used")
+    gpus_per_domain: int | None = Field(default=None, description="GPUs of one fast (NVLink / xGMI) domain, in which "
+                                        "groups are placed and priced: 72 on a GB200 NVL72 rack of 4-GPU nodes (None: "
+                                        "the node)")
+
+    @property
+    def domain(self) -> int:
+        """GPUs of one fast domain (the node unless the plan says otherwise)."""
+        return self.gpus_per_domain or self.gpus_per_node
+
+    @property
+    def unit(self) -> str:
+        """What a fast domain is called in a report: "node" where it is the node, else "domain"."""
+        return "node" if self.domain == self.gpus_per_node else "domain"
 
 
 def _checked(rule: object, *args: object, **kwargs: object) -> None:
@@ -233,14 +246,15 @@ class ModelRef(_Frozen):
 
 class LayerAssignment(_Frozen):
     """Where one profile layer runs: its pipeline model chunk (chunk c runs on pipeline rank c mod pp),
-    its tensor-parallel degree (its data-parallel degree is the rest of the stage's devices) and its
-    recomputation mode."""
+    its tensor-parallel degree (its data-parallel degree is the rest of the stage's devices), its
+    recomputation mode and whether its linears run in FP8 (the plan's parallelism.fp8 recipe)."""
 
     name: str
     stage: int = Field(ge=0)
     tp: int = Field(ge=1)
     dp: int = Field(default=0, description="the stage's tp × dp devices / tp (derived if left out)")
     recompute: Recompute = "none"
+    fp8: bool = Field(default=False, description="its linears run in FP8 under parallelism.fp8 (blocks only)")
 
     @property
     def units(self) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, NoValidConfiguration
 from autopar.plan import (
     Breakdown,
     ClusterSpec,
@@ -28,21 +28,41 @@ from autopar.plan import (
 )
 from autopar.profile import ModelProfile
 from cost_models import ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
-from cost_models.engines import DEFAULT_ENGINE, load_engine
+from cost_models.engines import DEFAULT_ENGINE, FP8_RUNNERS, load_engine
+from cost_models.fp8 import check_recipe, fp8_blocks
 from cost_models.hardware import GIB
 from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
 def priced_hardware(gpu: str, hardware_file: str | Path | None = None, *, dtype: str,
-                    engine: str = DEFAULT_ENGINE) -> tuple[HardwareProfile, HardwareProfile]:
+                    engine: str = DEFAULT_ENGINE, fp8: str | None = None) -> tuple[HardwareProfile, HardwareProfile]:
     """(the hardware profile as loaded, the profile the engine runs at: cost_models/engines.py). AutoparError, one
-    line, for an unknown profile or engine, a CPU without a calibration, or a dtype the device lacks."""
+    line, for an unknown profile or engine, a CPU without a calibration, a dtype the device lacks, or an FP8 recipe
+    the device or the engine does not run."""
     try:
         hw = load_hardware(hardware_file if hardware_file is not None else gpu)
         hw.check_dtype(dtype)
-        return hw, load_engine(engine).on(hw)
+        priced = load_engine(engine).on(hw)
+        check_recipe(fp8, priced, FP8_RUNNERS)
+        return hw, priced
     except ConfigError as err:
         raise AutoparError(str(err)) from None
+
+
+def cluster_shape(hw: HardwareProfile, gpus: int, gpus_per_node: int | None = None,
+                  gpus_per_domain: int | None = None, whole_nodes: bool = True) -> tuple[int, int]:
+    """(GPUs per node, GPUs per fast domain) of a cluster of ``gpus`` on ``hw``: each given, else the profile's; a
+    node given on a profile whose domain is its node (HGX boards) is also the domain (the old --gpus-per-node). A
+    count that is not whole nodes (``whole_nodes``: what a search takes), or a domain that does not tile the nodes, is an AutoparError saying what to give."""
+    node = gpus_per_node or hw.gpus_per_node
+    domain = gpus_per_domain or (hw.domain_gpus if hw.domain_gpus != hw.gpus_per_node else node)
+    if domain % node and node % domain:
+        raise AutoparError(f"--gpus-per-domain {domain} neither holds whole {node}-GPU nodes nor divides one; give a "
+                           "multiple or a divisor of --gpus-per-node")
+    if whole_nodes and gpus > node and gpus % node:
+        raise NoValidConfiguration(f"--gpus {gpus} is not a whole number of {node}-GPU nodes; use multiples of "
+                                   f"{node} above one node (--gpus-per-node)")
+    return node, domain
 
 
 def engine_model(profile: ModelProfile, hw: HardwareProfile, engine: str) -> CostModel:
@@ -69,7 +89,7 @@ def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
                            "pass the model and overrides the plan was made for")
     par = plan.parallelism
     degrees = tuple(layer.tp for layer in plan.layers)
-    cfg = par.config(gpus_per_node=plan.cluster.gpus_per_node if isinstance(plan, Plan) else None,
+    cfg = par.config(gpus_per_node=plan.cluster.domain if isinstance(plan, Plan) else None,
                      stage_layers=plan.stage_layers, layer_recompute=tuple(layer.recompute for layer in plan.layers),
                      layer_tp=degrees if any(t != par.tp for t in degrees) else None)
     return replace(cfg, attention_kernel=attention_kernel(profile, par.attention_kernel))
@@ -94,7 +114,7 @@ def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
 
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
             hardware_name: str, solver: SolverInfo | None = None, engine: str = DEFAULT_ENGINE,
-            uncertainty: Uncertainty | None = None) -> Plan:
+            uncertainty: Uncertainty | None = None, gpus_per_domain: int | None = None) -> Plan:
     cfg = est.config
     stages = []
     for dev in est.devices:
@@ -123,17 +143,20 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         uncertainty=uncertainty)
     parallelism = parallelism_of(cfg, est.precision.name)
     layers = []
+    fp8 = fp8_blocks(profile.layers, cfg.fp8_bf16_blocks) if cfg.fp8 else [False] * len(profile.layers)
     for chunk, (start, stop) in enumerate((r.start, r.stop) for r in chunk_ranges(
             cfg.stage_layers or stage_layer_counts(profile.layers, cfg.chunks))):
         for i in range(start, stop):
             t = cfg.layer_degree(i)
             layers.append(LayerAssignment(name=profile.layers[i].name, stage=chunk, tp=t, dp=cfg.tp * cfg.dp // t,
-                                          recompute=cfg.layer_mode(i, profile.layers[i].kind)))  # type: ignore[arg-type]
+                                          recompute=cfg.layer_mode(i, profile.layers[i].kind),  # type: ignore[arg-type]
+                                          fp8=fp8[i]))
     model = ModelRef(name=profile.name, source=profile.source, seq_len=profile.seq_len, dtype=profile.dtype,
                      overrides=profile.overrides,
                      experts=experts_of(profile))
     return Plan(world_size=cfg.gpus, model=model,
-                cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name),
+                cluster=ClusterSpec(gpus=cfg.gpus, gpus_per_node=gpus_per_node, hardware=hardware_name,
+                                    gpus_per_domain=gpus_per_domain if gpus_per_domain != gpus_per_node else None),
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
 
 
@@ -162,4 +185,4 @@ def predict(plan: Plan, profile: ModelProfile, hw: HardwareProfile, *, hardware_
     except ConfigError as err:
         raise AutoparError(str(err)) from err
     return plan_of(profile, est, hw, gpus_per_node=plan.cluster.gpus_per_node, hardware_name=hardware_name,
-                   solver=plan.solver, engine=engine)
+                   solver=plan.solver, engine=engine, gpus_per_domain=plan.cluster.gpus_per_domain)

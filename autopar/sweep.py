@@ -1,10 +1,12 @@
-"""`autopar sweep`: the best plan for each of several GPU counts and sequence lengths, how well throughput
-scales, and how the plan changes with the context length (context parallelism takes over as it grows).
+"""`autopar sweep`: the best plan for each of several GPU counts, sequence lengths and kinds of hardware, how well
+throughput scales, how the plan changes with the context length (context parallelism takes over as it grows), and
+which cluster to rent: for a training budget of ``tokens``, each (hardware, GPU count)'s time to train and its cost
+in GPU-hours (or money at a price per GPU-hour), and the Pareto front of the two (autopar/cluster_choice.py).
 
-The model is captured once per sequence length; every count is solved from that ModelProfile. A count where
-nothing fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU relative
-to the smallest count that has a plan at the same sequence length (1.0 there; linear scaling keeps it at 1.0).
-The tables and the figure are autopar/report/sweep.py's and plot.py's.
+The model is captured once per sequence length; every count on every hardware is solved from that ModelProfile. A
+count where nothing fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU
+relative to the smallest count that has a plan on the same hardware at the same sequence length (1.0 there; linear
+scaling keeps it at 1.0). The tables and the figures are autopar/report/sweep.py's and plot.py's.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration
 from autopar.plan import Plan
+from cost_models.config import Pins
 from cost_models.hardware import DEFAULT_HARDWARE
 
 
@@ -22,13 +25,14 @@ class SweepRow:
     gpus: int
     plan: Plan | None                 # None: no plan (status and reason say why)
     reason: str = ""
-    efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan at this seq_len
+    efficiency: float | None = None   # tokens/s per GPU ÷ that of the first row with a plan on its hardware and seq_len
     status: str = "fits"              # or NO_SPLIT (no valid configuration) or DOES_NOT_FIT (memory)
     seq_len: int = 0                  # the sequence length solved at
+    hardware: str = ""                # the hardware profile solved on
 
     def as_dict(self) -> dict:
-        row: dict = {"gpus": self.gpus, "seq_len": self.seq_len, "fits": self.plan is not None, "status": self.status,
-                     "reason": self.reason, "scaling_efficiency": self.efficiency}
+        row: dict = {"hardware": self.hardware, "gpus": self.gpus, "seq_len": self.seq_len, "fits": self.plan is not None,
+                     "status": self.status, "reason": self.reason, "scaling_efficiency": self.efficiency}
         if self.plan is not None:
             pred = self.plan.prediction
             row.update(self.plan.parallelism.model_dump())  # every decision, by its one name
@@ -59,50 +63,57 @@ def parse_seq_lens(text: str) -> list[int]:
     return parse_gpus(text, "--seq-len", "sequence lengths", "8192,32768,131072")
 
 
-def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 8, gpu: str = DEFAULT_HARDWARE,
+def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int | None = None,
+          gpus_per_domain: int | None = None, gpu: str | Sequence[str] = DEFAULT_HARDWARE,
           hardware_file: str | Path | None = None, global_batch_size: int | None = None,
           seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int | None = None,
-          overrides: Mapping[str, str] | None = None, dtype: str = "bf16",
+          overrides: Mapping[str, str] | None = None, dtype: str = "bf16", pins: Pins = Pins(),
           progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
-    """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's).
-    Counts that are not whole nodes are rejected up front (bad input); a count where no plan fits becomes a row
-    with the reason."""
+    """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's) on
+    every hardware profile of ``gpu`` (a name, or several; ``hardware_file``: one profile file instead), with the
+    ``pins`` every solve keeps (e.g. an FP8 recipe). Counts that are not whole nodes of some hardware are rejected up
+    front (bad input); a count where no plan fits becomes a row with the reason."""
     from autopar.models import load_profile
-    from autopar.pricing import priced_hardware
+    from autopar.pricing import cluster_shape, priced_hardware
     from autopar.search import solve
 
     if not gpu_counts:
         raise AutoparError("--gpus: give at least one GPU count")
-    for n in gpu_counts:
-        if n > gpus_per_node and n % gpus_per_node:
-            raise AutoparError(f"--gpus {n} is not a whole number of {gpus_per_node}-GPU nodes; "
-                               "use multiples of --gpus-per-node above one node")
-    priced_hardware(gpu, hardware_file, dtype=dtype)  # a profile that cannot price this dtype fails here, once
+    kinds = [str(hardware_file)] if hardware_file is not None else [gpu] if isinstance(gpu, str) else list(gpu)
+    for kind in kinds:  # a profile that cannot price this dtype or recipe fails here, once
+        raw, _ = priced_hardware(kind, hardware_file, dtype=dtype, fp8=pins.fp8)
+        for n in gpu_counts:
+            node, _ = cluster_shape(raw, n, gpus_per_node, gpus_per_domain, whole_nodes=False)
+            if n > node and n % node:
+                raise AutoparError(f"--gpus {n} is not a whole number of {node}-GPU nodes" +
+                                   (f" of {kind}" if len(kinds) > 1 else "") + "; use multiples of the node above one")
     lengths = [seq_len] if seq_len is None or isinstance(seq_len, int) else sorted(set(seq_len))
     rows = []
     for length in lengths:
         profile = load_profile(model, overrides=overrides, seq_len=length, dtype=dtype)  # captured once per length
-        for n in sorted(gpu_counts):
-            if progress is not None:
-                progress(n, profile.seq_len)
-            row = dict(seq_len=profile.seq_len)
-            try:
-                plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
-                             global_batch_size=global_batch_size, time_limit_s=time_limit_s, threads=threads,
-                             regret=False)  # the sweep compares counts: no corner solves
-                rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
-            except NoValidConfiguration as err:
-                rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
-            except DoesNotFit as err:
-                rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
+        for kind in kinds:
+            for n in sorted(gpu_counts):
+                if progress is not None:
+                    progress(n, profile.seq_len)
+                row = dict(seq_len=profile.seq_len, hardware=kind)
+                try:
+                    plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain,
+                                 gpu=kind, hardware_file=hardware_file, global_batch_size=global_batch_size,
+                                 time_limit_s=time_limit_s, threads=threads, pins=pins,
+                                 regret=False)  # the sweep compares counts: no corner solves
+                    rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
+                except NoValidConfiguration as err:
+                    rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
+                except DoesNotFit as err:
+                    rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
     return with_efficiency(rows)
 
 
 def with_efficiency(rows: Sequence[SweepRow]) -> list[SweepRow]:
-    """Each row's scaling efficiency against the smallest count with a plan at its sequence length."""
-    base: dict[int, float] = {}
+    """Each row's scaling efficiency against the smallest count with a plan on its hardware at its sequence length."""
+    base: dict[tuple[str, int], float] = {}
     for r in rows:
         if r.plan is not None:
-            base.setdefault(r.seq_len, r.plan.prediction.tokens_per_s / r.gpus)
-    return [replace(r, efficiency=r.plan.prediction.tokens_per_s / r.gpus / base[r.seq_len])
+            base.setdefault((r.hardware, r.seq_len), r.plan.prediction.tokens_per_s / r.gpus)
+    return [replace(r, efficiency=r.plan.prediction.tokens_per_s / r.gpus / base[r.hardware, r.seq_len])
             if r.plan is not None else r for r in rows]

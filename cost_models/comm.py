@@ -10,10 +10,15 @@ Sources:
   instead run as NCCL's double binary tree, 2·((n/N − 1)·α_intra + log2(N)·α_inter) of latency at 0.92 of
   the ring's bus bandwidth and twice the ring's per-rank volume, and NCCL picks whichever is faster.
 - Rank order (Megatron-LM ``initialize_model_parallel``): tp innermost (consecutive ranks), then dp,
-  then pp. A group of stride ``k`` has min(n, gpus_per_node / k) members per node.
-- A group inside one node runs on NVLink. A group spanning nodes runs one ring per local member, each
-  through its own NIC (NCCL rail rings), so its bandwidth is min(NVLink, members per node × NIC share
-  per GPU): a dp group under tp=8 gets one NIC, a dp group of 8 consecutive GPUs per node gets all 8.
+  then pp. Groups are placed in the fast domain (``gpus_per_node`` here and in the cost model: the GPUs that
+  share NVLink / NVSwitch or xGMI, which is the node on an HGX board and a 72-GPU rack of 4-GPU nodes on a GB200
+  NVL72; hardware.HardwareProfile.domain_gpus). A group of n ranks ``k`` apart has, in its most split copy,
+  gcd(n, D / k) members in one domain of D GPUs (``members_per_domain``): min(n, D / k) when n and D / k are
+  powers of two, fewer where groups straddle domains (a group of 16 in a 72-GPU domain: 8 and 8).
+- A group inside one domain runs on NVLink (on a full-mesh xGMI domain, on the n − 1 direct links between its
+  members). A group spanning domains runs one ring per local member, each through its own NIC (NCCL rail
+  rings), so its bandwidth is min(NVLink, members per domain × NIC share per GPU): a dp group under tp=8 gets
+  one NIC, a dp group of 8 consecutive GPUs per domain gets all 8.
 - Tensor parallelism (Shoeybi et al. 2019, Megatron-LM §3): one all-reduce of the layer's activations
   per column→row pair in forward and one in backward; with sequence parallelism a reduce-scatter plus
   an all-gather of the same total size (Korthikanti et al. 2022 §4.2.2: same time as the all-reduce).
@@ -43,17 +48,37 @@ class Link:
     intra_latency_s: float = 0.0
 
 
-def intra_node_link(hw: HardwareProfile) -> Link:
-    """The link between GPUs of one node (NVLink; gloo between processes of one host)."""
-    return Link(hw.intra_node_bytes_per_s, hw.intra_node_latency_s, inter_node=False)
+def intra_node_link(hw: HardwareProfile, members: int = 0) -> Link:
+    """The link between ``members`` GPUs of one fast domain (NVLink; gloo between processes of one host); on a
+    full-mesh domain (xGMI) the n − 1 direct links a member has to the others (0: the whole domain's)."""
+    return Link(domain_bandwidth(hw, members), hw.intra_node_latency_s, inter_node=False)
+
+
+def domain_bandwidth(hw: HardwareProfile, members: int = 0) -> float:
+    """Bytes/s per direction a GPU moves to ``members - 1`` peers of its domain: all of the domain link where it is
+    switched (NVSwitch), the direct links to them where it is a full mesh (xGMI: AMD's 8-GPU platforms)."""
+    if hw.mesh_link_bytes_per_s is None or members <= 1:
+        return hw.intra_node_bytes_per_s
+    return min(hw.intra_node_bytes_per_s, (members - 1) * hw.mesh_link_bytes_per_s)
+
+
+def members_per_domain(size: int, stride: int, domain: int) -> int:
+    """Members of a group of ``size`` ranks ``stride`` apart (Megatron rank order) that its most split copy has in
+    one fast domain of ``domain`` consecutive ranks: gcd(size, domain / stride) where the stride divides the domain
+    (a copy covers whole runs of domain / stride ranks of its residue class, or straddles runs as evenly), 1 where
+    it does not or the stride spans a domain."""
+    if stride >= domain or domain % stride:
+        return 1
+    return math.gcd(size, domain // stride)
 
 
 def group_link(hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) -> Link:
-    """Link used by a process group of ``size`` ranks spaced ``stride`` apart (Megatron rank order)."""
-    per_node = 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
+    """Link used by a process group of ``size`` ranks spaced ``stride`` apart (Megatron rank order) on a cluster
+    of fast domains of ``gpus_per_node`` GPUs."""
+    per_node = members_per_domain(size, stride, gpus_per_node)
     if size <= per_node:
-        return intra_node_link(hw)
-    bandwidth = min(hw.intra_node_bytes_per_s, per_node * hw.inter_node_bytes_per_s)
+        return intra_node_link(hw, size)
+    bandwidth = min(domain_bandwidth(hw, per_node), per_node * hw.inter_node_bytes_per_s)
     return Link(bandwidth, hw.inter_node_latency_s, inter_node=True, nodes=-(-size // per_node),
                 intra_latency_s=hw.intra_node_latency_s)
 
@@ -141,8 +166,8 @@ def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, h
     the slower of the two sets the time."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    local = 1 if stride >= gpus_per_node else max(1, min(n, gpus_per_node // stride))  # peers in this node
-    intra = intra_node_link(hw)
+    local = members_per_domain(n, stride, gpus_per_node)  # peers in this domain (its most split group's)
+    intra = intra_node_link(hw, local)
     eff = hw.collective_efficiency(nbytes / n)
     on_nvlink = (local - 1) / n * nbytes / (intra.bytes_per_s * eff)
     if local >= n:

@@ -59,7 +59,7 @@ def gemm_time(flops: float, flops_per_token: float, rows: int, hw: HardwareProfi
     Multiplication Background User's Guide"). Tables live in the hardware profile."""
     if flops <= 0:
         return 0.0
-    eff = hw.gemm_efficiency(flops_per_token) * hw.gemm_rows_efficiency(rows)
+    eff = hw.gemm_table(dtype)(flops_per_token) * hw.gemm_rows_efficiency(rows)
     return flops / (hw.peak(dtype) * eff)
 
 

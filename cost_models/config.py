@@ -29,6 +29,7 @@ from cost_models.decisions import (
     pins_type,
 )
 from cost_models.errors import ConfigError
+from cost_models.fp8 import Fp8Recipe
 from cost_models.memory import accumulates_unsharded
 from cost_models.model import ModelLike, is_tp_sharded
 from cost_models.partition import chunk_blocks, interleaved_balance
@@ -80,6 +81,15 @@ class ParallelConfig:
     precision: RecipeName | None = decision(None, help="bytes per parameter held in training: amp-fp16 (20), "
                                                        "megatron-bf16 (18), fp32 (16); default: the dtype's",
                                                   records=(STEP,), searched=False)
+    # FP8 (fp8.py): the linears of every block but the first and last ``fp8_bf16_blocks`` run their GEMMs in FP8
+    # under this scaling recipe; embeddings, the head, attention and norms stay in the dtype. A numerics choice, so
+    # the search never makes it: the pin, else none.
+    fp8: Fp8Recipe | None = decision(None, help="FP8 GEMMs in the blocks' linears, with this scaling recipe: "
+                                                "tensorwise, rowwise, rowwise_with_gw_hp (torchao), delayed "
+                                                "(Transformer Engine), mxfp8 (Blackwell, MI355X); default: none",
+                                     records=(LAYER, STEP), searched=False)
+    fp8_bf16_blocks: int = decision(1, help="blocks at each end of the model kept in bf16 under --fp8 (the head "
+                                            "always is)", records=(LAYOUT,), minimum=0, searched=False, metavar="K")
     # The attention kernel the run uses: "fused" (flash / SDPA, what capture traces) or "unfused" (materialised
     # S×S scores, e.g. Megatron-LM before FlashAttention), with or without attention dropout.
     attention_kernel: AttentionKernel = decision("fused", help="attention as the fused (flash) kernel or unfused "
@@ -108,7 +118,9 @@ class ParallelConfig:
                                                   "(passed around, overlapped with attention: Megatron's p2p)",
                                records=(LAYER,), searched=False)
     # -- the cluster and the engine (not the plan's parallelism: its cluster, or the hardware profile's) -----------
-    gpus_per_node: int | None = decision(None, help="GPUs per node (None: the hardware profile's)",
+    # The GPUs of one fast domain (NVLink / NVSwitch, xGMI), the unit groups are placed in and priced by: the node on
+    # an HGX board, 72 GPUs of 4-GPU nodes on a GB200 NVL72 (hardware.HardwareProfile.domain_gpus; comm.py).
+    gpus_per_node: int | None = decision(None, help="GPUs of one fast (NVLink) domain (None: the hardware profile's)",
                                          records=(LAYER, STEP, CLUSTER), flag=False, plan=False, minimum=1)
     dp_overlap: float = decision(1.0, help="share of the last backward that can hide the gradient sync",
                                  records=(PIPELINE,), flag=False, plan=False, minimum=0.0, maximum=1.0)

@@ -87,10 +87,11 @@ def traffic_bytes(layer: LayerLike, *, b: int, seq_len: int, tp: int, cp: int, c
 
 
 def p2p_link(hw: HardwareProfile, cp: int, tp: int, gpus_per_node: int) -> comm.Link:
-    """The link of a ring step: the network (one GPU's NIC) when the group spans nodes, else NVLink."""
+    """The link of a ring step: the network (one GPU's NIC) when the group spans domains, else NVLink (on a
+    full-mesh domain, the one direct link to the next rank)."""
     if comm.group_link(hw, cp, tp, gpus_per_node).inter_node:
         return comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, inter_node=True)
-    return comm.intra_node_link(hw)
+    return comm.intra_node_link(hw, 2)
 
 
 def context_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, cp: int, cp_comm: str, recompute: str,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from cost_models.errors import ConfigError
+from cost_models.fp8 import TORCHAO, TORCHAO_FLOAT8, TRANSFORMER_ENGINE
 from cost_models.hardware import EfficiencyTable, HardwareProfile, KernelCosts
 from cost_models.model import DTYPE_BYTES
 
@@ -45,6 +46,7 @@ class Engine:
     layer_overhead_s: float = 0.0
     zero3_copies: str = "none"
     autocast: bool = False
+    fp8_library: str = TORCHAO  # who runs its FP8 linears (fp8.py): torchao, Transformer Engine, or "" (none)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -55,7 +57,7 @@ class Engine:
     def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
         return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
                        zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
-                       autocast=self.autocast or hw.autocast,
+                       autocast=self.autocast or hw.autocast, fp8_library=self.fp8_library,
                        comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
@@ -70,7 +72,9 @@ class Engine:
         kernels = KernelCosts(heavy=tuple((name, min(1.0, e * self.memory)) for name, e in kernels.heavy),
                               backward=kernels.backward, attention=eff(kernels.attention, self.compute),
                               attention_backward=kernels.attention_backward)
+        fp8 = hw.fp8_gemm_efficiency
         return replace(hw, gemm_efficiency=scaled(hw.gemm_efficiency, self.compute),
+                       fp8_gemm_efficiency=scaled(fp8, self.compute) if fp8 is not None else None,
                        memory_efficiency=min(1.0, hw.memory_efficiency * self.memory),
                        heavy_memory_efficiency=eff(hw.heavy_memory_efficiency, self.memory),
                        optimizer_efficiency=eff(hw.optimizer_efficiency, self.memory), kernels=kernels)
@@ -79,8 +83,10 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "megatron": Engine(
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
-        compute=1.06, dp_overlap=0.0,
+        compute=1.06, dp_overlap=0.0, fp8_library=TRANSFORMER_ENGINE,
         sources={
+            "fp8_library": "Megatron-Core runs FP8 through Transformer Engine (--fp8-format, --fp8-recipe: "
+                           "megatron/training/arguments.py)",
             "compute": "fitted to Megatron-LM's published runs (Narayanan et al. 2021, arXiv:2104.04473, Table 1, "
                        "fp16; tests/integration/test_megatron_table.py) by benchmarks/engines.py --fit megatron",
             "memory": "1: not separable from compute on these runs",
@@ -91,6 +97,8 @@ ENGINES: dict[str, Engine] = {
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter",
         sources={
+            "fp8_library": "torchtitan converts linears with torchao: float8 and its MX formats (--model.converters "
+                           "float8 / mx; torchtitan/components/quantization/float8.py, mx.py)",
             "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/helpers/published_runs.py), "
                        "by benchmarks/engines.py --fit torchtitan",
             "memory": "1: not separable from compute on these runs",
@@ -100,8 +108,9 @@ ENGINES: dict[str, Engine] = {
     "autopar": Engine(
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
-        compute=0.98, zero3_copies="per_parameter", autocast=True,
+        compute=0.98, zero3_copies="per_parameter", autocast=True, fp8_library=TORCHAO_FLOAT8,
         sources={
+            "fp8_library": "autopar/runtime/fp8.py: torchao.float8's convert_to_float8_training (no MX formats)",
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
                        "tests/helpers/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
                        "closest to autopar's runtime, which has no published GPU runs of its own yet",
@@ -113,8 +122,10 @@ ENGINES: dict[str, Engine] = {
                         "cast runs under torch.autocast with fp32 weights (data_parallel_engines)"}),
     "deepspeed": Engine(
         "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
-        compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055,
+        compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055, fp8_library="",
         sources={
+            "fp8_library": "DeepSpeed has no FP8 training setting of its own (its config has none; FP8 runs through "
+                           "Transformer Engine modules the model itself uses)",
             "compute": "fitted with layer_overhead_s to BLOOM-176B's Megatron-DeepSpeed runs (bigscience "
                        "tr11-176B-ml; tests/helpers/published_runs.py) by benchmarks/engines.py --fit deepspeed",
             "layer_overhead_s": "fitted with compute (5.5 ms per layer and micro-batch: step time grows with the "
@@ -126,6 +137,9 @@ ENGINES: dict[str, Engine] = {
                           "the export does not set it: gradients are reduced after the backward",
             "zero3_overlap": "ZeRO-3 prefetches parameters (stage3_prefetch_bucket_size)"}),
 }
+
+
+FP8_RUNNERS = {e.name: e.fp8_library for e in ENGINES.values()}  # each engine's FP8 library (fp8.check_recipe)
 
 
 def load_engine(name: str) -> Engine:

@@ -125,8 +125,8 @@ class HardwareProfile:
     memory_bytes: int                          # HBM capacity
     memory_reserve_bytes: int                  # CUDA context, allocator workspace, fragmentation
     hbm_bytes_per_s: float
-    gpus_per_node: int
-    intra_node_bytes_per_s: float              # NVLink/NVSwitch, one direction
+    gpus_per_node: int                         # a node: its NICs and host memory (the per-GPU figures below)
+    intra_node_bytes_per_s: float              # NVLink/NVSwitch (the fast domain's link), one direction
     intra_node_latency_s: float                # per ring step
     inter_node_bytes_per_s: float              # this GPU's share of the node's NICs, one direction
     inter_node_latency_s: float                # per ring step
@@ -180,6 +180,29 @@ class HardwareProfile:
     autocast: bool = False
     # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
     calibrated: bool = False
+    # The fast domain (NVLink / NVSwitch, xGMI): GPUs whose groups run on intra_node_bytes_per_s, placed and priced
+    # as one unit (cost_models/comm.py); the node's by default, 72 for a GB200 NVL72 rack of 4-GPU nodes.
+    domain_gpus: int = 0
+    domain_link: str = "NVLink"
+    # A full-mesh domain (xGMI): one direct link's bandwidth per direction (None: switched).
+    mesh_link_bytes_per_s: float | None = None
+    # FP8 (cost_models/fp8.py): its GEMM efficiency table (None: gemm_efficiency), the recipes it runs, its encoding.
+    fp8_gemm_efficiency: EfficiencyTable | None = None
+    fp8_rowwise_gemm_efficiency: float = 1.0     # row-scaled FP8 GEMMs relative to fp8_gemm_efficiency
+    fp8_recipes: tuple[str, ...] = ()
+    fp8_format: str = "e4m3fn"
+    # The library that runs the engine's FP8 linears (cost_models/fp8.py: "torchao", "transformer_engine"; "": the
+    # engine has none); set by cost_models.engines, torchao.float8 (autopar's runtime) in a profile.
+    fp8_library: str = "torchao.float8"
+
+    def __post_init__(self) -> None:
+        if not self.domain_gpus:
+            object.__setattr__(self, "domain_gpus", self.gpus_per_node)
+
+    def gemm_table(self, dtype: str) -> EfficiencyTable:
+        """The GEMM efficiency table of ``dtype``'s tensor cores (fp8 has its own where the profile gives one)."""
+        return self.fp8_gemm_efficiency if dtype == "fp8" and self.fp8_gemm_efficiency is not None \
+            else self.gemm_efficiency
 
     @property
     def overlap_penalty(self) -> float:
@@ -278,6 +301,15 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             uncertainty={k: u.relative for k, u in f.uncertainty.items()},
             allocator_fragmentation=_fraction(f.allocator_fragmentation),
             calibrated=f.calibration is not None,
+            domain_gpus=f.gpus_per_domain or gpus_per_node,
+            domain_link=f.domain_link,
+            mesh_link_bytes_per_s=f.mesh_link_bandwidth_bidirectional_gbytes_per_s * 1e9 / 2
+            if f.mesh_link_bandwidth_bidirectional_gbytes_per_s else None,
+            fp8_gemm_efficiency=_table(f.fp8_gemm_efficiency_by_mflop_per_token, scale=1e6)
+            if f.fp8_gemm_efficiency_by_mflop_per_token else None,
+            fp8_rowwise_gemm_efficiency=f.fp8_rowwise_gemm_efficiency,
+            fp8_recipes=tuple(f.fp8_recipes),
+            fp8_format=f.fp8_format,
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):

@@ -6,7 +6,7 @@ file and converts it to SI units once.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -25,6 +25,7 @@ class PeakTflops(_Strict):
     bf16: float | None = Field(default=None, gt=0)
     fp16: float | None = Field(default=None, gt=0)
     fp32: float | None = Field(default=None, gt=0)
+    fp8: float | None = Field(default=None, gt=0)  # FP8 tensor cores (e4m3 / e5m2 inputs, wider accumulation)
 
 
 class DTensorOverhead(_Strict):
@@ -50,7 +51,16 @@ class HardwareFile(_Strict):
     memory_reserve_gib: float = Field(ge=0)
     hbm_bandwidth_gbytes_per_s: float = Field(gt=0)
     gpus_per_node: int = Field(ge=1)
+    # GPUs that share one fast (NVLink / NVSwitch, xGMI) domain, which may span nodes (a GB200 NVL72 rack: 18
+    # nodes of 4 GPUs in one 72-GPU NVLink domain); left out: the node's.
+    gpus_per_domain: int | None = Field(default=None, ge=1)
+    # The fast domain's link, in words (explain's group map): "NVLink", "NVLink (NVL72)", "xGMI".
+    domain_link: str = "NVLink"
     nvlink_bandwidth_bidirectional_gbytes_per_s: float = Field(gt=0)
+    # A domain wired as a full mesh (AMD's xGMI: one direct link from every GPU to each other GPU of the domain)
+    # instead of through switches: one link's bandwidth, both directions. A group of n GPUs of the domain talks over
+    # the n - 1 links between its members (at most nvlink_bandwidth_...); left out: switched, every group gets it all.
+    mesh_link_bandwidth_bidirectional_gbytes_per_s: float | None = Field(default=None, gt=0)
     intra_node_latency_us: float = Field(ge=0)
     nic_bandwidth_gbits_per_s: float = Field(gt=0)
     nics_per_node: float = Field(gt=0)
@@ -58,6 +68,18 @@ class HardwareFile(_Strict):
     host_link_bandwidth_gbytes_per_s: float = Field(gt=0)
     gemm_efficiency_by_mflop_per_token: Points
     gemm_efficiency_by_rows: Points
+    # FP8 GEMMs (cost_models/fp8.py) by matmul FLOPs per token, as gemm_efficiency_by_mflop_per_token, of the fp8
+    # peak; left out: that table's.
+    fp8_gemm_efficiency_by_mflop_per_token: Points | None = None
+    # Row-scaled FP8 GEMMs (torchao's rowwise recipes) relative to that table: their kernels run slower than the
+    # tensor-scaled ones on some devices (torchao/float8/float8_ops.py: CUTLASS's row-scaled kernel, or cuBLAS's
+    # tensor-scaled one plus a rescale of its output).
+    fp8_rowwise_gemm_efficiency: float = Field(default=1.0, gt=0, le=1)
+    # The FP8 training recipes the device runs (cost_models/fp8.py RECIPES): tensorwise and rowwise scaling from
+    # Hopper / MI300 on, MX block scaling (mxfp8) from Blackwell / MI355X on; empty: no FP8 training.
+    fp8_recipes: list[str] = []
+    # The FP8 encoding its tensor cores take: OCP e4m3fn (NVIDIA, MI355X) or e4m3fnuz (MI300X / MI325X).
+    fp8_format: Literal["e4m3fn", "e4m3fnuz"] = "e4m3fn"
     memory_bandwidth_efficiency: float = Field(gt=0, le=1)
     collective_efficiency_by_mbytes: Points
     sources: dict[str, str] = {}
@@ -119,6 +141,7 @@ def check_hardware_file(raw: Mapping[str, Any], default_name: str) -> HardwareFi
 # The fields an uncertainty may be given for: every number that prices time (capacities are exact).
 UNCERTAIN_FIELDS = {name for name, f in HardwareFile.model_fields.items()
                     if name not in ("name", "description", "sources", "calibration", "uncertainty", "gpus_per_node",
-                                    "nics_per_node", "tree_all_reduce")}
+                                    "nics_per_node", "tree_all_reduce", "gpus_per_domain", "domain_link", "fp8_recipes",
+                                    "fp8_format")}
 # Of those, the ones that price memory, not time: their uncertainty is stated, never applied to a step time's range.
 MEMORY_FIELDS = {"memory_gib", "memory_reserve_gib", "allocator_fragmentation"}

@@ -20,9 +20,10 @@ from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_
 from cost_models.compute import attention_core_times, layer_compute
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
-from cost_models.engines import data_parallel_engines
+from cost_models.engines import FP8_RUNNERS, data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
+from cost_models.fp8 import check_recipe, fp8_blocks, fp8_weight_copy_bytes, step_precision, with_fp8
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import (
     NO_STEP_WORK,
@@ -62,30 +63,33 @@ class CostModel:
         self._step_work: dict[tuple, StepWork] = {}  # _with_step_work: by parameters and data-parallel setting
         self._experts: dict[tuple, LayerCost] = {}
         self._settings: dict[tuple, int] = {}
+        self._fp8: dict[tuple, list[bool]] = {}  # fp8_layers: by recipe and bf16 blocks
 
     # -- one layer -------------------------------------------------------------------------------
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
                    cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None,
-                   autocast: bool = False) -> LayerCost:
+                   autocast: bool = False, fp8: str | None = None) -> LayerCost:
         """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
         group: it runs 1/cp of every sample's tokens, context.py); ``autocast``: run under torch.autocast with fp32
-        weights (its activations as capture measured them that way)."""
+        weights (its activations as capture measured them that way); ``fp8``: its linears in FP8 under that recipe
+        (fp8.py)."""
         mode = recompute if layer.kind == "block" else "none"
-        gpn = gpus_per_node or self.hw.gpus_per_node
+        gpn = gpus_per_node or self.hw.domain_gpus
         attn = (attention_kernel, attention_dropout)
         context = (cp, cp_comm, gpn) if cp > 1 else ()
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
-               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast)
+               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast, fp8)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
-                                                       sequence_parallel, mode, tp_link, attn, context, autocast)
+                                                       sequence_parallel, mode, tp_link, attn, context, autocast, fp8)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
-                    attn: tuple[str, bool], context: tuple = (), autocast: bool = False) -> LayerCost:
+                    attn: tuple[str, bool], context: tuple = (), autocast: bool = False,
+                    fp8: str | None = None) -> LayerCost:
         """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
         every per-token figure and 1/cp of the attention (context.py)."""
@@ -97,6 +101,9 @@ class CostModel:
         c = layer_compute(layer, b=share, seq_len=seq, tp=tp, sequence_parallel=sp,  # type: ignore[arg-type]
                           recompute=mode, hw=hw, dtype=self.model.dtype, attention_kernel=attn[0],
                           attention_dropout=attn[1])
+        if fp8 is not None:
+            c = with_fp8(c, layer, b=share, seq_len=seq, tp=tp, recompute=mode, hw=hw, dtype=self.model.dtype,
+                         dtype_bytes=self.dtype_bytes, name=fp8)
         tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=share, seq_len=seq, tp=tp, link=link, hw=hw,  # type: ignore[arg-type]
                                             sequence_parallel=sp)
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
@@ -143,21 +150,22 @@ class CostModel:
         links = self.links(cfg)
         tp_link, dp_link, pp_link = links
         out = []
-        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        gpn = self.domain(cfg)
         devices = cfg.tp * cfg.grad_replicas
         whole = cfg.accumulates_unsharded
         setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links, self.autocast(cfg))
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
+        fp8 = self.fp8_layers(cfg)
         for i, mode, t in entries:
             layer = self.model.layers[i]
-            key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting)
+            key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting, fp8[i])
             if key in self._full_cache:
                 out.append(self._full_cache[key])
                 continue
             dp_l = devices // t
             link_dp = dp_link if t == cfg.tp else comm.group_link(self.hw, dp_l, t, gpn)
             c = self.option_run_cost(cfg, tp_link, i, mode, t)
-            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, whole, devices))
+            out.append(self._with_step_work(c, cfg, dp_l, link_dp, pp_link, whole, devices, fp8[i]))
             self._full_cache[key] = out[-1]
         return out
 
@@ -166,13 +174,14 @@ class CostModel:
         tensor-, context- and expert-parallel traffic, its activations), before the per-step work that depends
         on the data-parallel degree and the ZeRO stage (``_with_step_work``): what option_costs starts from."""
         layer = self.model.layers[i]
-        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        gpn = self.domain(cfg)
         b = cfg.micro_batch_size * t // cfg.tp
         autocast = self.autocast(cfg)
         c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
-                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast)
+                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
+                            fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None)
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
@@ -182,6 +191,22 @@ class CostModel:
         if getattr(layer, "moe", None):
             c = self._with_experts(c, layer, cfg, mode, autocast)
         return c
+
+    def domain(self, cfg: ParallelConfig) -> int:
+        """The GPUs of one fast domain groups are placed in (cfg.gpus_per_node, else the profile's domain), at most
+        the configuration's GPUs: a cluster smaller than a domain is one domain."""
+        return min(cfg.gpus_per_node or self.hw.domain_gpus, cfg.gpus)
+
+    def fp8_layers(self, cfg: ParallelConfig) -> list[bool]:
+        """Per layer: does ``cfg`` run its linears in FP8 (fp8.fp8_blocks)? ConfigError when this hardware or the
+        engine's FP8 library cannot run the recipe (fp8.check_recipe)."""
+        key = (cfg.fp8, cfg.fp8_bf16_blocks)
+        out = self._fp8.get(key)
+        if out is None:
+            check_recipe(cfg.fp8, self.hw, FP8_RUNNERS)
+            none = [False] * len(self.model.layers)
+            out = self._fp8[key] = none if cfg.fp8 is None else fp8_blocks(self.model.layers, cfg.fp8_bf16_blocks)
+        return out
 
     def autocast(self, cfg: ParallelConfig) -> bool:
         """Does the engine run ``cfg``'s forward under torch.autocast with fp32 weights (hardware.autocast: autopar's
@@ -200,22 +225,25 @@ class CostModel:
                 seq_len=self.model.seq_len, tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep,
                 sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance_of(layer.moe, cfg.moe_imbalance),  # type: ignore[attr-defined]
-                gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, hw=self.hw, dtype=self.model.dtype,
+                gpus_per_node=self.domain(cfg), hw=self.hw, dtype=self.model.dtype,
                 dtype_bytes=self.dtype_bytes, autocast=autocast)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
-                        whole: bool, devices: int) -> LayerCost:
+                        whole: bool, devices: int, fp8: bool = False) -> LayerCost:
         """A layer's cost with its share of the data-parallel sync, optimizer step, ZeRO-3 traffic, model
         state and tied-copy sync filled in (step_work.py). None of it depends on the micro-batch, so it is cached
         by the layer's parameters (the search asks for every micro-batch size). ``whole``: the step holds whole
         gradients (memory.accumulates_unsharded). ``devices``: the stage's GPUs, which its layers' ZeRO-3 gathers
-        (over dp) and tensor-parallel collectives (over tp) hold in lock-step."""
+        (over dp) and tensor-parallel collectives (over tp) hold in lock-step. ``fp8``: the layer's linears run in
+        FP8 (its weights may be gathered in FP8 and kept as FP8 copies: fp8.step_precision)."""
         precision = cfg.recipe(self.model.dtype)
+        if fp8:
+            precision = step_precision(precision, cfg.fp8, cfg.zero_stage, self.hw)
         own, copy, experts = c.held.params_per_gpu, c.held.tied_params_per_gpu, c.held.expert_params_per_gpu
         work = self._step_work_of(own - experts, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
-            gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+            gpn = self.domain(cfg)
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
             work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole))
@@ -229,7 +257,8 @@ class CostModel:
         # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
         fwd = c.compute.fwd_s + work.zero3_copy_fwd_s
         z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
-        rest = StepWork(tied_sync_s=tied, zero3_sync_s=z3_sync,
+        copies = fp8_weight_copy_bytes(own, self.hw) if fp8 else 0.0
+        rest = StepWork(tied_sync_s=tied, zero3_sync_s=z3_sync, state_params_bytes=copies,
                         gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0)
         return LayerCost(c.compute, c.traffic, c.held, added(work, rest))
 
@@ -248,7 +277,7 @@ class CostModel:
         tp-way layout, over the max/min degree ratio, at the larger degree's per-replica micro-batch."""
         if t == cfg.tp:
             return 0.0, 0.0
-        gpn = cfg.gpus_per_node or self.hw.gpus_per_node
+        gpn = self.domain(cfg)
         hi, lo = max(t, cfg.tp), min(t, cfg.tp)
         group = comm.group_link(self.hw, hi // lo, lo, gpn)
         b_hi = cfg.micro_batch_size * hi // cfg.tp
@@ -282,7 +311,7 @@ class CostModel:
         is dp·cp GPUs spaced tp apart."""
         key = (cfg.degrees, cfg.cluster)
         if key not in self._links:
-            self._links[key] = self._group_links(cfg, cfg.gpus_per_node or self.hw.gpus_per_node)
+            self._links[key] = self._group_links(cfg, self.domain(cfg))
         return self._links[key]
 
     def _group_links(self, cfg: ParallelConfig, gpn: int) -> tuple[comm.Link, comm.Link, comm.Link]:
@@ -291,7 +320,7 @@ class CostModel:
         dp_link = comm.group_link(hw, cfg.grad_replicas, cfg.tp, gpn)
         pp_link = (comm.Link(hw.inter_node_bytes_per_s, hw.inter_node_latency_s, True)
                    if cfg.gpus > gpn else
-                   comm.intra_node_link(hw))
+                   comm.intra_node_link(hw, 2))  # a send to the next stage: one peer (one direct xGMI link)
         return tp_link, dp_link, pp_link
 
     def step_shape(self, cfg: ParallelConfig) -> StepShape:

@@ -74,6 +74,10 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
     "hbm_bandwidth_gbytes_per_s": (COMPUTE, lambda hw, u, d: replace(hw, hbm_bytes_per_s=_speed(hw.hbm_bytes_per_s, u, d))),
     "gemm_efficiency_by_mflop_per_token": (COMPUTE, lambda hw, u, d: replace(
         hw, gemm_efficiency=_eff_table(hw.gemm_efficiency, u, d))),
+    "fp8_gemm_efficiency_by_mflop_per_token": (COMPUTE, lambda hw, u, d: replace(
+        hw, fp8_gemm_efficiency=_eff_table(hw.fp8_gemm_efficiency, u, d) if hw.fp8_gemm_efficiency else None)),
+    "fp8_rowwise_gemm_efficiency": (COMPUTE, lambda hw, u, d: replace(
+        hw, fp8_rowwise_gemm_efficiency=_fraction(hw.fp8_rowwise_gemm_efficiency, u, d) or hw.fp8_rowwise_gemm_efficiency)),
     "gemm_efficiency_by_rows": (COMPUTE, lambda hw, u, d: replace(
         hw, gemm_rows_efficiency=_eff_table(hw.gemm_rows_efficiency, u, d))),
     "memory_bandwidth_efficiency": (COMPUTE, lambda hw, u, d: replace(
@@ -92,6 +96,8 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
         hw, kernels=_kernels(hw.kernels, "attention_backward", u, d))),
     "nvlink_bandwidth_bidirectional_gbytes_per_s": (COMMUNICATION, lambda hw, u, d: replace(
         hw, intra_node_bytes_per_s=_speed(hw.intra_node_bytes_per_s, u, d))),
+    "mesh_link_bandwidth_bidirectional_gbytes_per_s": (COMMUNICATION, lambda hw, u, d: replace(
+        hw, mesh_link_bytes_per_s=_speed(hw.mesh_link_bytes_per_s, u, d) if hw.mesh_link_bytes_per_s else None)),
     "intra_node_latency_us": (COMMUNICATION, lambda hw, u, d: replace(
         hw, intra_node_latency_s=_cost(hw.intra_node_latency_s, u, d))),
     "nic_bandwidth_gbits_per_s": (COMMUNICATION, lambda hw, u, d: replace(

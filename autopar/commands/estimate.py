@@ -15,7 +15,8 @@ def estimate_command(
     model: Annotated[str, options.MODEL],
     gpus: Annotated[int, options.GPUS],
     global_batch_size: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
-    gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
+    gpus_per_node: Annotated[Optional[int], options.GPUS_PER_NODE] = None,
+    gpus_per_domain: Annotated[Optional[int], options.GPUS_PER_DOMAIN] = None,
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
     seq_len: Annotated[Optional[int], options.SEQ_LEN] = None,
@@ -35,7 +36,7 @@ def estimate_command(
             from autopar.profile import parse_set
 
             overrides = parse_set(set_)
-        plan = estimate(model, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware,
+        plan = estimate(model, gpus=gpus, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain, gpu=gpu, hardware_file=hardware,
                         global_batch_size=global_batch_size, seq_len=seq_len, overrides=overrides, dtype=dtype,
                         engine=engine, **choices.given())
     except AutoparError as err:

@@ -85,9 +85,15 @@ DTYPE = typer.Option(metavar=_choices(DTYPES), callback=one_of("--dtype", DTYPES
 
 # -- the cluster ----------------------------------------------------------------------------------------------
 GPUS = typer.Option(callback=at_least(1), metavar="N", show_default=False, help="total GPUs")
-GPUS_PER_NODE = typer.Option(callback=at_least(1), metavar="G",
-                             help="GPUs per node (tensor parallelism stays inside one)")
+GPUS_PER_NODE = typer.Option(callback=at_least(1), metavar="G", show_default=False,
+                             help="GPUs per node: its NICs and host memory (default: the hardware profile's, 8 on "
+                                  "HGX, 4 on GB200 NVL72)")
+GPUS_PER_DOMAIN = typer.Option(callback=at_least(1), metavar="D", show_default=False,
+                               help="GPUs of one fast NVLink / xGMI domain, where tensor, expert and context "
+                                    "parallelism stay (default: the profile's: the node, 72 on GB200 NVL72)")
 GPU = typer.Option(metavar="NAME", help=f"built-in hardware profile: {', '.join(builtin_names())}")
+GPUS_TO_COMPARE = typer.Option(metavar="NAME,NAME,...", help="built-in hardware profiles, several comma-separated "
+                                                             f"to compare them: {', '.join(builtin_names())}")
 GPU_DEFAULT = DEFAULT_HARDWARE
 HARDWARE = typer.Option(metavar="FILE", show_default=False,
                         help="your own hardware profile JSON (autopar calibrate -o); overrides --gpu")

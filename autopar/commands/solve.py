@@ -16,7 +16,8 @@ from autopar.errors import AutoparError
 def solve_command(
     model: Annotated[str, options.MODEL],
     gpus: Annotated[int, options.GPUS],
-    gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
+    gpus_per_node: Annotated[Optional[int], options.GPUS_PER_NODE] = None,
+    gpus_per_domain: Annotated[Optional[int], options.GPUS_PER_DOMAIN] = None,
     gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
     global_batch_size: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
@@ -47,7 +48,7 @@ def solve_command(
         if pins.sequence_parallel and pins.tp is not None:
             check_sequence_parallel(True, tp=pins.tp)
         with search_progress(f"tracing {Path(model).name}", f"CP-SAT on {gpus} GPUs") as show:
-            plans = solve_top_k(model, gpus=gpus, k=top_k, gpus_per_node=gpus_per_node, gpu=gpu,
+            plans = solve_top_k(model, gpus=gpus, k=top_k, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain, gpu=gpu,
                                 hardware_file=hardware, global_batch_size=global_batch_size, seq_len=seq_len,
                                 time_limit_s=time_limit, threads=threads, pins=pins,
                                 allow_cross_node_tp=allow_cross_node_tp, overrides=parse_set(set_ or []), dtype=dtype,

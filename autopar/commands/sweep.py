@@ -1,4 +1,5 @@
-"""`autopar sweep`: the best plan for each GPU count and sequence length, its throughput and scaling efficiency."""
+"""`autopar sweep`: the best plan for each GPU count, sequence length and hardware, its throughput and scaling
+efficiency; with --tokens, which cluster to rent (time to train, cost, the Pareto front)."""
 from __future__ import annotations
 
 import json
@@ -11,35 +12,55 @@ import typer
 from autopar.commands import options
 from autopar.commands.base import fail
 from autopar.errors import AutoparError
+from cost_models import ParallelConfig
+from cost_models.decisions import declared
+
+FP8 = options.decision_option(declared(ParallelConfig)["fp8"], "pin")
 
 
 def sweep_command(
     model: Annotated[str, options.MODEL],
     gpus: Annotated[str, typer.Option(metavar="N,N,...", show_default=False,
                                       help="GPU counts, comma-separated: 8,16,32,64")],
-    gpus_per_node: Annotated[int, options.GPUS_PER_NODE] = 8,
-    gpu: Annotated[str, options.GPU] = options.GPU_DEFAULT,
+    gpus_per_node: Annotated[Optional[int], options.GPUS_PER_NODE] = None,
+    gpus_per_domain: Annotated[Optional[int], options.GPUS_PER_DOMAIN] = None,
+    gpu: Annotated[str, options.GPUS_TO_COMPARE] = options.GPU_DEFAULT,
     hardware: Annotated[Optional[Path], options.HARDWARE] = None,
+    tokens: Annotated[Optional[str], typer.Option(metavar="T", show_default=False, help="training budget in tokens "
+                                                  "(2e12, 300B, 15T): time to train and cost of each cluster, and "
+                                                  "the Pareto front")] = None,
+    price_per_gpu_hour: Annotated[Optional[str], typer.Option(metavar="$ | NAME=$,...", show_default=False,
+                                                              help="rental price per GPU-hour, one for all or per "
+                                                                   "hardware (default: cost in GPU-hours)")] = None,
     global_batch_size: Annotated[Optional[int], options.GLOBAL_BATCH] = None,
     seq_len: Annotated[Optional[str], options.SEQ_LENS] = None,
     set_: Annotated[Optional[list[str]], options.SET] = None,
     dtype: Annotated[str, options.DTYPE] = "bf16",
+    fp8: Annotated[Optional[str], FP8] = None,
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
     threads: Annotated[Optional[int], options.THREADS] = None,
-    output: Annotated[Optional[Path], options.output("also plot throughput and scaling efficiency to this image "
-                                                     "(.png, .svg, .pdf)")] = None,
+    output: Annotated[Optional[Path], options.output("also plot it to this image (.png, .svg, .pdf): with --tokens "
+                                                     "the cluster choice's front, else throughput and scaling")] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
-    """Solve MODEL for each of --gpus GPU counts and --seq-len sequence lengths: the best plan's degrees, throughput
-    and scaling efficiency, and how the plan changes with the context (--time-limit is per solve)."""
+    """Solve MODEL for each of --gpus GPU counts, --seq-len sequence lengths and --gpu hardware: the best plan's
+    degrees, throughput and scaling efficiency; with --tokens, which cluster to rent (--time-limit is per solve)."""
+    from autopar.cluster_choice import choices, parse_prices, parse_tokens
     from autopar.report.progress import activity
-    from autopar.report.sweep import print_sweep
     from autopar.sweep import parse_gpus, parse_seq_lens, sweep
+    from cost_models.config import pins
 
     try:
         counts = parse_gpus(gpus)
+        kinds = [k.strip() for k in gpu.split(",") if k.strip()] if hardware is None else [str(hardware)]
+        if not kinds:
+            raise AutoparError("--gpu: give at least one hardware profile name")
+        budget = parse_tokens(tokens) if tokens is not None else None
+        if price_per_gpu_hour is not None and budget is None:
+            raise AutoparError("--price-per-gpu-hour prices a training budget: give --tokens too")
+        prices = parse_prices(price_per_gpu_hour, kinds) if price_per_gpu_hour is not None else None
         lengths = parse_seq_lens(seq_len) if seq_len is not None else None
-        total = len(counts) * (len(lengths) if lengths else 1)
+        total = len(counts) * len(kinds) * (len(lengths) if lengths else 1)
         solved: list[int] = []
         overrides = None
         if set_:
@@ -51,20 +72,37 @@ def sweep_command(
                 solved.append(n)
                 say(f"CP-SAT on {n} GPUs at seq {seq} ({len(solved)} of {total})")
 
-            rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware,
-                         global_batch_size=global_batch_size, seq_len=lengths, time_limit_s=time_limit, threads=threads,
-                         overrides=overrides, dtype=dtype, progress=progress)
+            rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain, gpu=kinds,
+                         hardware_file=hardware, global_batch_size=global_batch_size, seq_len=lengths,
+                         time_limit_s=time_limit, threads=threads, overrides=overrides, dtype=dtype,
+                         pins=pins(fp8=fp8), progress=progress)
     except AutoparError as err:
         raise fail(str(err))
+    found = choices(rows, budget, prices) if budget is not None else None
+    _show(rows, found, budget, prices is not None, output, json_)
+
+
+def _show(rows: list, found: list | None, budget: float | None, priced: bool, output: Path | None,
+          json_: bool) -> None:
+    """Print the sweep (and, for a budget, the cluster choice) as tables or JSON; plot it to ``output``."""
+    from autopar.report.sweep import print_choices, print_sweep
+
     if json_:
-        sys.stdout.write(json.dumps([r.as_dict() for r in rows], indent=1) + "\n")
+        body = {"rows": [r.as_dict() for r in rows], "choices": [c.as_dict() for c in found]} if found is not None \
+            else [r.as_dict() for r in rows]
+        sys.stdout.write(json.dumps(body, indent=1) + "\n")
     else:
         print_sweep(rows)
+        if found is not None:
+            print_choices(found, budget, priced)  # type: ignore[arg-type]
     if output is not None:
-        from autopar.report.plot import plot_sweep
+        from autopar.report.plot import plot_front, plot_sweep
 
         try:
-            plot_sweep(rows, output)
+            if found is not None:
+                plot_front(found, budget, priced, output)  # type: ignore[arg-type]
+            else:
+                plot_sweep(rows, output)
         except (AutoparError, OSError) as err:
             raise fail(str(err))
         typer.echo(f"figure written to {output}", err=json_)

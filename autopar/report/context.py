@@ -31,7 +31,7 @@ def _exchange(name: str) -> str:
 def group_span(plan: Plan) -> int:
     """The most nodes any cp group spans."""
     par = plan.parallelism
-    return max(nodes_spanned(g, plan.cluster.gpus_per_node) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["cp"])
+    return max(nodes_spanned(g, plan.cluster.domain) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["cp"])
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def price_context(plan: Plan) -> tuple[list[StageContext], float, float]:
 
 
 def print_context_groups(plan: Plan, console: Console) -> None:
-    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    par, gpn, unit = plan.parallelism, plan.cluster.domain, plan.cluster.unit
     seq = plan.model.seq_len
     console.print(f"context parallelism: each sequence of {seq:,} tokens cut into 2·cp = {2 * par.cp} chunks; GPU i "
                   f"of a cp group holds chunks i and {2 * par.cp - 1} − i ({seq // par.cp:,} tokens, an even share of "
@@ -86,16 +86,16 @@ def print_context_groups(plan: Plan, console: Console) -> None:
                 f"{par.dp * par.cp} GPUs")
     text(out, "group")
     numbers(out, "degree", "groups")
-    text(out, "ranks", "spans nodes")
+    text(out, "ranks", f"spans {unit}s")
     grads = gradient_groups(par.tp, par.dp, par.pp, par.cp)
     for name, found in (("cp (keys, values)", groups["cp"]), ("dp × cp (grads)", grads)):
         most = max(nodes_spanned(g, gpn) for g in found)
-        span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
+        span = f"no (inside one {unit})" if most == 1 else f"[yellow]yes[/] (up to {most} {unit}s)"
         out.add_row(name, str(len(found[0])), str(len(found)), group_ranks(found), span)
     console.print(out)
     if group_span(plan) > 1:
-        console.print(f"[yellow]the cp groups span {group_span(plan)} nodes[/]: the exchange crosses the inter-node "
-                      f"network; tp × cp ≤ {gpn} (one node) keeps it on the intra-node links")
+        console.print(f"[yellow]the cp groups span {group_span(plan)} {unit}s[/]: the exchange crosses the "
+                      f"network; tp × cp ≤ {gpn} (one {unit}) keeps it on its NVLink / xGMI links")
 
 
 def print_context_costs(plan: Plan, console: Console) -> None:
@@ -124,13 +124,13 @@ def print_context_costs(plan: Plan, console: Console) -> None:
 
 def relief(plan: Plan) -> str:
     """What would shrink the exposed exchange, from the plan's degrees (for explain's suggestions)."""
-    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    par, gpn, unit = plan.parallelism, plan.cluster.domain, plan.cluster.unit
     tips = []
     if par.cp_comm == "all_gather":
         tips.append("the ring exchange (--cp-comm ring) overlaps each step's transfer with attention")
     span = group_span(plan)
     if span > 1:
-        tips.append(f"the cp {par.cp} groups span {span} nodes: tp × cp ≤ {gpn} keeps them inside one")
+        tips.append(f"the cp {par.cp} groups span {span} {unit}s: tp × cp ≤ {gpn} keeps them inside one")
     tips.append(f"a lower cp (now {par.cp}) exchanges less, at more activation memory per GPU")
     return "; ".join(tips)
 

@@ -63,25 +63,25 @@ def price_experts(plan: Plan) -> list[StageExperts]:
 
 
 def print_expert_groups(plan: Plan, console: Console) -> None:
-    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
+    par, gpn, unit = plan.parallelism, plan.cluster.domain, plan.cluster.unit
     etp = par.expert_tp
     stage = par.tp * par.cp * par.dp
     edp = stage // (par.ep * etp)
     table = Table(title=f"experts: each stage's {stage} GPUs = edp {edp} × ep {par.ep} × etp {etp} "
                         f"(rank = pp_rank·{stage} + edp_rank·{par.ep * etp} + ep_rank·{etp} + etp_rank)",
                   title_justify="left")
-    for col in ("group", "degree", "groups", "ranks", "spans nodes"):
+    for col in ("group", "degree", "groups", "ranks", f"spans {unit}s"):
         table.add_column(col, justify="right" if col in ("degree", "groups") else "left")
     what = {"ep": "ep (all-to-all)", "etp": "etp", "edp": "edp (expert grads)"}
     for kind, groups in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp).items():
         most = max(nodes_spanned(g, gpn) for g in groups)
-        span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
+        span = f"no (inside one {unit})" if most == 1 else f"[yellow]yes[/] (up to {most} {unit}s)"
         table.add_row(what[kind], str(len(groups[0])), str(len(groups)), group_ranks(groups), span)
     console.print(table)
     crossing = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"])
     if crossing > 1:
-        console.print(f"[yellow]the expert-parallel groups span {crossing} nodes[/]: dispatch and combine cross the "
-                      f"inter-node network; ep × etp ≤ {gpn} (one node) keeps them on the intra-node links")
+        console.print(f"[yellow]the expert-parallel groups span {crossing} {unit}s[/]: dispatch and combine cross the "
+                      f"network; ep × etp ≤ {gpn} (one {unit}) keeps them on its NVLink / xGMI links")
 
 
 def _per_layer(pair: tuple[float, float]) -> str:

@@ -25,18 +25,28 @@ BUBBLE_TARGET = 0.05      # bubble share the micro-batch suggestion aims for
 
 
 def print_mesh(plan: Plan, console: Console) -> None:
-    par, gpn = plan.parallelism, plan.cluster.gpus_per_node
-    nodes = -(-plan.world_size // gpn)
+    """The device mesh and each group's ranks, and whether its groups stay inside one fast domain (NVLink / xGMI:
+    the node on HGX boards, a 72-GPU rack of 4-GPU nodes on GB200 NVL72) or span several over the network."""
+    par, gpn, unit = plan.parallelism, plan.cluster.domain, plan.cluster.unit
+    nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
+    domains = -(-plan.world_size // gpn)
     cp = f" × cp {par.cp}" if par.cp > 1 else ""
     order = rank_formula(par.tp, par.dp, par.cp)
-    mesh = table(f"device mesh: {plan.world_size} GPUs = pp {par.pp} × dp {par.dp}{cp} × tp {par.tp} on {nodes} "
-                 f"node{'s' if nodes > 1 else ''} of {gpn} (rank = {order})")
+    where = f"{nodes} node{'s' if nodes > 1 else ''} of {plan.cluster.gpus_per_node}"
+    if unit == "domain":
+        where += f" in {domains} NVLink domain{'s' if domains > 1 else ''} of {gpn}"
+    mesh = table(f"device mesh: {plan.world_size} GPUs = pp {par.pp} × dp {par.dp}{cp} × tp {par.tp} on {where} "
+                 f"(rank = {order})")
     text(mesh, "group")
     numbers(mesh, "degree", "groups")
-    text(mesh, "ranks", "spans nodes")
-    for kind, groups in mesh_groups(par.tp, par.dp, par.pp, par.cp).items():
+    text(mesh, "ranks", f"spans {unit}s")
+    rows = list(mesh_groups(par.tp, par.dp, par.pp, par.cp).items())
+    if par.ep > 1:
+        etp = par.etp if par.etp is not None else par.tp
+        rows.insert(1, ("ep", expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"]))
+    for kind, groups in rows:
         most = max(nodes_spanned(g, gpn) for g in groups)
-        span = "no (inside one node)" if most == 1 else f"[yellow]yes[/] (up to {most} nodes)"
+        span = f"no (inside one {unit})" if most == 1 else f"[yellow]yes[/] (up to {most} {unit}s)"
         mesh.add_row(kind, str(len(groups[0])), str(len(groups)), group_ranks(groups), span)
     console.print(mesh)
     degrees = sorted({layer.tp for layer in plan.layers})
@@ -181,9 +191,9 @@ def _compute(f: _Facts) -> list[str]:
 
 
 def _tp_comm(f: _Facts) -> list[str]:
-    par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
+    par, gpn, unit = f.plan.parallelism, f.plan.cluster.domain, f.plan.cluster.unit
     if max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["tp"]) > 1:
-        return [f"{f.share('tp_comm')} and tp {par.tp} spans nodes: keep tensor parallelism within {gpn} GPUs"]
+        return [f"{f.share('tp_comm')} and tp {par.tp} spans {unit}s: keep tensor parallelism within {gpn} GPUs"]
     return [f"{f.share('tp_comm')} at tp {par.tp}: a lower tensor-parallel degree (tp {max(1, par.tp // 2)}) with "
             "more pipeline or data parallelism"
             + ("; sequence parallelism halves the activation traffic between blocks"
@@ -191,7 +201,7 @@ def _tp_comm(f: _Facts) -> list[str]:
 
 
 def _dp_comm(f: _Facts) -> list[str]:
-    par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
+    par, gpn, unit = f.plan.parallelism, f.plan.cluster.domain, f.plan.cluster.unit
     tips = []
     if par.zero_stage >= 2:
         tips.append(f"ZeRO-{par.zero_stage} re-gathers {'parameters and ' if par.zero_stage == 3 else ''}gradients "
@@ -201,7 +211,7 @@ def _dp_comm(f: _Facts) -> list[str]:
                 f"{par.num_microbatches}) or a larger micro-batch (now {par.micro_batch_size}) amortise it")
     dp_nodes = max(nodes_spanned(g, gpn) for g in mesh_groups(par.tp, par.dp, par.pp, par.cp)["dp"])
     if dp_nodes > 1:
-        tips.append(f"the dp {par.dp} groups span {dp_nodes} nodes (inter-node bandwidth)")
+        tips.append(f"the dp {par.dp} groups span {dp_nodes} {unit}s (the network's bandwidth)")
     if par.cp > 1:
         tips.append(f"gradients are reduced over dp × cp = {par.dp * par.cp} GPUs")
     return [f"{f.share('dp_comm')}: " + "; ".join(tips)]
@@ -209,12 +219,12 @@ def _dp_comm(f: _Facts) -> list[str]:
 
 def _ep_comm(f: _Facts) -> list[str]:
 
-    par, gpn = f.plan.parallelism, f.plan.cluster.gpus_per_node
+    par, gpn, unit = f.plan.parallelism, f.plan.cluster.domain, f.plan.cluster.unit
     etp = par.etp if par.etp is not None else par.tp
     nodes = max(nodes_spanned(g, gpn) for g in expert_groups(par.tp, par.dp, par.pp, par.ep, etp, par.cp)["ep"])
     if nodes > 1:
-        tip = (f"the ep {par.ep} groups span {nodes} nodes: an ep whose groups stay within {gpn} GPUs keeps the "
-               "dispatch and combine on the node's links")
+        tip = (f"the ep {par.ep} groups span {nodes} {unit}s: an ep whose groups stay within {gpn} GPUs keeps the "
+               f"dispatch and combine on the {unit}'s links")
     elif par.ep > 1:
         tip = f"a lower ep (now {par.ep}) exchanges with fewer GPUs, at more expert memory per GPU"
     else:
@@ -322,7 +332,8 @@ def explain(plan: Plan, console: Console | None = None) -> None:
     console = console or wide_console()
     par, pred = plan.parallelism, plan.prediction
     console.print(f"[bold]{plan.model.name}[/] (seq {plan.model.seq_len}, {plan.model.dtype}) on {plan.cluster.gpus}× "
-                  f"{plan.cluster.hardware}, {plan.cluster.gpus_per_node} per node — "
+                  f"{plan.cluster.hardware}, {plan.cluster.gpus_per_node} per node"
+                  + (f", {plan.cluster.domain} per NVLink domain" if plan.cluster.unit == "domain" else "") + " — "
                   f"step [bold]{pred.step_time_s:.4g} s[/], "
                   f"peak memory {pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")

@@ -20,6 +20,7 @@ from autopar.report.schedule import Timeline, simulate, stage_times
 from cost_models.pipeline import pipeline_time
 
 if TYPE_CHECKING:
+    from autopar.cluster_choice import Choice
     from autopar.sweep import SweepRow
 
 COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B3", "comm": "#C44E52",
@@ -133,17 +134,22 @@ def sweep_figure(rows: Sequence["SweepRow"]) -> Figure:
         raise AutoparError("nothing to plot: no GPU count of the sweep has a plan that fits")
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     speed, eff = fig.subplots(1, 2)
+    kinds = list(dict.fromkeys(r.hardware for r in fitted))
+    for kind in kinds:  # one line per hardware (a sweep of one: the best plan and linear scaling from its first)
+        mine = [r for r in fitted if r.hardware == kind]
+        gpus = [r.gpus for r in mine]
+        tokens = [r.plan.prediction.tokens_per_s for r in mine]  # type: ignore[union-attr]
+        speed.plot(gpus, tokens, "o-", label=kind if len(kinds) > 1 else "best plan")
+        if len(kinds) == 1:
+            speed.plot(gpus, [tokens[0] / gpus[0] * g for g in gpus], "--", color="grey",
+                       label=f"linear from {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
+        for r, t in zip(mine, tokens):
+            par = r.plan.parallelism  # type: ignore[union-attr]
+            speed.annotate(f"tp{par.tp} pp{par.pp} dp{par.dp}", (r.gpus, t), textcoords="offset points",
+                           xytext=(4, -12), fontsize=7)
+        eff.plot(gpus, [100 * r.efficiency for r in mine], "o-", label=kind,  # type: ignore[operator]
+                 color="#55A868" if len(kinds) == 1 else None)
     gpus = [r.gpus for r in fitted]
-    tokens = [r.plan.prediction.tokens_per_s for r in fitted]  # type: ignore[union-attr]
-    base = tokens[0] / gpus[0]
-    speed.plot(gpus, tokens, "o-", label="best plan")
-    speed.plot(gpus, [base * g for g in gpus], "--", color="grey",
-               label=f"linear from {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
-    for r, t in zip(fitted, tokens):
-        par = r.plan.parallelism  # type: ignore[union-attr]
-        speed.annotate(f"tp{par.tp} pp{par.pp} dp{par.dp}", (r.gpus, t), textcoords="offset points", xytext=(4, -12),
-                       fontsize=7)
-    eff.plot(gpus, [100 * r.efficiency for r in fitted], "o-", color="#55A868")  # type: ignore[operator]
     eff.axhline(100, color="grey", linestyle="--", linewidth=1)
     eff.set_ylim(0, max(110, max(100 * r.efficiency for r in fitted) * 1.1))  # type: ignore[operator]
     every = [r.gpus for r in rows]
@@ -163,11 +169,48 @@ def sweep_figure(rows: Sequence["SweepRow"]) -> Figure:
     speed.set_ylabel("tokens/s")
     speed.set_title("(a) throughput of the best plan", fontsize=10, loc="left")
     speed.legend(fontsize=8)
-    eff.set_ylabel(f"tokens/s per GPU, % of that on {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
+    eff.set_ylabel("tokens/s per GPU, % of that on the fewest GPUs" if len(kinds) > 1 else
+                   f"tokens/s per GPU, % of that on {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
     eff.set_title("(b) scaling efficiency", fontsize=10, loc="left")
+    if len(kinds) > 1:
+        eff.legend(fontsize=8)
     first: Plan = fitted[0].plan  # type: ignore[assignment]
-    fig.suptitle(f"{first.model.name} (seq {first.model.seq_len}) on {first.cluster.hardware}", fontsize=12)
+    fig.suptitle(f"{first.model.name} (seq {first.model.seq_len})" +
+                 (f" on {first.cluster.hardware}" if len(kinds) == 1 else ""), fontsize=12)
     return fig
+
+
+def front_figure(found: Sequence["Choice"], tokens: float, priced: bool) -> Figure:
+    """Time to train against cost (or GPU-hours) of every (hardware, GPU count), one marker per hardware, the Pareto
+    front joined: the choices worth renting for a budget of ``tokens``."""
+    if not found:
+        raise AutoparError("nothing to plot: no cluster of the sweep has a plan that fits")
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    spend = [c.spend for c in found]
+    for kind in dict.fromkeys(c.hardware for c in found):
+        mine = [c for c in found if c.hardware == kind]
+        ax.plot([c.seconds / 86400 for c in mine], [c.spend for c in mine], "o", label=kind, alpha=0.85)
+        for c in mine:
+            ax.annotate(str(c.gpus), (c.seconds / 86400, c.spend), textcoords="offset points", xytext=(5, 3),
+                        fontsize=7)
+    front = sorted((c for c in found if c.front), key=lambda c: c.seconds)
+    ax.plot([c.seconds / 86400 for c in front], [c.spend for c in front], "-", color="black", linewidth=1,
+            label="Pareto front", zorder=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log" if max(spend) > 3 * min(spend) else "linear")
+    ax.set_xlabel("time to train (days)")
+    ax.set_ylabel("cost ($)" if priced else "GPU-hours")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    model = found[0].plan.model
+    ax.set_title(f"which cluster to rent: {tokens:.3g} tokens of {model.name} (seq {model.seq_len}); "
+                 "labels: GPUs", fontsize=10, loc="left")
+    return fig
+
+
+def plot_front(found: Sequence["Choice"], tokens: float, priced: bool, path: str | Path) -> Path:
+    return save_figure(front_figure(found, tokens, priced), path)
 
 
 DEGREES = (("tp", "#4C72B0", "s--"), ("cp", "#C44E52", "o-"), ("pp", "#55A868", "^:"), ("dp", "#8172B3", "D-."))

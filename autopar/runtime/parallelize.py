@@ -3,6 +3,8 @@
 Order, and why it matters:
 1. pipeline split (``apply_pp``) — every later step works on this rank's chunk modules, which keep the user's
    names;
+1b. FP8 linears (``apply_fp8``, torchao.float8) — the plan's FP8 layers' linears swapped for Float8Linear before
+   TP shards their weights (torchtitan applies its float8 converter before parallelizing, for the same reason);
 2. tensor parallel (``apply_tp``) — swaps parameters for DTensors on each layer's tp mesh (FSDP must see them
    to shard on top: 2-D parameters);
 3. per-layer re-layout hooks (``apply_relayout``) — after TP, so they wrap its input/output hooks;
@@ -61,6 +63,7 @@ from autopar.runtime.data_parallel import (
     sync_gradients,
 )
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
+from autopar.runtime.fp8 import apply_fp8, fsdp_float8_all_gather
 from autopar.runtime.init import aliases, to_empty
 from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
@@ -276,6 +279,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for c, part in parts.items():
         layers = _layers_of(spec, c)
+        apply_fp8(part, layers, p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
         if any(layer.tp > 1 for layer in spec.layers):
             apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
                      loss_parallel=loss_parallel)

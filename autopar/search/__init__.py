@@ -13,10 +13,10 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autopar.errors import AutoparError, NoValidConfiguration
+from autopar.errors import AutoparError
 from autopar.models import load_profile
 from autopar.plan import Plan, SolverInfo
-from autopar.pricing import plan_of, priced_hardware
+from autopar.pricing import cluster_shape, plan_of, priced_hardware
 from autopar.profile import ModelProfile
 from autopar.search.engine import SearchResult, search
 from autopar.search.explain import explain_infeasible
@@ -35,7 +35,8 @@ def solve(model: str | Path | ModelProfile, *, gpus: int, **options: object) -> 
     return solve_top_k(model, gpus=gpus, k=1, **options)[0]  # type: ignore[arg-type]
 
 
-def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus_per_node: int = 8,
+def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus_per_node: int | None = None,
+                gpus_per_domain: int | None = None,
                 gpu: str = DEFAULT_HARDWARE, hardware_file: str | Path | None = None, global_batch_size: int | None = None,
                 seq_len: int | None = None, time_limit_s: float = 60.0, threads: int | None = None, pins: Pins = Pins(),
                 allow_cross_node_tp: bool = False, overrides: Mapping[str, str] | None = None,
@@ -45,13 +46,13 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     a saved profile JSON, a model file or an HF config. Each plan carries its step time's range over the hardware
     profile's uncertainties; the best also its regret (``regret``: re-solve at each corner of that box, about four
     more searches). ``robust``: minimise the worst case instead (the optimum at the all-slow corner); the
-    prediction stays the nominal one. Raises AutoparError (one line) when nothing fits, naming the smallest change
-    that would."""
-    if gpus < 1 or k < 1 or gpus_per_node < 1:
-        raise AutoparError("--gpus, --gpus-per-node and --top-k must be positive")
-    if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise NoValidConfiguration(f"--gpus {gpus} is not a whole number of {gpus_per_node}-GPU nodes")
-    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine)
+    prediction stays the nominal one. ``gpus_per_node`` and ``gpus_per_domain`` (the fast NVLink / xGMI domain groups
+    are placed in) default to the hardware profile's (pricing.cluster_shape). Raises AutoparError (one line) when
+    nothing fits, naming the smallest change that would."""
+    if gpus < 1 or k < 1 or min(gpus_per_node or 1, gpus_per_domain or 1) < 1:
+        raise AutoparError("--gpus, --gpus-per-node, --gpus-per-domain and --top-k must be positive")
+    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=pins.fp8)
+    node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     pins, limits = runnable_pins(profile, pins, engine)
     batch = global_batch_size or profile.global_batch or gpus
@@ -59,13 +60,13 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     worst = next(c.hw for c in corners if c.name == "all slow")
 
     def run(h: HardwareProfile, limit: float, top: int = 1, report: Callable | None = None) -> SearchResult:
-        return search(profile, h, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus), global_batch_size=batch, pins=pins,
+        return search(profile, h, gpus=gpus, gpus_per_node=min(domain, gpus), global_batch_size=batch, pins=pins,
                       allow_cross_node_tp=allow_cross_node_tp, top_k=top, time_limit_s=limit, threads=threads,
                       progress=report)
 
     result = run(worst if robust else hw, time_limit_s, k, progress)
     if not result.best:  # raises DoesNotFit (or NoValidConfiguration), saying what would change it
-        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=batch, pins=pins)
+        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=domain, global_batch_size=batch, pins=pins)
     plans = []
     for rank, cand in enumerate(result.best, start=1):
         objective = cand.estimate.step_time_s
@@ -77,8 +78,8 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         estimate = CostModel(profile, hw).evaluate(cand.config) if robust else cand.estimate
         spread = assess(profile, cand.config, corners, run if regret and rank == 1 else None,
                         max(1.0, time_limit_s / 4), robust=robust, known={"all slow": result} if robust else None)
-        plans.append(plan_of(profile, estimate, hw, gpus_per_node=gpus_per_node, hardware_name=str(hardware_file or gpu),
-                             solver=info, engine=engine, uncertainty=spread))
+        plans.append(plan_of(profile, estimate, hw, gpus_per_node=node, hardware_name=str(hardware_file or gpu),
+                             solver=info, engine=engine, uncertainty=spread, gpus_per_domain=domain))
         if limits:
             plans[-1] = plans[-1].model_copy(update={"notes": [*plans[-1].notes, *limits]})
     return plans

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
-from autopar.search.space import Pins, outer_choices
+from autopar.search.space import Pins, outer_choices, precision_groups
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.partition import chunk_blocks, interleaved_balance
 
@@ -22,6 +22,7 @@ def compositions(n: int, parts: int):  # noqa: ANN201
 
 def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
                 pins: Pins = Pins()) -> StepEstimate | None:
+    profile = precision_groups(profile, pins)
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
     best: StepEstimate | None = None

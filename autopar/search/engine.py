@@ -26,7 +26,14 @@ from autopar.search.bound import LowerBound
 from autopar.search.cpsat import CP_SAT_WORKERS, MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
-from autopar.search.space import Pins, choice_key, context_families, family_templates, outer_choices
+from autopar.search.space import (
+    Pins,
+    choice_key,
+    context_families,
+    family_templates,
+    outer_choices,
+    precision_groups,
+)
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.composition import device_chunks
 from cost_models.partition import chunk_ranges, stage_layer_counts
@@ -192,6 +199,7 @@ def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_no
            progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
     """``progress(visited, total, best step time)`` is called after each outer choice is settled; ``threads``:
     CP-SAT's workers per inner solve (None: cpsat.CP_SAT_WORKERS)."""
+    profile = precision_groups(profile, pins)
     with _frozen_heap():
         return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                        allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, time_limit_s=time_limit_s,

@@ -27,6 +27,7 @@ from autopar.profile import ModelProfile
 from cost_models import ParallelConfig
 from cost_models.config import ZERO_STAGES, Pins, default, quick_config
 from cost_models.decisions import declarations
+from cost_models.fp8 import fp8_blocks
 from cost_models.rules import model_experts
 
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
@@ -158,6 +159,19 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                                     recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
                                     virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
                                     ep=ep, etp=etp, cp=cp, **fixed)
+
+
+def precision_groups(profile: ModelProfile, pins: Pins) -> ModelProfile:
+    """The profile as the search sees it under an FP8 pin: the blocks kept in bf16 at each end (fp8_bf16_blocks,
+    cost_models.fp8.fp8_blocks) cost differently from the FP8 blocks, so they get their own block_id and the
+    solver's symmetry (one cost per kind of identical block) keeps them apart."""
+    if pins.fp8 is None:
+        return profile
+    bf16 = pins.fp8_bf16_blocks if pins.fp8_bf16_blocks is not None else default("fp8_bf16_blocks")
+    flags = fp8_blocks(profile.layers, bf16)
+    layers = [lp.model_copy(update={"block_id": f"{lp.block_id}|bf16"}) if lp.kind == "block" and not fp8 else lp
+              for lp, fp8 in zip(profile.layers, flags)]
+    return profile.model_copy(update={"layers": layers})
 
 
 def expert_choices(profile: ModelProfile, *, tp: int, dp: int, pins: Pins, cp: int = 1) -> list[tuple[int, int | None]]:

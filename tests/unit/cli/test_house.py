@@ -16,7 +16,7 @@ LAYERS = [
     {"autopar.profile", "autopar.plan"},
     {"autopar.capture", "autopar.models", "autopar.pricing"},
     {"autopar.runtime", "autopar.search", "autopar.export"},
-    {"autopar.estimate", "autopar.sweep", "autopar.calibrate", "autopar.report"},
+    {"autopar.estimate", "autopar.sweep", "autopar.cluster_choice", "autopar.calibrate", "autopar.report"},
     {"autopar.commands", "autopar.cli", "autopar.__main__", "autopar"},
 ]
 

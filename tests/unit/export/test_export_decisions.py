@@ -34,13 +34,15 @@ CHANGES = {
     "cp_comm": ("gpt", {**BASE, "pp": 1, "cp": 2}, {"cp_comm": "ring"}),
     "ep": ("moe", {**BASE, "pp": 1, "tp": 1}, {"ep": 2}),
     "etp": ("moe", {**BASE, "pp": 1, "ep": 2}, {"etp": 1}),
+    "fp8": ("gpt", {**BASE, "gpu": "h100-80gb"}, {"fp8": "tensorwise"}),
+    "fp8_bf16_blocks": ("gpt", {**BASE, "gpu": "h100-80gb", "fp8": "tensorwise"}, {"fp8_bf16_blocks": 0}),
 }
 MODELS = {"gpt": (EX / "gpt.py", GPT), "moe": (EX / "moe.py", MOE)}
 
 
 def _plan(model: str, config: dict):
     source, shape = MODELS[model]
-    return autopar.estimate(str(source), gpu="a100-80gb", **shape, **config)
+    return autopar.estimate(str(source), **shape, **{"gpu": "a100-80gb", **config})
 
 
 @pytest.fixture(scope="module")
