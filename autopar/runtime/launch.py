@@ -94,8 +94,10 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     check_options(options)
     from autopar.runtime.cp import check_launch, check_plan
     from autopar.runtime.pp import check_launch as check_split
+    from autopar.runtime.settings import check_settings
 
     check_plan(spec)  # what context parallelism needs of the plan (nothing when cp = 1)
+    check_settings(spec)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():
