@@ -86,6 +86,14 @@ class MoEProfile(_Frozen):
         default=0.0, description="activation bytes one routed expert saves for backward, per token")
     expert_memory_bytes_per_token: float = Field(
         default=0.0, description="memory-bound bytes one routed expert moves per token (gather, activation, scale)")
+    routing_groups: int | None = Field(
+        default=None, description="groups the router picks among first (DeepSeek-V3's n_group; None: none)")
+    groups_per_token: int | None = Field(
+        default=None, description="groups a token's experts may come from (DeepSeek-V3's topk_group: node-limited "
+                                  "routing when the groups are the expert-parallel nodes)")
+    balanced_by_bias: bool = Field(
+        default=False, description="the router balances by a learned per-expert bias (DeepSeek-V3's auxiliary-"
+                                   "loss-free balancing) rather than by an auxiliary loss alone")
     module: str = Field(description="the MoE module, relative to the layer (e.g. 'mlp')")
     experts_module: str = Field(description="its routed experts, relative to the layer (e.g. 'mlp.experts')")
 
@@ -121,6 +129,9 @@ class LayerProfile(_Frozen):
     cut_bytes_fixed: int = 0
     tp: TPPattern = TPPattern()
     moe: MoEProfile | None = Field(default=None, description="set on mixture-of-experts layers only")
+    attention_causal: bool = Field(
+        default=False, description="its fused attention is causal (SDPA is_causal): a flash kernel computes only "
+                                   "the unmasked half of the S×S the FLOP count holds")
 
 
 class CaptureInfo(_Frozen):

@@ -58,7 +58,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
-        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe)
+        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe,
+        attention_causal=any(core.causal for name, core in cores.items() if name in set(nodes)))
 
 
 def _by_kernel(g: nx.DiGraph, nodes: list[str]) -> dict[str, tuple[float, float]]:

@@ -127,11 +127,14 @@ def _checked(d: Decision) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value is None:
             return value
+        if d.base is tuple:  # comma-separated: --recompute-modules core_attn,mlp
+            value = tuple(v.strip() for v in str(value).split(",") if v.strip())
         if d.base is float and not math.isfinite(value):
             raise OptionError(f"{d.flag} {value}: give a finite number")
         what = d.problem(value)
         if what:
-            raise OptionError(f"{d.flag} {value}: {what}")
+            shown = ",".join(value) if isinstance(value, tuple) else value
+            raise OptionError(f"{d.flag} {shown}: {what}")
         return value
     return check
 
@@ -140,6 +143,8 @@ def decision_option(d: Decision, form: str) -> Any:
     """The typer option of one decision: ``form`` "pin" (solve) or "given" (estimate)."""
     flags = [f"{d.flag}/--no-{d.flag[2:]}" if d.base is bool else d.flag]  # a switch is given either way
     metavar = "|".join(map(str, d.choices)) if d.choices else (d.declared.metavar or d.base.__name__.upper())
+    if d.element_choices:
+        metavar = ",".join(map(str, d.element_choices[:2])) + ",..."
     shown = "none" if d.default is None else str(d.default).lower() if d.base is bool else d.default
     help_ = d.declared.help if d.required or d.default is None else f"{d.declared.help} [default: {shown}]"
     if form == "pin":
@@ -156,7 +161,8 @@ def with_decisions(form: str) -> Callable[[Callable[..., Any]], Callable[..., An
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != "choices"]
         extra = [inspect.Parameter(d.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation=Annotated[Optional[d.base], decision_option(d, form)]) for d in FLAGGED]
+                                   annotation=Annotated[Optional[str if d.base is tuple else d.base],
+                                                        decision_option(d, form)]) for d in FLAGGED]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:

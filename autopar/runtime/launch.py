@@ -95,9 +95,11 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     from autopar.runtime.cp import check_launch, check_plan
     from autopar.runtime.fp8 import check_fp8
     from autopar.runtime.pp import check_launch as check_split
+    from autopar.runtime.settings import check_settings
 
     check_plan(spec)  # what context parallelism needs of the plan (nothing when cp = 1)
     check_fp8(spec)  # an FP8 plan: a recipe torchao.float8 runs, and torchao installed
+    check_settings(spec)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():

@@ -85,7 +85,7 @@ def test_explain_shows_the_groups_the_all_to_all_and_the_expert_memory(saved) ->
     stage = plan.prediction.stages[0]
     cells = _row(out, "0")  # the MoE table's row of stage 0 comes before the time table's
     layers, fwd, bwd, total = int(cells[1]), float(cells[2]), float(cells[3]), float(cells[4])
-    assert layers == 3 and total == pytest.approx(stage.ep_comm_s * 1e3, rel=2e-3)
+    assert layers == 3 and total == pytest.approx(stage.ep_comm_s * 1e3, rel=2e-3, abs=5e-4)  # shown in µs
     assert layers * (fwd + bwd) == pytest.approx(stage.ep_comm_s * 1e3, rel=2e-3)  # per layer: the plan's share
     assert fwd == pytest.approx(bwd, rel=2e-3)  # selective recomputation repeats no dispatch
     # routed experts on one GPU: E/(ep·etp) = 1 of 4 experts of 3·64·96 weights, in each of the 3 layers

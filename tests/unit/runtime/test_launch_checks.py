@@ -211,3 +211,20 @@ def test_every_option_reaches_the_ranks() -> None:
     assert (args.steps, args.lr, args.json, args.data, args.data_dtype, args.checkpoint_dir, args.save_every,
             args.resume, args.weights, args.verbose, args.model_layers, args.model) == \
         (7, 0.5, True, "t.bin", "uint32", "ck", 3, True, None, True, "layers.json", "m.py")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"moe_dispatcher": "flex"}, "the plan sets moe_dispatcher flex, but autopar's runtime dispatches experts' tokens"),
+    ({"tp_comm_overlap": True}, "the plan sets tp_comm_overlap True, but autopar's runtime does not overlap"),
+    ({"overlap_grad_reduce": False}, "the plan sets overlap_grad_reduce False, but autopar's runtime reduces"),
+    ({"recompute_modules": ["core_attn", "mlp"]}, "the plan sets recompute_modules core_attn,mlp, but autopar's"),
+])
+def test_a_setting_the_runtime_runs_one_way_only_is_refused_before_torchrun(tmp_path: Path, setting: dict,
+                                                                             message: str) -> None:
+    """A plan made for another engine (Megatron-Core's DeepEP dispatcher, TE's tensor-parallel overlap, ...) is
+    refused in one line naming the setting and what the runtime does instead (autopar/runtime/settings.py)."""
+    spec = plan("gpt", dp=2)
+    spec["parallelism"].update(setting)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(spec))
+    _one_line_error(runner.invoke(app, ["launch", str(path), GPT]), message)
