@@ -32,6 +32,8 @@ as the plan does (Megatron-Core's ep × etp × edp); the model's experts as ``--
 ``--moe-layer-freq`` (a pattern such as ``([0]*1+[1]*60)`` when some layers are dense),
 ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the alltoall dispatcher and
 grouped GEMMs. validate_args checks that ep divides the experts.
+
+FP8: ``--fp8-format``, ``--fp8-recipe``, ``--fp8-param-gather`` and the bf16 ends (export/fp8.py).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from autopar.export.common import (
     unexpressed,
 )
 from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
+from autopar.export.fp8 import megatron_fp8_args
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
@@ -65,7 +68,7 @@ VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: p
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"})
 
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -142,6 +145,7 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     dtype = precision(plan)
     if dtype != "fp32":
         args.append((f"--{dtype}", None))
+    args += megatron_fp8_args(plan, TARGET, warnings)
     if par.offload_activations:
         warnings.append("Megatron-LM has no command-line flag for activation offload to host memory; exported "
                         "without it (activations stay on the GPU: more memory than planned)")

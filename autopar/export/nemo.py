@@ -23,6 +23,8 @@ Mixture of experts: ``expert_model_parallel_size`` and the experts as the Transf
 through from the model config (``num_moe_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``,
 ``moe_layer_freq``, ... : export/experts.py); the experts' tensor-parallel degree is the model's tp in this
 form, so a plan with etp 1 under tp > 1 is warned.
+
+FP8: ``fp8``, ``fp8_hybrid`` / ``fp8_e4m3``, ``fp8_recipe``, ``fp8_params`` and the bf16 ends (export/fp8.py).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from autopar.export.common import (
     unexpressed,
 )
 from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
+from autopar.export.fp8 import nemo_fp8
 from autopar.export.megatron import CP_COMM_TYPES  # Megatron-Core's names for the plan's exchange
 from autopar.plan import Plan
 
@@ -57,7 +60,7 @@ VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumula
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"})
 
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
                          "accumulate_grad_batches)"}
@@ -96,6 +99,7 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
     }
     if par.cp > 1:
         model["cp_comm_type"] = CP_COMM_TYPES[par.cp_comm]
+    model.update(nemo_fp8(plan, TARGET, warnings))
     warnings += [w for w in (sp_warning, _expert_tp_warning(plan)) if w]
     _pipeline_warnings(plan, warnings)
     recompute = megatron_recompute(plan, TARGET)

@@ -35,6 +35,9 @@ plan's etp), while 0.3 runs the experts without tensor parallelism (its expert-p
 and TP: a plan with etp = tp > 1 is warned). Both place an expert-parallel group on neighbouring ranks (etp
 innermost), as Megatron-Core does. The experts themselves (count, top-k, widths) belong to the model's
 config (``--module`` / ``--config``), not to the job.
+
+FP8 (export/fp8.py): 0.2's ``[model] converters`` and ``[quantize.linear.float8]`` (or ``.mx``); 0.3 takes them from
+the model's Python config only, so a plan with FP8 is warned there.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ from autopar.export.common import (
     unexpressed,
     uniform_recompute,
 )
+from autopar.export.fp8 import torchtitan_fp8
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
@@ -64,7 +68,7 @@ VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"})
 SCHEDULE_CLASSES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
             "ep": "expert_parallel_degree"}
@@ -111,7 +115,7 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         training["disable_cuda_graphs"] = True  # 0.3 refuses pipeline parallelism under CUDA graphs
     names = _DEGREES_0_2 if dialect == "0.2" else _DEGREES
     parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
-    sections = {"training": training, "parallelism": parallelism}
+    sections = {"training": training, "parallelism": parallelism, **torchtitan_fp8(plan, dialect, warnings)}
     _context(plan, dialect, parallelism, warnings)
     if dialect == "0.2":
         parallelism["enable_async_tensor_parallel"] = False

@@ -41,7 +41,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "h100_zero3"]
+                "h100_zero3", "fp8_tensorwise", "fp8_delayed"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,12 @@ def all_plans(plans, profile):
                                      zero_stage=0, recompute="selective", sequence_parallel=True),
         "h100_zero3": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
                                        global_batch_size=64, zero_stage=3, recompute="full"),
+        # FP8: torchao's tensorwise with FP8 gathers under FSDP; Transformer Engine's delayed scaling, every block
+        "fp8_tensorwise": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
+                                           global_batch_size=64, zero_stage=3, recompute="full", fp8="tensorwise"),
+        "fp8_delayed": autopar.estimate(profile, gpu="h100-80gb", engine="megatron", gpus=8, tp=2, pp=1,
+                                        micro_batch_size=1, global_batch_size=16, zero_stage=1, recompute="none",
+                                        fp8="delayed", fp8_bf16_blocks=0),
     }
     return {**plans, **extra}
 
@@ -177,7 +183,7 @@ def test_megatron_parse_args_and_validate_args(all_plans, name, megatron_argumen
     plan = all_plans[name]
     par = plan.parallelism
     # validate_args asks the GPU's architecture (no GPU here): 9 for the Hopper plan, 8 for the A100s
-    args = megatron_validated(megatron_arguments, plan, monkeypatch, arch=9 if "h100" in name else 8)
+    args = megatron_validated(megatron_arguments, plan, monkeypatch, arch=9 if "h100" in plan.cluster.hardware else 8)
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size) == \
         (par.tp, par.pp, par.dp)
     assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == \
@@ -186,6 +192,9 @@ def test_megatron_parse_args_and_validate_args(all_plans, name, megatron_argumen
     assert (args.use_distributed_optimizer, args.use_megatron_fsdp) == (par.zero_stage >= 1, par.zero_stage >= 2)
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
     assert args.virtual_pipeline_model_parallel_size == virtual
+    if par.fp8 is not None:  # Transformer Engine's recipe, its FP8 gathers under the distributed optimizer
+        assert (args.fp8, args.fp8_recipe, args.fp8_param_gather) == ("hybrid", par.fp8, par.zero_stage >= 1)
+        assert args.first_last_layers_bf16 == (par.fp8_bf16_blocks > 0)
 
 
 @pytest.mark.parametrize("name", PARSER_PLANS)
@@ -263,7 +272,7 @@ def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
 
 _TITAN_0_2 = '''import dataclasses, json, sys
 from torchtitan.config.manager import ConfigManager
-sections = ("training", "parallelism", "activation_checkpoint")
+sections = ("training", "parallelism", "activation_checkpoint", "model", "quantize")
 parsed = {}
 for path in sys.argv[1:]:
     cfg = ConfigManager().parse_args(["--job.config_file", path])
@@ -296,9 +305,14 @@ def titan_0_2_parsed(all_plans, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
     """torchtitan 0.2.2's ConfigManager reads the 0.2 TOML (an unknown field is an error) to the same values."""
-    for section, values in tomllib.loads(export(all_plans[name], "torchtitan@0.2").text).items():
-        for key, value in values.items():
-            assert titan_0_2_parsed[name][section][key] == value, (section, key)
+    def within(written: dict, read: dict, where: tuple) -> None:
+        for key, value in written.items():
+            if isinstance(value, dict):
+                within(value, read[key], (*where, key))
+            else:
+                assert read[key] == value, (*where, key)
+
+    within(tomllib.loads(export(all_plans[name], "torchtitan@0.2").text), titan_0_2_parsed[name], ())
 
 
 @pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@v1"])
@@ -312,7 +326,7 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
 
     PyTorch, v3, validate_mp_config = sagemaker_sdk()
     plan = all_plans[name]
-    if spec == "sagemaker@v1" and name == "h100_zero3":
+    if spec == "sagemaker@v1" and "h100" in all_plans[name].cluster.hardware:
         pytest.skip("smp v1 does not run on p5 instances: the export refuses (test_sagemaker_placement_and_smp_v2_for_h100)")
     estimator, params = smp_parameters(plan, spec)
     if PyTorch is not None:
@@ -337,3 +351,22 @@ def test_nemo_trainer_rule(all_plans):
     for name in PARSER_PLANS:
         trainer = yaml.safe_load(export(all_plans[name], "nemo").text)["trainer"]
         gpt.MegatronGPTModel._validate_trainer(SimpleNamespace(trainer=SimpleNamespace(**trainer)))
+
+
+def test_fp8_in_each_frameworks_names(all_plans):
+    """NeMo's fp8 keys, torchtitan 0.3's warning (FP8 lives in its model config), and a recipe a framework lacks."""
+    delayed, tensorwise = all_plans["fp8_delayed"], all_plans["fp8_tensorwise"]
+    model = yaml.safe_load(export(delayed, "nemo").text)["model"]
+    assert (model["fp8"], model["fp8_hybrid"], model["fp8_recipe"], model["fp8_params"]) == (True, True, "delayed", True)
+    assert "first_last_layers_bf16" not in model
+    model = yaml.safe_load(export(tensorwise, "nemo").text)["model"]
+    assert (model["first_last_layers_bf16"], model["num_layers_at_start_in_bf16"]) == (True, 1)
+    assert any("torchtitan 0.3 sets FP8 in the model's config" in w for w in export(tensorwise, "torchtitan").warnings)
+    toml = tomllib.loads(export(tensorwise, "torchtitan@0.2").text)
+    float8 = toml["quantize"]["linear"]["float8"]
+    assert toml["model"]["converters"] == ["quantize.linear.float8"] and float8["enable_fsdp_float8_all_gather"]
+    assert {"h.0.", f"h.{len([x for x in tensorwise.layers if x.name.startswith('h.')]) - 1}."} <= set(
+        float8["filter_fqns"])  # the first and last blocks stay in bf16
+    rowwise = tensorwise.model_copy(update={"parallelism": tensorwise.parallelism.model_copy(update={"fp8": "rowwise"})})
+    assert any("no row-scaled FP8 recipe" in w for w in export(rowwise, "megatron").warnings)
+    assert any("the plan's fp8 'tensorwise'" in w for w in export(tensorwise, "deepspeed").warnings)
