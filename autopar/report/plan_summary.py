@@ -37,6 +37,16 @@ def schedule_text(par: Parallelism) -> str:
     return par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else "")
 
 
+def fp8_summary(plan: Plan) -> str:
+    """'fp8 tensorwise: 30 blocks' linears; bf16: attention, head, 1+1 end blocks' and a newline (what runs its GEMMs
+    in FP8, what stays in the dtype), or '' for a plan without FP8."""
+    recipe = plan.parallelism.fp8
+    if recipe is None:
+        return ""
+    fp8, ends = sum(layer.fp8 for layer in plan.layers), plan.parallelism.fp8_bf16_blocks
+    return f"fp8 {recipe}: {fp8} blocks' linears; {plan.model.dtype}: attention, head, {ends}+{ends} end blocks\n"
+
+
 def configuration(plan: Plan) -> str:
     """The plan's decisions in two lines (each fits 80 columns): degrees and batch, then the rest."""
     par = plan.parallelism
@@ -46,7 +56,7 @@ def configuration(plan: Plan) -> str:
                f"{plan.model.seq_len // par.cp:,} tokens of each sequence per GPU\n" if par.cp > 1 else "")
     cp = f"cp {par.cp} · " if par.cp > 1 else ""
     return (f"tp {par.tp} · {cp}pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
-            f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}"
+            f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}{fp8_summary(plan)}"
             f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
             f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}")
 

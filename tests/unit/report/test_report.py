@@ -250,3 +250,14 @@ def test_sweep_bad_gpus_is_one_line(profile_path: Path, gpus: str, expected: str
     assert result.exit_code == 2
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_an_fp8_plan_says_what_runs_in_fp8_and_what_stays_in_bf16() -> None:
+    from autopar.report.plan_summary import configuration
+
+    plan = estimate(GPT, gpus=8, gpu="h100-80gb", overrides=SMALL, seq_len=256, global_batch_size=8, tp=1, pp=1,
+                    micro_batch_size=1, zero_stage=0, recompute="none", fp8="tensorwise")
+    line = next(x for x in configuration(plan).splitlines() if x.startswith("fp8"))
+    blocks = sum(layer.name.startswith("h.") for layer in plan.layers)
+    assert line == f"fp8 tensorwise: {blocks - 2} blocks' linears; bf16: attention, head, 1+1 end blocks"
+    assert len(line) <= 80
