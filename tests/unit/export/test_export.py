@@ -216,7 +216,7 @@ def test_cli_prints_or_writes_and_warns_on_stderr(plans, tmp_path):
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout)["model"]["pipeline_model_parallel_size"] == 4
     assert result.stderr.startswith("warning: ") and "GPipe" in result.stderr
-    out = tmp_path / "run" / "nemo.yaml"
+    out = tmp_path / "nemo.yaml"
     result = runner.invoke(app, ["export", str(path), "--to", "nemo", "-o", str(out)])
     assert result.exit_code == 0 and str(out) in result.stdout
     # NeMo runs Megatron-Core: the header's prediction is the plan priced for the megatron engine
