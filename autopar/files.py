@@ -12,6 +12,7 @@ calibration), ``write_atomic`` / ``replace_atomic`` what writes it afterwards (t
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -87,3 +88,36 @@ def replace_atomic(path: str | Path, write: Callable[[str], None], *, suffix: st
 def write_atomic(path: str | Path, text: str, *, flag: str = "") -> Path:
     """Write ``text`` to ``path`` whole or not at all (replace_atomic)."""
     return replace_atomic(path, lambda tmp: Path(tmp).write_text(text), flag=flag)
+
+
+def read_json(path: str | Path, what: str, *, max_bytes: int, hint: str) -> object:
+    """The JSON document in the file ``path`` (a ``what``: "plan", "profile"), read only when it is a regular text
+    file of at most ``max_bytes``; AutoparError, one line ending with ``hint`` (where such a file comes from),
+    for a missing file, a folder, a device, a binary or oversized file, or text that is not JSON."""
+    path = Path(path)
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise AutoparError(f"{what} file not found: {path}") from None
+    except OSError as err:
+        raise AutoparError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    mode, size = found.st_mode, found.st_size
+    if stat.S_ISDIR(mode):
+        raise AutoparError(f"{path} is a folder, not a {what} file: {hint}")
+    if not stat.S_ISREG(mode):
+        raise AutoparError(f"{path} is not a regular file (a device, pipe or socket): {hint}")
+    if size > max_bytes:
+        raise AutoparError(f"{path} is {size / 2**20:.1f} MiB, more than a {what} file holds ({max_bytes / 2**20:.0f} "
+                           f"MiB at most): {hint}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise AutoparError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise AutoparError(f"{path} is not a text file (binary data at byte {err.start}): {hint}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise AutoparError(f"{path}:{err.lineno}: not valid JSON ({err.msg}): {hint}") from None
+    except RecursionError:
+        raise AutoparError(f"{path}: JSON nested too deeply for a {what}: {hint}") from None

@@ -10,10 +10,11 @@ import math
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 
 from autopar.plan import Plan, StagePrediction
 from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
-from autopar.report.plan_summary import bottleneck, configuration, layer_range
+from autopar.report.plan_summary import bottleneck, configuration, layer_range, print_notes
 from autopar.report.schedule import stage_times
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from autopar.report.tables import console as wide_console
@@ -321,8 +322,8 @@ def print_solver(plan: Plan, console: Console) -> None:
 def explain(plan: Plan, console: Console | None = None) -> None:
     console = console or wide_console()
     par, pred = plan.parallelism, plan.prediction
-    console.print(f"[bold]{plan.model.name}[/] (seq {plan.model.seq_len}, {plan.model.dtype}) on {plan.cluster.gpus}× "
-                  f"{plan.cluster.hardware}, {plan.cluster.gpus_per_node} per node — "
+    console.print(f"[bold]{escape(plan.model.name)}[/] (seq {plan.model.seq_len}, {plan.model.dtype}) on "
+                  f"{plan.cluster.gpus}× {escape(plan.cluster.hardware)}, {plan.cluster.gpus_per_node} per node — "
                   f"step [bold]{pred.step_time_s:.4g} s[/], "
                   f"peak memory {pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")
@@ -339,5 +340,4 @@ def explain(plan: Plan, console: Console | None = None) -> None:
     for tip in suggestions(plan):
         console.print(f"  • {tip}")
     print_solver(plan, console)
-    for note in plan.notes:
-        console.print(f"[yellow]{note}[/]")
+    print_notes(plan, console)
