@@ -67,8 +67,13 @@ PLAN = typer.Argument(metavar="PLAN", show_default=False,
                       help="plan JSON (autopar solve -o, autopar estimate --json, or written by hand)")
 PLAN_MODEL = typer.Argument(metavar="MODEL", show_default=False,
                             help="model .py file or config.json (default: the plan's model.source)")
+PRICING_MODEL = typer.Option("--model", metavar="FILE", show_default=False,
+                             help="the plan's model, to price it again: a model .py file, config.json or a profile "
+                                  "JSON (autopar trace -o); the plan's own model.source is loaded only with "
+                                  "--trust-plan-model")
 TRUST_PLAN_MODEL = typer.Option("--trust-plan-model", help="run the model file the plan names (it is code: only for "
-                                                           "plans you trust)")
+                                                           "plans you trust; a relative path is the plan file's "
+                                                           "folder's)")
 SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
 SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,

@@ -11,7 +11,8 @@ Two halves:
   JSON document), saves and resumes checkpoints, and on an error prints one line ``error: [rank r] ...``.
 
 Trust: a plan file is data, its ``model.source`` names code. That code runs only when the user names the
-model file on the command line (``MODEL``) or passes ``--trust-plan-model``.
+model file on the command line (``MODEL``) or passes ``--trust-plan-model`` (autopar.models.model_source; a
+relative source is the plan file's folder's).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from autopar.errors import AutoparError
+from autopar.models import model_source
 from autopar.plan import RunPlan, load_run_plan
 from autopar.runtime.failure import run_quietly
 
@@ -62,18 +64,6 @@ class RunOptions:
         out += [flag for flag, on in (("--resume", self.resume), ("--json", self.as_json),
                                       ("--verbose", self.verbose)) if on]
         return out
-
-
-def model_source(spec: RunPlan, model: str | None, trust_plan_model: bool) -> str:
-    """The model file to run: the one the user named, or the plan's when the user trusts it."""
-    if model is not None:
-        return model
-    if not spec.model.source:
-        raise AutoparError("the plan names no model file: pass MODEL")
-    if not trust_plan_model:
-        raise AutoparError(f"the plan wants to run {spec.model.source}: a model file is code, so name it yourself "
-                           f"(MODEL argument) or pass --trust-plan-model")
-    return spec.model.source
 
 
 def check_options(options: RunOptions) -> None:
@@ -162,7 +152,7 @@ def prepare(plan_path: str | Path, model: str | None = None, options: RunOptions
     temporary folder)."""
     spec = load_run_plan(plan_path)
     check_options(options)
-    source = model_source(spec, model, trust_plan_model)
+    source = model_source(spec, model, trust_plan_model, plan_path)
     layers = preflight(spec, source, options)
     captured = Path(workdir or tempfile.mkdtemp(prefix="autopar-launch-")) / "model_layers.json"
     captured.write_text(json.dumps(layers))
@@ -255,7 +245,7 @@ def _run(args: argparse.Namespace, rank: int) -> int:
                          checkpoint_dir=args.checkpoint_dir, weights=args.weights)
     check_options(options)
     layers = json.loads(Path(args.model_layers).read_text()) if args.model_layers else None
-    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model), layers)
+    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model, args.plan), layers)
     baseline = current_rss_bytes()  # before any weight exists: what the memory test subtracts
     batches = TokenFile(args.data, spec, args.data_dtype) if args.data else None
     pm = build(spec, loaded, meshes, weights=args.weights)
