@@ -54,6 +54,30 @@ def check_output(path: str | Path, flag: str = "-o") -> Path:
     return target
 
 
+def check_folder(path: str | Path, flag: str) -> Path:
+    """A folder autopar will write into (``flag``: the option naming it, e.g. --checkpoint-dir), checked before
+    the work: an existing folder that can be written, or a new one (made when first written) under the nearest
+    existing folder, which must be writable. AutoparError, one line, for a file or a device in its place, a
+    file on its way, or a place that cannot be written."""
+    given = Path(path)
+    target = Path(os.path.realpath(given))
+    existing = next((p for p in (target, *target.parents) if p.exists()), None)
+    where = f"{flag} {given}"
+    if existing is None:  # only a broken root: nothing exists
+        raise AutoparError(f"{where}: no part of it exists; choose another folder")
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "a device, pipe or socket"
+        subject = where if existing == target else f"{where}: {existing}"
+        raise AutoparError(f"{subject} is {what}, not a folder: name a folder (it is created when missing)")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".autopar-", suffix=".probe")
+    except OSError as err:
+        raise AutoparError(f"{where}: cannot write in {existing} ({err.strerror}); choose another folder") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
 def _umask() -> int:
     """The process's umask, read without changing it where Linux says it (threads may be creating files)."""
     try:

@@ -76,6 +76,10 @@ def check_options(options: RunOptions) -> None:
         raise AutoparError("--resume and --save-every need --checkpoint-dir DIR")
     if options.resume and options.weights:
         raise AutoparError("--weights and --resume: a resumed run takes its weights from the checkpoint; pass one")
+    if options.data is not None:
+        from autopar.runtime.data import check_dtype
+
+        check_dtype(options.data_dtype)
 
 
 def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str], dict[str, dict[str, str]]]:
@@ -90,10 +94,14 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():
         raise AutoparError(f"weights not found: {options.weights}")
-    if options.data is not None:
+    if options.data is not None:  # what the file alone says (the model's part: check_data, below)
         from autopar.runtime.data import check_token_file
 
-        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len)
+        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len, spec.global_batch_size)
+    if options.checkpoint_dir is not None:
+        from autopar.files import check_folder
+
+        check_folder(options.checkpoint_dir, "--checkpoint-dir")  # not after the last step, at the first save
     if options.resume:
         _check_resume(options)
     import torch
@@ -107,10 +115,9 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     check_launch(spec, source)
     check_split(spec, source)
     if options.data is not None:
-        from autopar.capture import load_spec
-        from autopar.runtime.data import check_data_model
+        from autopar.runtime.data import check_data
 
-        check_data_model(load_spec(source, spec.model.overrides).example_inputs, spec.model.seq_len)
+        check_data(spec, source, Path(options.data), options.data_dtype, options.steps)
     return layers
 
 
