@@ -12,6 +12,7 @@ import typer
 from autopar.commands import options
 from autopar.commands.base import fail
 from autopar.errors import AutoparError
+from autopar.files import IMAGE_FORMATS
 from cost_models import ParallelConfig
 from cost_models.decisions import declared
 
@@ -40,7 +41,8 @@ def sweep_command(
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
     threads: Annotated[Optional[int], options.THREADS] = None,
     output: Annotated[Optional[Path], options.output("also plot it to this image (.png, .svg, .pdf): with --tokens "
-                                                     "the cluster choice's front, else throughput and scaling")] = None,
+                                                     "the cluster choice's front, else throughput and scaling",
+                                                     IMAGE_FORMATS)] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Solve MODEL for each of --gpus GPU counts, --seq-len sequence lengths and --gpu hardware: the best plan's
