@@ -101,7 +101,8 @@ def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, d
     if dialect != "0.2":
         warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: use a --config "
                         f"whose model_registry(...) has converters=[Float8LinearConverter.Config(recipe_name=...)] "
-                        f"(as llama3_debugmodel_float8 does; rowwise recipes only) for the plan's {par.fp8}")
+                        f"(as llama3_debugmodel_float8 does; rowwise recipes only) for the plan's {par.fp8}, with "
+                        f"filter_fqns={kept_in_bf16(plan)} for the layers it keeps in bf16")
         return {}
     if par.fp8 == "delayed":
         warnings.append("torchtitan's float8 (torchao) has no delayed scaling; the plan's delayed recipe is exported "
