@@ -17,3 +17,7 @@ class NoValidConfiguration(AutoparError):
 
 class DoesNotFit(AutoparError):
     """Valid configurations exist but none fits in memory; the message names the smallest change that would."""
+
+
+class Stopped(AutoparError):
+    """Ctrl-C stopped the work before it had a result to keep (the CLI exits 130, as a shell does after SIGINT)."""
