@@ -20,13 +20,14 @@ from autopar.pricing import plan_of, priced_hardware
 from autopar.profile import ModelProfile
 from autopar.search.budget import Budget, catch_ctrl_c
 from autopar.search.engine import Candidate, SearchResult, search
-from autopar.search.explain import explain_infeasible
+from autopar.search.explain import Elsewhere, explain_infeasible
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
 from cost_models import CostModel, HardwareProfile
 from cost_models.config import Pins, flag
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
+from cost_models.rules import model_experts
 
 __all__ = ["Budget", "Pins", "solve", "solve_top_k"]
 OVERRUN_SLACK_S = 0.5  # past the limit by less than this, a solve is on time (the last steps' bookkeeping)
@@ -67,6 +68,8 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     parts.append(("reading the model" if isinstance(model, ModelProfile) or is_saved(model) else "tracing the model",
                   budget.elapsed() - sum(t for _, t in parts)))
+    check_expert_pins(profile, pins)
+    given = pins
     pins, limits = runnable_pins(profile, pins, engine)
     parts.append(("checking what autopar's runtime can run of it", budget.elapsed() - sum(t for _, t in parts)))
     batch = global_batch_size or profile.global_batch or gpus
@@ -79,17 +82,18 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
                       allow_cross_node_tp=allow_cross_node_tp, top_k=top, threads=threads, progress=report,
                       budget=share, must_find=must_find)
 
-    with catch_ctrl_c(budget.stop):
+    with catch_ctrl_c(budget.stop):  # the search and the regret's; what follows ends at the first Ctrl-C
         result = run(worst if robust else hw, budget, k, progress, must_find=True)
-        if not result.best:
-            if result.stopped:
-                raise Stopped(f"stopped by {result.stopped} before the search found a plan "
-                              f"({result.solved} CP-SAT solves in {result.wall_s:.1f} s)")
-            # raises DoesNotFit (or NoValidConfiguration), saying what would change it
-            explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=batch, pins=pins)
         spreads = [assess(profile, cand.config, corners, run if regret and rank == 1 else None, budget,
                           robust=robust, known={"all slow": result} if robust else None)
                    for rank, cand in enumerate(result.best, start=1)]
+    if not result.best:
+        if result.stopped:
+            raise Stopped(f"stopped by {result.stopped} before the search found a plan "
+                          f"({result.solved} CP-SAT solves in {result.wall_s:.1f} s)")
+        # raises DoesNotFit (or NoValidConfiguration), saying what would change it
+        explain_infeasible(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=batch, pins=pins,
+                           elsewhere=other_engine(given, pins, gpu, hardware_file, dtype))
     if result.first_plan_s is not None:
         parts.append(("the search until its first plan", result.first_plan_s - sum(t for _, t in parts)))
     notes = [*limits, *budget_notes(budget, parts, regret and spreads[0].regret_s is None)]
@@ -133,6 +137,32 @@ def budget_notes(budget: Budget, parts: list[tuple[str, float]], regret_missing:
                                                 f"--time-limit {limit:g} s was spent before the corner searches; "
                                                 "raise it for the regret"))
     return notes
+
+
+LEFT_OUT = {"pp": "pp", "tp": "tp", "sequence_parallel": "sequence parallelism", "cp": "cp", "ep": "ep"}
+OTHER_ENGINE = "megatron"  # named when nothing fits under autopar's runtime: it runs every feature left out
+
+
+def other_engine(given: Pins, runnable: Pins, gpu: str, hardware_file: str | Path | None,
+                 dtype: str) -> Elsewhere | None:
+    """Where runnable_pins held the search back: the engine that runs what was left out, to name when nothing
+    fits (None when nothing was)."""
+    left_out = [word for name, word in LEFT_OUT.items() if getattr(given, name) != getattr(runnable, name)]
+    if not left_out:
+        return None
+    _, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=OTHER_ENGINE)
+    return Elsewhere(f"--engine {OTHER_ENGINE}", hw, given, ", ".join(left_out))
+
+
+def check_expert_pins(profile: ModelProfile, pins: Pins) -> None:
+    """--ep or --etp on a model without experts: one line, as estimate says it (the search would ignore it)."""
+    if model_experts(profile)[0] is not None:
+        return
+    for name in ("ep", "etp"):
+        given = getattr(pins, name)
+        if given not in (None, 1):
+            raise AutoparError(f"{flag(name, given)}: {profile.name} has no mixture-of-experts layer; "
+                               f"drop {flag(name, given).split()[0]}")
 
 
 def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str]]:
