@@ -50,7 +50,14 @@ class Stop:
         if not self.catching:
             return solver.solve(model)
         status: list[Any] = []
-        worker = threading.Thread(target=lambda: status.append(solver.solve(model)), daemon=True)
+
+        def run() -> None:
+            try:
+                status.append(solver.solve(model))
+            except Exception as err:  # raised again in the caller's thread, where it belongs
+                status.append(err)
+
+        worker = threading.Thread(target=run, daemon=True)
         self._solvers.append(solver)
         try:
             worker.start()
@@ -60,6 +67,8 @@ class Stop:
                     solver.stop_search()
         finally:
             self._solvers.remove(solver)
+        if isinstance(status[0], Exception):
+            raise status[0]
         return status[0]
 
 

@@ -205,3 +205,20 @@ def test_ctrl_c_in_a_sweep_keeps_the_rows_so_far() -> None:
 
     rows = sweep(PROFILE, [8, 16, 32], global_batch_size=64, progress=progress, stop=stop)  # type: ignore[arg-type]
     assert [r.gpus for r in rows] == [8] and rows[0].plan is not None and stop.reason == CTRL_C
+
+
+def test_an_error_in_a_stoppable_solve_reaches_the_caller() -> None:
+    """A solve run in a worker thread (a Ctrl-C handler is installed) raises its own error in the caller's thread."""
+
+    class Broken:
+        parameters = cp_model.CpSolver().parameters
+
+        def solve(self, model: object) -> int:
+            raise ValueError("the model is invalid")
+
+        def stop_search(self) -> None:
+            pass
+
+    stop = Stop()
+    with catch_ctrl_c(stop), pytest.raises(ValueError, match="the model is invalid"):
+        stop.solve(Broken(), None)
