@@ -7,6 +7,8 @@ The model is captured once per sequence length; every count on every hardware is
 count where nothing fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU
 relative to the smallest count that has a plan on the same hardware at the same sequence length (1.0 there; linear
 scaling keeps it at 1.0). The tables and the figures are autopar/report/sweep.py's and plot.py's.
+``time_limit_s`` is each solve's wall clock. Ctrl-C stops the solve that is running (its best plan so far is its
+row) and the sweep with the rows it has; a second aborts.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration
+from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration, Stopped
 from autopar.plan import Plan
+from autopar.search.budget import Stop
 from cost_models.config import Pins
 from cost_models.hardware import DEFAULT_HARDWARE
 
@@ -68,45 +71,70 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int | 
           hardware_file: str | Path | None = None, global_batch_size: int | None = None,
           seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int | None = None,
           overrides: Mapping[str, str] | None = None, dtype: str = "bf16", pins: Pins = Pins(),
-          progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
+          progress: Callable[[int, int], None] | None = None, stop: Stop | None = None) -> list[SweepRow]:
     """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's) on
     every hardware profile of ``gpu`` (a name, or several; ``hardware_file``: one profile file instead), with the
     ``pins`` every solve keeps (e.g. an FP8 recipe). Counts that are not whole nodes of some hardware are rejected up
-    front (bad input); a count where no plan fits becomes a row with the reason."""
+    front (bad input); a count where no plan fits becomes a row with the reason. ``stop``: the Ctrl-C request the
+    caller reads afterwards (set: the rows stop where it came)."""
     from autopar.models import load_profile
-    from autopar.pricing import cluster_shape, priced_hardware
-    from autopar.search import solve
+    from autopar.search.budget import catch_ctrl_c
 
     if not gpu_counts:
         raise AutoparError("--gpus: give at least one GPU count")
     kinds = [str(hardware_file)] if hardware_file is not None else [gpu] if isinstance(gpu, str) else list(gpu)
-    for kind in kinds:  # a profile that cannot price this dtype or recipe fails here, once
+    _check_counts(kinds, gpu_counts, hardware_file, gpus_per_node, gpus_per_domain, dtype, pins)
+    lengths = [seq_len] if seq_len is None or isinstance(seq_len, int) else sorted(set(seq_len))
+    rows: list[SweepRow] = []
+    stop = stop or Stop()
+    for length in lengths:
+        profile = load_profile(model, overrides=overrides, seq_len=length, dtype=dtype)  # captured once per length
+        with catch_ctrl_c(stop):
+            for kind in kinds:
+                for n in sorted(gpu_counts):
+                    if stop.reason:
+                        return with_efficiency(rows)
+                    if progress is not None:
+                        progress(n, profile.seq_len)
+                    try:
+                        rows.append(_row(profile, n, kind, stop, gpus_per_node=gpus_per_node,
+                                         gpus_per_domain=gpus_per_domain, hardware_file=hardware_file,
+                                         global_batch_size=global_batch_size, threads=threads, pins=pins,
+                                         time_limit_s=time_limit_s))
+                    except Stopped:
+                        return with_efficiency(rows)
+        if stop.reason:
+            break
+    return with_efficiency(rows)
+
+
+def _check_counts(kinds: Sequence[str], gpu_counts: Sequence[int], hardware_file: str | Path | None,
+                  gpus_per_node: int | None, gpus_per_domain: int | None, dtype: str, pins: Pins) -> None:
+    """Each profile can price this dtype and recipe, and each count is whole nodes of each (AutoparError, once)."""
+    from autopar.pricing import cluster_shape, priced_hardware
+
+    for kind in kinds:
         raw, _ = priced_hardware(kind, hardware_file, dtype=dtype, fp8=pins.fp8)
         for n in gpu_counts:
             node, _ = cluster_shape(raw, n, gpus_per_node, gpus_per_domain, whole_nodes=False)
             if n > node and n % node:
                 raise AutoparError(f"--gpus {n} is not a whole number of {node}-GPU nodes" +
                                    (f" of {kind}" if len(kinds) > 1 else "") + "; use multiples of the node above one")
-    lengths = [seq_len] if seq_len is None or isinstance(seq_len, int) else sorted(set(seq_len))
-    rows = []
-    for length in lengths:
-        profile = load_profile(model, overrides=overrides, seq_len=length, dtype=dtype)  # captured once per length
-        for kind in kinds:
-            for n in sorted(gpu_counts):
-                if progress is not None:
-                    progress(n, profile.seq_len)
-                row = dict(seq_len=profile.seq_len, hardware=kind)
-                try:
-                    plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain,
-                                 gpu=kind, hardware_file=hardware_file, global_batch_size=global_batch_size,
-                                 time_limit_s=time_limit_s, threads=threads, pins=pins,
-                                 regret=False)  # the sweep compares counts: no corner solves
-                    rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
-                except NoValidConfiguration as err:
-                    rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
-                except DoesNotFit as err:
-                    rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
-    return with_efficiency(rows)
+
+
+def _row(profile: object, n: int, kind: str, stop: Stop, *, time_limit_s: float, **options: object) -> SweepRow:
+    """One count on one hardware: its best plan, or the reason none fits (Stopped passes through)."""
+    from autopar.search import Budget, solve
+
+    row = dict(seq_len=profile.seq_len, hardware=kind)  # type: ignore[attr-defined]
+    try:
+        plan = solve(profile, gpus=n, gpu=kind, budget=Budget(time_limit_s, stop=stop),  # type: ignore[arg-type]
+                     regret=False, **options)  # the sweep compares counts: no corner solves
+        return SweepRow(n, plan, **row)  # type: ignore[arg-type]
+    except NoValidConfiguration as err:
+        return SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row)  # type: ignore[arg-type]
+    except DoesNotFit as err:
+        return SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row)  # type: ignore[arg-type]
 
 
 def with_efficiency(rows: Sequence[SweepRow]) -> list[SweepRow]:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.commands import options
-from autopar.commands.base import fail
+from autopar.commands.base import INTERRUPTED, fail
 from autopar.errors import AutoparError
 from autopar.files import IMAGE_FORMATS
 from cost_models import ParallelConfig
@@ -46,24 +46,22 @@ def sweep_command(
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Solve MODEL for each of --gpus GPU counts, --seq-len sequence lengths and --gpu hardware: the best plan's
-    degrees, throughput and scaling efficiency; with --tokens, which cluster to rent (--time-limit is per solve)."""
-    from autopar.cluster_choice import choices, parse_prices, parse_tokens
+    degrees, throughput and scaling efficiency; with --tokens, which cluster to rent (--time-limit is each solve's
+    wall clock). Ctrl-C stops the solve that is running (its best plan so far is its row) and prints the rows so
+    far, exit status 130; a second Ctrl-C aborts."""
+    from autopar.cluster_choice import choices
     from autopar.report.progress import activity
+    from autopar.search.budget import Stop
     from autopar.sweep import parse_gpus, parse_seq_lens, sweep
     from cost_models.config import pins
 
     try:
         counts = parse_gpus(gpus)
-        kinds = [k.strip() for k in gpu.split(",") if k.strip()] if hardware is None else [str(hardware)]
-        if not kinds:
-            raise AutoparError("--gpu: give at least one hardware profile name")
-        budget = parse_tokens(tokens) if tokens is not None else None
-        if price_per_gpu_hour is not None and budget is None:
-            raise AutoparError("--price-per-gpu-hour prices a training budget: give --tokens too")
-        prices = parse_prices(price_per_gpu_hour, kinds) if price_per_gpu_hour is not None else None
+        kinds, budget, prices = _cluster_choice(gpu, hardware, tokens, price_per_gpu_hour)
         lengths = parse_seq_lens(seq_len) if seq_len is not None else None
         total = len(counts) * len(kinds) * (len(lengths) if lengths else 1)
         solved: list[int] = []
+        stop = Stop()
         overrides = None
         if set_:
             from autopar.profile import parse_set
@@ -77,11 +75,29 @@ def sweep_command(
             rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpus_per_domain=gpus_per_domain, gpu=kinds,
                          hardware_file=hardware, global_batch_size=global_batch_size, seq_len=lengths,
                          time_limit_s=time_limit, threads=threads, overrides=overrides, dtype=dtype,
-                         pins=pins(fp8=fp8), progress=progress)
+                         pins=pins(fp8=fp8), progress=progress, stop=stop)
     except AutoparError as err:
         raise fail(str(err))
     found = choices(rows, budget, prices) if budget is not None else None
     _show(rows, found, budget, prices is not None, output, json_)
+    if stop.reason:
+        typer.echo(f"stopped by {stop.reason}: {len(rows)} of {total} solves done", err=True)
+        raise typer.Exit(INTERRUPTED)
+
+
+def _cluster_choice(gpu: str, hardware: Path | None, tokens: str | None,
+                    price: str | None) -> tuple[list[str], float | None, dict[str, float] | None]:
+    """(the hardware to sweep, the training budget in tokens, $ per GPU-hour by hardware), AutoparError (one line)
+    for what does not parse."""
+    from autopar.cluster_choice import parse_prices, parse_tokens
+
+    kinds = [k.strip() for k in gpu.split(",") if k.strip()] if hardware is None else [str(hardware)]
+    if not kinds:
+        raise AutoparError("--gpu: give at least one hardware profile name")
+    budget = parse_tokens(tokens) if tokens is not None else None
+    if price is not None and budget is None:
+        raise AutoparError("--price-per-gpu-hour prices a training budget: give --tokens too")
+    return kinds, budget, parse_prices(price, kinds) if price is not None else None
 
 
 def _show(rows: list, found: list | None, budget: float | None, priced: bool, output: Path | None,
