@@ -109,6 +109,10 @@ class ParallelConfig:
     moe_overlap: bool = decision(False, help="hide the experts' all-to-alls behind another micro-batch's compute "
                                              "(Megatron-Core --overlap-moe-expert-parallel-comm)",
                                  records=(EXPERTS,), searched=False)
+    moe_grouped_gemm: bool | None = decision(
+        None, help="run each GPU's routed experts as one grouped GEMM per projection (Megatron-Core "
+                   "--moe-grouped-gemm, torchtitan's grouped experts), not a loop of per-expert GEMMs; default: the "
+                   "engine's", records=(EXPERTS,), searched=False)
     # The engine's overlap of communication with compute (None: the engine's default, cost_models/engines.py).
     overlap_grad_reduce: bool | None = decision(
         None, help="reduce gradients during the backward (Megatron-Core --overlap-grad-reduce; default: the "

@@ -35,7 +35,7 @@ from statistics import NormalDist
 from typing import Any
 
 from cost_models import comm
-from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_times
+from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_time, memory_times
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
 from cost_models.model import LayerLike, autocast_ratio, heavy_mix, input_bytes
@@ -176,11 +176,34 @@ def _expert_kernels(moe: Any, *, received: float, etp: int, local_experts: float
         t_gemm = gemm_time(flops, per_token, max(1, round(rows_each)), hw, dtype)
         pack = 4 * received * moe.hidden_size * dtype_bytes if ep > 1 else 0.0  # pack and unpack: read + write each
         return t_gemm, received * moe.expert_memory_bytes_per_token + pack
-    padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
-    t_gemm = gemm_time(flops, per_token, max(1, round(received * etp)), hw, dtype) * padded / max(rows_each, 1e-9)
+    t_gemm = grouped_gemm_time(moe, rows_each=rows_each, local_experts=local_experts, etp=etp, hw=hw, dtype=dtype,
+                               dtype_bytes=dtype_bytes)
     width = moe.expert_ffn_size / etp
     memory = received * dtype_bytes * (4 * moe.hidden_size + 3 * width + 2 * moe.hidden_size)
     return t_gemm, memory
+
+
+def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: int, hw: HardwareProfile,
+                      dtype: str, dtype_bytes: int) -> float:
+    """Forward seconds of the routed experts' GEMMs run as grouped GEMMs (one kernel per projection over every
+    local expert): each projection at the profile's large-GEMM efficiency (its table's top: the kernel's tiles
+    come from all local experts' rows, so the GPU fills however small one expert is), on rows padded per expert
+    to whole tiles, and never faster than its operands' traffic through HBM (each expert's weight read once, the
+    rows' input read and output written). The projections are the expert's own shapes: gate and up fused
+    (hidden → 2·ffn/etp) and down (ffn/etp → hidden) when the expert is gated (its FLOPs per token are three
+    hidden × ffn products), else up and down. Per-token FLOPs, the dense layers' proxy for GEMM size, would
+    price a small expert like a small dense model's layer, whose few rows and narrow K do starve the GPU."""
+    h, f = moe.hidden_size, moe.expert_ffn_size / etp
+    gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
+    shapes = ((h, 2 * f), (f, h)) if gated else ((h, f), (f, h))
+    padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
+    rate = hw.peak(dtype) * max(e for _, e in hw.gemm_efficiency.points)
+    total = 0.0
+    for k, n in shapes:
+        flops = 2.0 * padded * k * n * local_experts
+        nbytes = dtype_bytes * local_experts * (rows_each * (k + n) + k * n)
+        total += max(flops / rate, memory_time(nbytes, hw))
+    return total
 
 
 def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile) -> float:

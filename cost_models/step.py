@@ -206,7 +206,8 @@ class CostModel:
                 self._representative[layer.block_id], b=b, seq_len=self.model.seq_len,  # type: ignore[arg-type]
                 tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance_of(moe, cfg.moe_imbalance, ep=cfg.ep, pairs_per_gpu=pairs),
-                gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, hw=self.hw, dtype=self.model.dtype,
+                gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, dtype=self.model.dtype,
+                hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
                 overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)

@@ -36,6 +36,7 @@ CHANGES = {
     "etp": ("moe", {**BASE, "pp": 1, "ep": 2}, {"etp": 1}),
     "moe_dispatcher": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_dispatcher": "flex"}),
     "moe_overlap": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_overlap": True}),
+    "moe_grouped_gemm": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_grouped_gemm": False}),
     "overlap_grad_reduce": ("gpt", BASE, {"overlap_grad_reduce": False}),
     "overlap_param_gather": ("gpt", BASE, {"overlap_param_gather": True}),
     "tp_comm_overlap": ("gpt", {**BASE, "sequence_parallel": True}, {"tp_comm_overlap": True}),
