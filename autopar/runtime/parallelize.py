@@ -63,7 +63,7 @@ from autopar.runtime.data_parallel import (
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.init import aliases, to_empty
 from autopar.runtime.mesh import Meshes, expert_mesh
-from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
+from autopar.runtime.pp import PipelineInputs, build_schedule, micro_batch_of, split_model
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
 from autopar.runtime.tp import apply_relayout, apply_tp
 from cost_models.engines import DataParallelEngines, data_parallel_engines
@@ -268,7 +268,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
         meshes.experts = expert_mesh(spec, meshes.device)
     cp = context_parallel(model, spec, meshes, loss_fn)
-    parts = apply_pp(model, spec, meshes)
+    parts = apply_pp(model, spec, meshes, example_inputs)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined and \
@@ -317,13 +317,16 @@ def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
     return spec.layers_of_chunk(chunk) if spec.num_chunks > 1 else list(spec.layers)
 
 
-def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes) -> dict[int, nn.Module]:
+def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
+             example_inputs: Callable[[int, int], tuple] | None = None) -> dict[int, nn.Module]:
     """This rank's pipeline chunks (the whole model when the plan has one chunk); under context parallelism
-    every chunk that needs them takes the tokens' positions."""
+    every chunk that needs them takes the tokens' positions. ``example_inputs``: the model file's, for a Hugging
+    Face model's look at what crosses each cut (autopar.runtime.stages)."""
     if spec.num_chunks == 1:
         return {0: model}
+    micro_batch = micro_batch_of(example_inputs, spec) if example_inputs is not None else None
     return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank),
-                            positions=spec.parallelism.cp > 1))
+                            positions=spec.parallelism.cp > 1, micro_batch=micro_batch))
 
 
 def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: LossFn) -> ContextParallel | None:

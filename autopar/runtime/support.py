@@ -41,7 +41,10 @@ def unsupported(profile: Any) -> dict[str, str]:
 
 
 def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
-    """Two chunks at the middle layer: the split needs only the top-level trace, wherever the cut falls."""
+    """Two chunks at the middle layer: the split needs only the top-level trace (or a Hugging Face model's layers
+    called in plan order), wherever the cut falls. On a copy: a Hugging Face split stands layers in for others."""
+    import copy
+
     from autopar.plan import LayerAssignment
     from autopar.runtime.pp import split_model
 
@@ -50,7 +53,7 @@ def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
     half = len(profile.layers) // 2
     layers = tuple(LayerAssignment(name=layer.name, stage=int(i >= half), tp=1)
                    for i, layer in enumerate(profile.layers))
-    split_model(model, layers, [0, 1])
+    split_model(copy.deepcopy(model), layers, [0, 1], micro_batch=tuple(loaded.example_inputs(1, profile.seq_len)))
 
 
 def replan(check: Callable[[Any], None], arg: Any, change: str) -> None:

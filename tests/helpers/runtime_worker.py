@@ -395,11 +395,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
+    parser.add_argument("--plans", default="", help="a JSON file of {shape: plan} to run instead (tests/helpers/"
+                        "hf_families.py: Hugging Face families)")
     args = parser.parse_args()
     device = init_distributed()
     world = dist.get_world_size()
-    todo = shapes(world)
-    scale = list(SCALE_CHECKS) if world == 4 else []
+    todo = json.loads(Path(args.plans).read_text()) if args.plans else shapes(world)
+    scale = list(SCALE_CHECKS) if world == 4 and not args.plans else []
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
         scale = [k for k in scale if k in args.only.split(",")]

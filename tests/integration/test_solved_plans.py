@@ -44,7 +44,7 @@ SOLVES = {
 # what `autopar solve` refuses to plan for autopar's runtime, and why (the runtime cannot run it; one line): a free
 # solve leaves the feature out (autopar.search.runnable_pins), a pin on it is this error
 REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids",
-           ("hf/llama-3-8b", "pp2_1f1b"): "cannot split HFModel into pipeline stages"}
+           ("hf/llama-3-8b", "tp2_sp"): "a Hugging Face model reads it from its embeddings' output"}
 
 
 def _variant(model: str, world: int, label: str) -> sp.Variant:

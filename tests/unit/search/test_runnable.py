@@ -24,9 +24,9 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
 
 @pytest.mark.parametrize("model,expected", [
     ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp"}),
-    ("hf/llama-3-8b", {"pp", "sequence_parallel"}), ("hf/mistral-7b-v0.1", {"pp", "sequence_parallel", "cp"}),
-    ("hf/mixtral-8x7b-v0.1", {"pp", "sequence_parallel", "ep"}),
-    ("hf/deepseek-v3", {"pp", "tp", "sequence_parallel", "ep"})])
+    ("hf/llama-3-8b", {"sequence_parallel"}), ("hf/mistral-7b-v0.1", {"sequence_parallel", "cp"}),
+    ("hf/mixtral-8x7b-v0.1", {"sequence_parallel", "ep"}),
+    ("hf/deepseek-v3", {"tp", "sequence_parallel", "ep"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
     assert set(found) == expected, found
@@ -35,16 +35,16 @@ def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) 
 
 def test_a_free_solve_of_a_hugging_face_model_keeps_to_what_launch_runs() -> None:
     free = _solve("hf/llama-3-8b")
-    assert free["parallelism"]["pp"] == 1 and not free["parallelism"]["sequence_parallel"]
-    assert any("searched without pp" in n and "cannot split HFModel" in n for n in free["notes"])
+    assert not free["parallelism"]["sequence_parallel"]
+    assert any("searched without sequence_parallel" in n for n in free["notes"])
     assert isinstance(sp.preflight(free), tuple), sp.preflight(free)  # launch accepts it
-    # the same model for Megatron-LM: pipelining allowed, no note
-    other = _solve("hf/llama-3-8b", pins=Pins(pp=2), engine="megatron")
-    assert other["parallelism"]["pp"] == 2 and not any("searched without" in n for n in other["notes"])
+    # the same model for Megatron-LM: sequence parallelism allowed, no note
+    other = _solve("hf/llama-3-8b", pins=Pins(tp=2, sequence_parallel=True), engine="megatron")
+    assert other["parallelism"]["sequence_parallel"] and not any("searched without" in n for n in other["notes"])
 
 
 @pytest.mark.parametrize("model,pins,feature", [
-    ("hf/llama-3-8b", {"pp": 2}, "pp"), ("hf/llama-3-8b", {"tp": 2, "sequence_parallel": True}, "sequence_parallel"),
+    ("hf/llama-3-8b", {"tp": 2, "sequence_parallel": True}, "sequence_parallel"),
     ("encdec", {"cp": 2}, "cp"), ("hf/mixtral-8x7b-v0.1", {"ep": 2}, "ep"), ("hf/deepseek-v3", {"tp": 2}, "tp")])
 def test_a_pin_the_runtime_refuses_is_one_line_and_launch_agrees(model: str, pins: dict, feature: str) -> None:
     reason = unsupported(sp.profile(model))[feature]
