@@ -50,6 +50,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.mesh import Meshes
+from autopar.runtime.sequence import GatherSequence, SplitSequence
 
 _CONTRACT = ("expert parallelism runs MoE modules that expose route(tokens) -> (tokens, experts) router weights "
              "(0 where not routed), experts stacked (experts, ...) on one module and at most a shared_experts "
@@ -175,45 +176,6 @@ def apply_ep(model: nn.Module, layers: list[LayerAssignment], spec: RunPlan, mes
     return out
 
 
-# -- sequence blocks over tensor parallelism ---------------------------------------------------------------
-def _gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
-
-
-def _block(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return x.chunk(dist.get_world_size(group), dim=1)[dist.get_rank(group)].contiguous()
-
-
-class _SplitSequence(torch.autograd.Function):
-    """Forward: this tp rank's block of a tensor every tp rank holds whole (dim 1, the sequence); backward: the
-    blocks' gradients gathered, so every rank has the whole gradient (Megatron's scatter-to-region)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _block(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _gather(grad, ctx.group), None
-
-
-class _GatherSequence(torch.autograd.Function):
-    """Forward: the tp ranks' blocks gathered whole; backward: this rank's block of the gradient (the gradient
-    of a tensor every tp rank holds whole is the same on each)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _gather(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _block(grad, ctx.group), None
-
-
 # -- the layer ---------------------------------------------------------------------------------------------
 def kept_weights(moe: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """(N, E) router weights of the pairs the experts run: each expert's ``capacity`` largest (as the model's
@@ -233,18 +195,18 @@ def moe_forward(moe: nn.Module, route: Route, x: torch.Tensor) -> torch.Tensor:
     if group is not None and local.dim() != 3:
         raise AutoparError(f"{type(moe).__name__}: under tensor parallelism expert parallelism takes (batch, "
                            f"sequence, hidden) inputs, got {list(local.shape)}")
-    full = _GatherSequence.apply(local, group) if route.sequence_parallel else local
+    full = GatherSequence.apply(local, group) if route.sequence_parallel else local
     dim = full.shape[-1]
     kept = kept_weights(moe, full.reshape(-1, dim)).reshape(*full.shape[:-1], -1)
     mine = full
     if route.share:
-        mine = local if route.sequence_parallel else _SplitSequence.apply(local, group)
-        kept = _SplitSequence.apply(kept, group)
+        mine = local if route.sequence_parallel else SplitSequence.apply(local, group)
+        kept = SplitSequence.apply(kept, group)
     out = dispatch_combine(mine.reshape(-1, dim), kept.reshape(-1, kept.shape[-1]), route).view(mine.shape)
     if route.share and not route.sequence_parallel:
-        out = _GatherSequence.apply(out, group)
+        out = GatherSequence.apply(out, group)
     elif not route.share and route.sequence_parallel:
-        out = _SplitSequence.apply(out, group)
+        out = SplitSequence.apply(out, group)
     shared = getattr(moe, "shared_experts", None)
     return out if shared is None else out + shared(x)  # x as received: the shared MLP's TP styles expect it
 

@@ -243,20 +243,31 @@ class PipelineInputs:
 
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,
                    loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
-    """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""
+    """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last).
+
+    The schedules leave gradients summed over the micro-batches (``scale_grads=False``): torch scales each stage's
+    parameters, so a weight two chunks of one rank share (T5's embedding, on the chunks of its encoder and of its
+    decoder) would be divided twice; ``ParallelModel`` divides every parameter once (``mean_over_microbatches``)."""
     p = spec.parallelism
     stages = [_Stage(module, c, spec.num_chunks, meshes.device, group=meshes.pp_group)
               for c, module in sorted(chunk_modules.items())]
     m = p.num_microbatches
     schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if p.schedule == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=False)
     elif p.schedule == "gpipe" or m < p.pp:
         # torch's Schedule1F1B refuses fewer micro-batches than stages; Megatron's 1F1B then warms up with all of
         # them on the first stages (GPipe's order there; later stages hold fewer): the same gradients
-        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=False)
     else:
-        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=False)
     has_first = any(s.is_first for s in stages)
     has_last = any(s.is_last for s in stages)
     return schedule, has_first, has_last
+
+
+def mean_over_microbatches(parameters: list[nn.Parameter], microbatches: int) -> None:
+    """The gradients a schedule summed over its micro-batches, divided once each: the step's mean."""
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.div_(microbatches)

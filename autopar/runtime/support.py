@@ -6,15 +6,14 @@ before torchrun (no process group, no storage), and a feature the runtime refuse
 with the launcher's one-line reason as a note on the plan. Other engines (``--engine megatron`` …) run their
 own code and are searched in full.
 
-The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp), ``tp`` (no replicated
-projection feeds the sharded heads directly: autopar.runtime.train.model_layers), ``sequence_parallel``
-(a Hugging Face model reads the sequence length from its sharded embeddings), ``cp`` (one token-id input, a
-``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp) and ``ep``
-(the MoE modules follow the expert contract: autopar.runtime.ep).
+The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp, or a Hugging Face
+model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
+directly: autopar.runtime.train.model_layers), ``sequence_parallel`` (every model: autopar.runtime.sequence),
+``cp`` (one token-id input, a ``positions`` argument, a next-token loss, attention without an explicit mask:
+autopar.runtime.cp) and ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 from autopar.errors import AutoparError
@@ -74,13 +73,6 @@ def check_heads(layers: Any) -> None:
                                "gradient the runtime does not sum over tp")
 
 
-def check_source(source: str) -> None:
-    """Sequence parallelism: not for a Hugging Face config (a model file is .py)."""
-    if Path(source).suffix == ".json":
-        raise AutoparError("sequence parallelism runs models whose forward reads the sequence length from its "
-                           "inputs; a Hugging Face model reads it from its embeddings' output, which it shards")
-
-
 def check_attention(profile: Any) -> None:
     if profile.attention_impl == "eager":
         raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
@@ -92,7 +84,9 @@ def _tensor(profile: Any, loaded: Any, model: Any) -> None:
 
 
 def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
-    check_source(profile.source)
+    """Every model runs it: a Hugging Face model's layers take the whole sequence where its glue or a layer without
+    a tensor-parallel pattern needs it (autopar.runtime.sequence). A model file's layer without a pattern for its
+    degree is the launcher's per-plan check (autopar.runtime.train.model_layers)."""
 
 
 def _context(profile: Any, loaded: Any, model: Any) -> None:

@@ -134,18 +134,21 @@ def _clearing(forward: Callable, shared: _SharedInput) -> Callable:
 
 
 def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str], *, sequence_parallel: bool,
-                 loss_parallel: bool, shared: _SharedInput | None = None) -> dict[str, ParallelStyle]:
+                 loss_parallel: bool, shared: _SharedInput | None = None,
+                 whole_embeddings: bool = False) -> dict[str, ParallelStyle]:
     """Module FQN -> ParallelStyle for one layer, from the capture's relative plan. Column-parallel
-    linears inside the layer share their input redistribution through ``shared`` when given."""
+    linears inside the layer share their input redistribution through ``shared`` when given.
+    ``whole_embeddings``: embeddings hand on the whole sequence under sequence parallelism (a Hugging Face
+    model's glue reads it: autopar.runtime.sequence)."""
     seq_in = Shard(1) if sequence_parallel else Replicate()
     styles: dict[str, ParallelStyle] = {}
     for rel, style in plan.items():
-        fqn = _resolve(model, layer, rel)
+        fqn = resolve(model, layer, rel)
         module = model.get_submodule(fqn)
         whole_layer = rel == ""
         if style == "sequence_parallel":
             if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
-                styles[fqn] = SequenceParallel(use_local_output=whole_layer)
+                styles[fqn] = SequenceParallel(use_local_output=whole_layer or whole_embeddings)
         elif style == "head_norm":  # a norm over each of this rank's heads: its weight's gradient summed over tp
             styles[fqn] = SequenceParallel(sequence_dim=-2, use_local_output=True)
         elif style == "colwise":
@@ -159,7 +162,8 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
                 styles[fqn] = ColwiseParallel(input_layouts=seq_in)
         elif style == "rowwise":
             if isinstance(module, nn.Embedding):
-                styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate()) if sequence_parallel
+                styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate())
+                               if sequence_parallel and not whole_embeddings
                                else _VocabParallelEmbedding(input_layouts=Replicate(), output_layouts=Replicate()))
             else:
                 styles[fqn] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
@@ -168,7 +172,7 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
     return styles
 
 
-def _resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
+def resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
     """The FQN of a plan entry: relative to the layer's unit that has it (merged layers have several)."""
     for unit in layer.units:
         fqn = f"{unit}.{rel}" if rel else unit
@@ -182,8 +186,10 @@ def _resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
 
 
 def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]], meshes: Meshes, *,
-             sequence_parallel: bool, loss_parallel: bool) -> None:
-    """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights."""
+             sequence_parallel: bool, loss_parallel: bool, whole_embeddings: bool = False) -> None:
+    """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights.
+    ``whole_embeddings``: a Hugging Face model under sequence parallelism (autopar.runtime.sequence places its
+    sequence blocks; here the embeddings keep the whole sequence)."""
     ties = _tied_parameters(model)
     last = layers[-1] if layers else None
     for layer in layers:
@@ -191,14 +197,15 @@ def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, d
             continue
         shared = _SharedInput()
         styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sequence_parallel,
-                              loss_parallel=loss_parallel and layer is last, shared=shared)
+                              loss_parallel=loss_parallel and layer is last, shared=shared,
+                              whole_embeddings=whole_embeddings)
         if styles:
             parallelize_module(model, meshes.layer_mesh(layer.tp)["tp"], styles)
         if any(isinstance(style, _SharedInputColwise) for style in styles.values()):
             for unit in layer.units:
                 module = model.get_submodule(unit)
                 module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
-        if sequence_parallel and styles:
+        if sequence_parallel and styles and not whole_embeddings:
             for unit in layer.units:
                 model.get_submodule(unit).register_forward_pre_hook(
                     _sequence_sharded_inputs(meshes.layer_mesh(layer.tp)["tp"]))
