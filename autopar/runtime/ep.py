@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
+from autopar.runtime.hf_experts import check_hf_etp, check_hf_experts, hf_experts_forward, is_hf_experts
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import GatherSequence, SplitSequence
 
@@ -93,6 +94,9 @@ def moe_modules(block: nn.Module) -> tuple[nn.Module, nn.Module, Any] | None:
 
 def check_moe_module(unit: str, moe: nn.Module, experts: nn.Module, num_experts: int) -> None:
     """One line if the runtime cannot run this MoE module under expert parallelism."""
+    if is_hf_experts(experts):  # the block routes and adds its shared experts itself
+        check_hf_experts(unit, experts, num_experts)
+        return
     shared = [n for n, _ in moe.named_children() if "shared" in n and n != "shared_experts"]
     stacked = [p for p in experts.parameters(recurse=False)]
     if (not callable(getattr(moe, "route", None)) or shared or not stacked or
@@ -141,6 +145,8 @@ def routes_experts(model: nn.Module, spec: RunPlan) -> bool:
             if moe is None:
                 continue
             module, experts, profile = moe
+            if is_hf_experts(experts):
+                return False  # at ep 1 transformers' own MoE forward runs (autopar.runtime.sequence under tp)
             try:
                 check_moe_module(unit, module, experts, profile.num_experts)
                 for name, weight in experts.named_parameters(recurse=False):
@@ -171,7 +177,10 @@ def apply_ep(model: nn.Module, layers: list[LayerAssignment], spec: RunPlan, mes
             shard_experts(experts, mesh, profile.hidden_size)
             route = Route(experts, profile.num_experts, mesh, meshes.experts.get_group("ep"), tp_group,
                           share=etp == 1 and layer.tp > 1, sequence_parallel=p.sequence_parallel and layer.tp > 1)
-            moe.forward = functools.partial(moe_forward, moe, route)  # type: ignore[method-assign]
+            if is_hf_experts(experts):
+                experts.forward = functools.partial(hf_experts_forward, experts, route)  # type: ignore[method-assign]
+            else:
+                moe.forward = functools.partial(moe_forward, moe, route)  # type: ignore[method-assign]
             out.append(experts)
     return out
 
@@ -223,12 +232,15 @@ def _slots(counts: torch.Tensor) -> tuple[torch.Tensor, int]:
     return first.reshape(-1).repeat_interleave(sizes) + within, width
 
 
-def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) -> torch.Tensor:
+def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route, *, routed: torch.Tensor | None = None,
+                     run: Callable[[torch.Tensor, torch.Tensor, Route], torch.Tensor] | None = None) -> torch.Tensor:
     """Σ over each token's kept experts of weight · expert(token), the experts running on their owners.
-    ``tokens`` (n, hidden), ``weights`` (n, E)."""
+    ``tokens`` (n, hidden), ``weights`` (n, E); ``routed`` (n, E) the pairs that run (default: weight not 0);
+    ``run(received tokens, counts (ep, local), route)`` the local experts (default: the model's experts module on
+    a padded batch, ``run_padded``; transformers' experts: grouped GEMMs, autopar.runtime.hf_experts)."""
     n, dim = tokens.shape
     ep, local = route.ep, route.num_experts // route.ep
-    routed = weights != 0
+    routed = weights != 0 if routed is None else routed
     expert, token = routed.t().nonzero(as_tuple=True)  # the pairs, sorted by expert: by owner
     counts = routed.sum(0)
     received = torch.empty_like(counts) if ep > 1 else counts
@@ -237,12 +249,18 @@ def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) 
     send = counts.view(ep, local).sum(1).tolist()
     recv = received.view(ep, local).sum(1).tolist()
     inbound = _exchange(tokens[token], recv, send, route)
-    slots, width = _slots(received.view(ep, local))
-    padded = inbound.new_zeros(local * width, dim).index_copy(0, slots, inbound).view(local, width, dim)
-    done = run_experts(padded, route).reshape(-1, dim)[slots]
+    done = (run or run_padded)(inbound, received.view(ep, local), route)
     back = _exchange(done, send, recv, route)
     weight = weights[token, expert].unsqueeze(-1).to(tokens.dtype)  # as the model's forward: in the tokens' dtype
     return tokens.new_zeros(n, dim).index_add(0, token, back * weight)
+
+
+def run_padded(inbound: torch.Tensor, counts: torch.Tensor, route: Route) -> torch.Tensor:
+    """The received tokens through the model's experts module, padded to the busiest local expert's count."""
+    dim = inbound.shape[-1]
+    slots, width = _slots(counts)
+    padded = inbound.new_zeros(counts.shape[1] * width, dim).index_copy(0, slots, inbound).view(-1, width, dim)
+    return run_experts(padded, route).reshape(-1, dim)[slots]
 
 
 def _exchange(x: torch.Tensor, receive: list[int], send: list[int], route: Route) -> torch.Tensor:
@@ -298,5 +316,7 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
         for unit in layer.units:
             moe_module, experts, found = moe_modules(model.get_submodule(unit))
             check_moe_module(unit, moe_module, experts, found.num_experts)
+            if is_hf_experts(experts):
+                check_hf_etp(unit, p.expert_tp)
             for name, weight in experts.named_parameters(recurse=False):
                 _placements(f"{unit}.{name}", weight, found.hidden_size, p.expert_tp)

@@ -30,6 +30,14 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "t5": sp.MODELS["hf/t5-base"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek"}
+# family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
+REFUSED: dict[str, dict[str, str]] = {
+    "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
+    "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
+    "t5": {"cp": "splits token ids"},  # an encoder-decoder
+    "olmo2": {"tp": "feeds the sharded heads"},  # q/k norms over the whole projection
+    "deepseek": {"tp": "feeds the sharded heads"},  # MLA's rotary key all heads share
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,7 +91,14 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
     return {}
 
 
+def features(kwargs: dict[str, Any]) -> set[str]:
+    """The features (autopar.runtime.support.FEATURES) a shape uses."""
+    used = {name for name in ("pp", "tp", "cp", "ep") if kwargs.get(name, 1) > 1}
+    return used | ({"sequence_parallel"} if kwargs.get("sp_") else set())
+
+
 def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """``{family/shape: plan}`` of one torchrun job."""
+    """``{family/shape: plan}`` of one torchrun job: the shapes whose features the family runs (``REFUSED``)."""
     return {f"{family}/{name}": plan(family, **kwargs)
-            for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()}
+            for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
+            if not features(kwargs) & set(REFUSED.get(family, {}))}

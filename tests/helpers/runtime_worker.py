@@ -286,6 +286,9 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
         op = event.key.removeprefix("_c10d_functional::")
         if event.key.startswith("_c10d_functional::") and op in names:
             counts[names[op]] += event.count
+    # the experts' kernels: grouped GEMMs (transformers' experts under ep), a per-expert loop's one_hot
+    counts["grouped_mm"] = sum(e.count for e in prof.key_averages() if e.key == "aten::_grouped_mm")
+    counts["one_hot"] = sum(e.count for e in prof.key_averages() if e.key == "aten::one_hot")
     # every all-to-all sent (functional or not); one run under a dispatch mode (recomputation) nests two events
     counts["all_to_all"] = sum(1 for event in prof.events() if event.name == "c10d::alltoall_base_"
                                and not _nested_in(event, "c10d::alltoall_base_"))
