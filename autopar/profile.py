@@ -19,8 +19,9 @@ from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # sequence_parallel: a norm of a token's whole vector (sharded on the sequence under SP); head_norm: a norm of
-# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
-TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
+# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP;
+# projection_norm: a norm of a column-parallel projection's whole output (OLMo-2's q_norm), its statistics over tp
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm", "projection_norm"]
 
 
 class _Frozen(BaseModel):

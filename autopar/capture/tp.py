@@ -48,6 +48,8 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
         return TPPattern(reason=f"{'/'.join(other)} layers are not nn.Linear; parallelize_module cannot shard them"
                          if other else "no linear layers")
     norms = _whole_vector_norms(nodes, module, unit)
+    projection_norms = _projection_norms(g, nodes, module, unit, linears, norms, cores)
+    norms -= {v for group in projection_norms.values() for v in group}
     feeds = {a: _reached(g, nodes, a, members, set(linears), norms) for a in linears}
     rows = {b for targets in feeds.values() for b in targets}
     cols = {a for a, targets in feeds.items() if targets}
@@ -72,6 +74,8 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
     for name, sub in module.named_modules():
         if name and "norm" in type(sub).__name__.lower():
             plan[name] = "head_norm" if name in per_head else "sequence_parallel"
+    plan |= {name: "projection_norm" for name in projection_norms if plan.get(name) == "sequence_parallel"
+             and any(a in cols for a in linears if linears[a] in _inputs(nodes, projection_norms[name]))}
     shared = _shared_feeders(g, nodes, [a for a in linears if a not in rows | cols], cols, cores)
     return TPPattern(pairs=pairs, plan=plan, divisors=sorted(d for d in divisors if d),
                      shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared))
@@ -99,6 +103,33 @@ def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: 
             written = written.args[0]  # the tensor a slice of which is written
         inside.add_edges_from((name, u.name) for u in written.users if u.name in inside and u is not n)
     return [a for a in replicated if any(c in inside and c in nx.descendants(inside, a) for c in cores)]
+
+
+def _inputs(nodes: dict[str, torch.fx.Node], group: set[str]) -> list[torch.fx.Node]:
+    return [a for v in group for a in nodes[v].all_input_nodes if a.name not in group and a.op == "call_function"]
+
+
+def _projection_norms(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str,
+                      linears: dict[str, torch.fx.Node], norms: set[str],
+                      cores: dict[str, AttentionCore]) -> dict[str, set[str]]:
+    """Norm modules (relative path -> their nodes) over a whole projection that feeds the attention (OLMo-2's and
+    Cohere's q/k norms): their input is one linear's whole output, their weight as wide, and their output reaches an
+    attention core through no other linear. Under TP the projection stays column-parallel and the norm's
+    statistics are summed over the tp ranks (autopar.runtime.tp: ``projection_norm``)."""
+    paths = {name: _rel(module_path(n), unit) for name, n in nodes.items()}
+    normed = {paths[name] for name in norms if _linear_module(module, unit, nodes[name]) not in (None, module)}
+    groups = {rel: {name for name, path in paths.items() if path == rel} for rel in normed}
+    out = {}
+    inside = nx.DiGraph(g.subgraph(set(nodes) - set(linears)))
+    for rel, group in groups.items():
+        sources = {a.name for a in _inputs(nodes, group)}
+        weight = getattr(module.get_submodule(rel), "weight", None)
+        if len(sources) != 1 or (source := sources.pop()) not in linears or weight is None or \
+                _linear_module(module, unit, linears[source]).out_features != weight.numel():
+            continue
+        if any(c in inside and any(c in nx.descendants(inside, v) for v in group if v in inside) for c in cores):
+            out[rel] = group
+    return out
 
 
 def _per_head_norms(nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str) -> set[str]:

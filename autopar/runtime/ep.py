@@ -145,8 +145,8 @@ def routes_experts(model: nn.Module, spec: RunPlan) -> bool:
             if moe is None:
                 continue
             module, experts, profile = moe
-            if is_hf_experts(experts):
-                return False  # at ep 1 transformers' own MoE forward runs (autopar.runtime.sequence under tp)
+            if is_hf_experts(experts) and p.expert_tp > 1:
+                return False  # transformers' own MoE forward, its experts whole (check_hf_etp)
             try:
                 check_moe_module(unit, module, experts, profile.num_experts)
                 for name, weight in experts.named_parameters(recurse=False):

@@ -55,8 +55,8 @@ def check_hf_experts(unit: str, experts: nn.Module, num_experts: int) -> None:
 
 def check_hf_etp(unit: str, etp: int) -> None:
     if etp > 1:
-        raise AutoparError(f"layer {unit}: etp {etp}: transformers' gate_up_proj stacks each expert's gate and up "
-                           "rows on the dimension etp would split; use etp 1")
+        raise AutoparError(f"layer {unit}: transformers' gate_up_proj stacks each expert's gate and up rows on the "
+                           "dimension an etp above 1 would split; use etp 1")
 
 
 def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -10,7 +10,9 @@ The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar
 model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
 directly: autopar.runtime.train.model_layers), ``sequence_parallel`` (every model: autopar.runtime.sequence),
 ``cp`` (one token-id input, a ``positions`` argument, a next-token loss, attention without an explicit mask:
-autopar.runtime.cp) and ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep).
+autopar.runtime.cp), ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers'
+experts layout: autopar.runtime.hf_experts) and ``etp`` above 1 (not transformers' experts, whose gate and up rows
+share one weight).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any, Callable
 
 from autopar.errors import AutoparError
 
-FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep")
+FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep", "etp")
 
 
 def unsupported(profile: Any) -> dict[str, str]:
@@ -31,7 +33,7 @@ def unsupported(profile: Any) -> dict[str, str]:
     model = build_meta(loaded.build)  # no check changes it: a trace, a forward on meta, a look at modules
     out: dict[str, str] = {}
     for feature, check in (("pp", _pipeline), ("tp", _tensor), ("sequence_parallel", _sequence_parallel),
-                           ("cp", _context), ("ep", _experts)):
+                           ("cp", _context), ("ep", _experts), ("etp", _expert_tp)):
         try:
             check(profile, loaded, model)
         except AutoparError as err:
@@ -111,3 +113,14 @@ def _experts(profile: Any, loaded: Any, model: Any) -> None:
                 raise AutoparError(f"layer {unit}: the runtime does not find the experts capture priced")
             moe, experts, info = found
             check_moe_module(unit, moe, experts, info.num_experts)
+
+
+def _expert_tp(profile: Any, loaded: Any, model: Any) -> None:
+    from autopar.runtime.ep import moe_modules
+    from autopar.runtime.hf_experts import check_hf_etp, is_hf_experts
+
+    for layer in profile.layers:
+        for unit in layer.name.split("+") if layer.moe is not None else ():
+            found = moe_modules(model.get_submodule(unit))
+            if found is not None and is_hf_experts(found[1]):
+                check_hf_etp(unit, 2)

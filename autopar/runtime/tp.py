@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -41,6 +41,26 @@ from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.wrap import forward_within
+
+
+class ProjectionNorm(ParallelStyle):
+    """A norm over a column-parallel projection's whole output (OLMo-2's and Cohere's q/k norms): its weight sharded
+    like the projection's output features, its input this rank's features as a DTensor sharded on the last
+    dimension, so DTensor computes the statistics over tp (the mean of squares a partial sum, all-reduced) and the
+    output is this rank's features again (its heads)."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        def partition(name: str, mod: nn.Module, mesh: Any) -> None:
+            for key, param in list(mod.named_parameters(recurse=False)):
+                shard = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]), requires_grad=param.requires_grad)
+                mod.register_parameter(key, shard)
+
+        def to_dtensor(mod: nn.Module, inputs: tuple, mesh: Any) -> tuple:
+            x = inputs[0]
+            return (DTensor.from_local(x, mesh, [Shard(x.dim() - 1)], run_check=False), *inputs[1:])
+
+        return distribute_module(module, device_mesh, partition, to_dtensor,
+                                 lambda mod, out, mesh: out.to_local())
 
 
 class _VocabParallelEmbedding(RowwiseParallel):
@@ -149,6 +169,8 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
         if style == "sequence_parallel":
             if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
                 styles[fqn] = SequenceParallel(use_local_output=whole_layer or whole_embeddings)
+        elif style == "projection_norm":
+            styles[fqn] = ProjectionNorm()
         elif style == "head_norm":  # a norm over each of this rank's heads: its weight's gradient summed over tp
             styles[fqn] = SequenceParallel(sequence_dim=-2, use_local_output=True)
         elif style == "colwise":

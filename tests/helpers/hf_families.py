@@ -35,8 +35,9 @@ REFUSED: dict[str, dict[str, str]] = {
     "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
     "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
-    "olmo2": {"tp": "feeds the sharded heads"},  # q/k norms over the whole projection
-    "deepseek": {"tp": "feeds the sharded heads"},  # MLA's rotary key all heads share
+    "deepseek": {"tp": "feeds the sharded heads", "etp": "gate and up rows"},  # MLA's rotary key all heads share
+    "mixtral": {"etp": "gate and up rows"},  # transformers' gate_up_proj: the experts at etp 1
+    "qwen3moe": {"etp": "gate and up rows"},
 }
 
 
@@ -73,14 +74,14 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
     if world == 2:
         out = {"pp2_1f1b": dict(pp=2, m=4, mb=1), "pp2_interleaved": dict(pp=2, v=2, m=4, mb=1, schedule="interleaved"),
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
-        if moe:
-            out["ep2"] = dict(dp=2, ep=2)
+        if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
+            out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
         return out
     if world == 4:
         out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
                "cp2_tp2": dict(cp=2, tp=2)}
         if moe:
-            out["tp2_dp2_ep2_sp"] = dict(tp=2, dp=2, ep=2, etp=1, sp_=True)
+            out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1)}
         return out
     if world == 8:
         out = {"pp2_tp2_dp2_sp": dict(pp=2, tp=2, dp=2, sp_=True, m=2, mb=1),
@@ -94,6 +95,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
 def features(kwargs: dict[str, Any]) -> set[str]:
     """The features (autopar.runtime.support.FEATURES) a shape uses."""
     used = {name for name in ("pp", "tp", "cp", "ep") if kwargs.get(name, 1) > 1}
+    used |= {"etp"} if kwargs.get("etp", kwargs.get("tp", 1)) > 1 and kwargs.get("ep", 1) > 1 else set()
     return used | ({"sequence_parallel"} if kwargs.get("sp_") else set())
 
 
