@@ -56,6 +56,11 @@ class TPPattern(_Frozen):
     shared_feeders: list[str] = Field(
         default=[], description="replicated linears whose output reaches the sharded heads besides through a "
         "column-parallel linear (DeepSeek's latent KV projection: its rotary key all heads share)")
+    shared_columns: dict[str, list[int]] = Field(
+        default={}, description="shared feeder -> [start, stop) of its output features that reach the heads directly "
+        "(under TP their gradient is summed over the ranks' heads: autopar.runtime.latent)")
+    shared_bytes_per_sample: int = Field(
+        default=0, description="bytes of those features per sample: the all-reduce of their gradient, backward")
 
     def allows(self, tp: int) -> bool:
         if tp == 1:

@@ -170,7 +170,8 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
     forward and reduce-scatters the gradient), plus the parallel cross-entropy's three small all-reduces
     (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``).
     A norm over a column-parallel projection (OLMo-2's q/k norms: ``projection_norm``) all-reduces its statistics
-    (fp32 per token) each way."""
+    (fp32 per token) each way; a replicated projection feeding the heads directly (DeepSeek's rotary key) all-reduces
+    the gradient of those features in backward."""
     kind = tp_comm_kind(layer, tp)
     if kind == "pairs":
         nbytes = input_bytes(layer, b)
@@ -178,7 +179,9 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
                if sequence_parallel else all_reduce_time(nbytes, tp, link, hw))
         n = len(layer.tp.pairs)
         stats = projection_norms(layer) * all_reduce_time(4 * b * seq_len, tp, link, hw)
-        return n * one + stats, n * one + stats
+        shared = all_reduce_time(layer.tp.shared_bytes_per_sample * b, tp, link, hw) \
+            if layer.tp.shared_bytes_per_sample else 0.0
+        return n * one + stats, n * one + stats + shared
     if kind == "embedding":
         nbytes = cut_bytes(layer, b)
         if sequence_parallel:

@@ -78,7 +78,9 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
              and any(a in cols for a in linears if linears[a] in _inputs(nodes, projection_norms[name]))}
     shared = _shared_feeders(g, nodes, [a for a in linears if a not in rows | cols], cols, cores)
     return TPPattern(pairs=pairs, plan=plan, divisors=sorted(d for d in divisors if d),
-                     shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared))
+                     shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared),
+                     shared_columns={_rel(module_path(linears[a]), unit): span for a, span in shared.items() if span},
+                     shared_bytes_per_sample=sum(_span_bytes(linears[a], span) for a, span in shared.items() if span))
 
 
 _VIEW_OPS = {"getitem", "slice", "view", "narrow", "select", "as_strided"}
@@ -89,7 +91,7 @@ def _op(n: torch.fx.Node) -> str:
 
 
 def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: list[str], cols: set[str],
-                    cores: dict[str, AttentionCore]) -> list[str]:
+                    cores: dict[str, AttentionCore]) -> dict[str, list[int] | None]:
     """Replicated linears whose output reaches an attention core other than through a column-parallel linear
     (DeepSeek's latent KV projection: the rotary key all heads share). Under TP each rank's heads use it, so its
     gradient is each rank's part of a sum over tp. An in-place op (``key[..., d:] = k_rot``: copy_) feeds the
@@ -102,7 +104,37 @@ def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: 
         while _op(written) in _VIEW_OPS and written.args and isinstance(written.args[0], torch.fx.Node):
             written = written.args[0]  # the tensor a slice of which is written
         inside.add_edges_from((name, u.name) for u in written.users if u.name in inside and u is not n)
-    return [a for a in replicated if any(c in inside and c in nx.descendants(inside, a) for c in cores)]
+    return {a: _direct_columns(inside, nodes[a], cores) for a in replicated
+            if any(c in inside and c in nx.descendants(inside, a) for c in cores)}
+
+
+def _span_bytes(linear: torch.fx.Node, span: list[int]) -> int:
+    """Bytes per sample of a linear's output features ``span``."""
+    val = linear.meta["val"]
+    return int(val[0].numel() // val.shape[-1] * (span[1] - span[0]) * val.element_size())
+
+
+def _direct_columns(inside: nx.DiGraph, linear: torch.fx.Node, cores: dict[str, AttentionCore]) -> list[int] | None:
+    """[start, stop) of a shared feeder's output features that reach an attention core other than through a
+    column-parallel linear, where its output is split on the features (DeepSeek: the latent KV, then the rotary
+    key); None when it cannot tell."""
+    width = linear.meta["val"].shape[-1]
+    found: list[list[int]] = []
+    for user in linear.users:
+        if _op(user) not in ("split", "split_with_sizes"):
+            return None
+        sizes, dim = user.args[1], user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+        if dim not in (-1, linear.meta["val"].dim() - 1):
+            return None
+        sizes = [sizes] * -(-width // sizes) if isinstance(sizes, int) else list(sizes)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for part in user.users:
+            if _op(part) != "getitem" or part.name not in inside:
+                return None
+            if any(c in inside and c in nx.descendants(inside, part.name) for c in cores):
+                i = part.args[1]
+                found.append([starts[i], min(starts[i] + sizes[i], width)])
+    return found[0] if len(found) == 1 else None
 
 
 def _inputs(nodes: dict[str, torch.fx.Node], group: set[str]) -> list[torch.fx.Node]:

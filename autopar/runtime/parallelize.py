@@ -65,6 +65,7 @@ from autopar.runtime.data_parallel import (
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.heads import apply_head_tables
 from autopar.runtime.init import aliases, to_empty
+from autopar.runtime.latent import apply_latent
 from autopar.runtime.mesh import Meshes, expert_mesh
 from autopar.runtime.pp import (
     PipelineInputs,
@@ -294,6 +295,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         if any(layer.tp > 1 for layer in spec.layers):
             apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
                      loss_parallel=loss_parallel, whole_embeddings=hf)
+            apply_latent(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
+                         seq_len=spec.model.seq_len // p.cp, resolve=resolve)
             if hf:
                 apply_head_tables(part, layers, tp_plans, meshes, resolve=resolve)
             if hf and p.sequence_parallel:

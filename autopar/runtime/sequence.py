@@ -164,12 +164,25 @@ def partial_over_tp(parts: dict[int, nn.Module], layers_of: Callable[[int], list
             if layer.tp == 1 or _role(part, layer, plans.get(layer.name, {})) != "blocks":
                 continue
             group = meshes.layer_mesh(layer.tp)["tp"].get_group()
-            for unit in layer.units:
+            parents = column_parents(plans.get(layer.name, {}))
+            for unit in layer.units:  # inside an attention or MLP: the whole sequence (autopar.runtime.latent)
+                held = [part.get_submodule(f"{unit}.{parent}") for parent in parents if _has(part, f"{unit}.{parent}")]
+                inner = {id(q) for module in held for q in module.parameters()}
                 for p in part.get_submodule(unit).parameters():
+                    if id(p) in inner:
+                        continue
                     names = p.device_mesh.mesh_dim_names or () if isinstance(p, DTensor) else ()
                     if id(p) not in skip and "tp" not in names and p.requires_grad:
                         out.setdefault(id(p), (p, group))
     return list(out.values())
+
+
+def _has(model: nn.Module, fqn: str) -> bool:
+    try:
+        model.get_submodule(fqn)
+    except AttributeError:
+        return False
+    return True
 
 
 def sum_over_tp(pairs: list[tuple[torch.Tensor, dist.ProcessGroup]]) -> None:

@@ -67,12 +67,14 @@ def replan(check: Callable[[Any], None], arg: Any, change: str) -> None:
 
 def check_heads(layers: Any) -> None:
     """A replicated linear feeding the sharded heads directly (DeepSeek's latent KV projection, whose rotary key
-    all heads share) needs its gradient summed over tp on that path only, which the runtime does not do."""
+    all heads share) needs its gradient summed over tp on the features that do (autopar.runtime.latent): capture
+    must have found them."""
     for layer in layers:
-        if layer.tp.shared_feeders:
-            raise AutoparError(f"layer {layer.name}: {', '.join(layer.tp.shared_feeders)} stays whole on every tp "
-                               "rank but feeds the sharded heads directly (a rotary key all heads share), whose "
-                               "gradient the runtime does not sum over tp")
+        unknown = [rel for rel in layer.tp.shared_feeders if rel not in layer.tp.shared_columns]
+        if unknown:
+            raise AutoparError(f"layer {layer.name}: {', '.join(unknown)} stays whole on every tp rank but feeds the "
+                               "sharded heads directly, and capture did not find which of its features do (a split "
+                               "on the features): the runtime cannot sum their gradient over tp")
 
 
 def check_attention(profile: Any) -> None:

@@ -39,7 +39,9 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
+from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes
+from autopar.runtime.sequence import column_parents
 from autopar.runtime.wrap import forward_within
 
 
@@ -166,8 +168,13 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
         fqn = resolve(model, layer, rel)
         module = model.get_submodule(fqn)
         whole_layer = rel == ""
+        if style.startswith(SHARED):  # a replicated linear feeding the heads: autopar.runtime.latent
+            continue
         if style == "sequence_parallel":
-            if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
+            # a whole-layer norm hands a plain local shard to the next layer / stage; in a Hugging Face attention
+            # or MLP a norm between projections (MLA's kv_a_layernorm) sees the whole sequence: it runs plain
+            inner = whole_embeddings and any(rel.startswith(parent + ".") for parent in column_parents(plan))
+            if sequence_parallel and not inner:
                 styles[fqn] = SequenceParallel(use_local_output=whole_layer or whole_embeddings)
         elif style == "projection_norm":
             styles[fqn] = ProjectionNorm()

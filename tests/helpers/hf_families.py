@@ -35,7 +35,7 @@ REFUSED: dict[str, dict[str, str]] = {
     "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
     "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
-    "deepseek": {"tp": "feeds the sharded heads", "etp": "gate and up rows"},  # MLA's rotary key all heads share
+    "deepseek": {"etp": "gate and up rows"},
     "mixtral": {"etp": "gate and up rows"},  # transformers' gate_up_proj: the experts at etp 1
     "qwen3moe": {"etp": "gate and up rows"},
 }
