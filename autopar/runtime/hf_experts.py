@@ -95,6 +95,8 @@ def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Ten
     order = torch.argsort(expert, stable=True)
     offsets = counts.sum(0).cumsum(0).to(torch.int32)
     gate_up, down = (w.to_local() if isinstance(w, DTensor) else w for w in (experts.gate_up_proj, experts.down_proj))
+    if inbound.shape[0] == 0:  # no token routed here: zero gradients for this rank's experts (grouped_mm needs rows)
+        return inbound.new_zeros(0, down.shape[1]) + 0 * (gate_up.sum() + down.sum())
     x = inbound[order]
     gate, up = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
     y = torch._grouped_mm((experts.act_fn(gate) * up).contiguous(), down.transpose(-2, -1), offs=offsets)

@@ -71,3 +71,12 @@ def test_experts_outside_transformers_layout_are_one_line() -> None:
     with pytest.raises(AutoparError, match="does not: run this model with ep 1") as err:
         check_moe_module("layers.0", moe, experts, info.num_experts)
     assert "\n" not in str(err.value)
+
+
+def test_a_rank_that_receives_no_token_gives_its_experts_zero_gradients() -> None:
+    from autopar.runtime.hf_experts import grouped_experts
+
+    experts = _block("mixtral").experts
+    out = grouped_experts(experts, torch.zeros(0, 32), torch.zeros(1, 4, dtype=torch.long))
+    out.sum().backward()
+    assert out.shape == (0, 32) and experts.gate_up_proj.grad.abs().sum() == 0
