@@ -75,10 +75,10 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
     by_name = {layer.name: layer for layer in profile.layers}
     for layer in spec.layers:
         captured = by_name[layer.name]
+        # the plan's entries whatever this plan's degree (a loaded model serves several plans)
+        plans[layer.name] |= {rel: f"{SHARED} {start} {stop}" for rel, (start, stop) in captured.tp.shared_columns.items()}
         if layer.tp > 1:
             replan(check_heads, [captured], "--tp 1")
-            plans[layer.name] |= {rel: f"{SHARED} {start} {stop}"
-                                  for rel, (start, stop) in captured.tp.shared_columns.items()}
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an
