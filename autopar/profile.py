@@ -20,8 +20,9 @@ from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # sequence_parallel: a norm of a token's whole vector (sharded on the sequence under SP); head_norm: a norm of
-# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
-TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
+# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP;
+# projection_norm: a norm of a column-parallel projection's whole output (OLMo-2's q_norm), its statistics over tp
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm", "projection_norm"]
 
 
 MAX_PROFILE_BYTES = 256 * 2**20  # a profile is a few KiB per distinct layer; past this a file is not one
@@ -58,6 +59,11 @@ class TPPattern(_Frozen):
     shared_feeders: list[str] = Field(
         default=[], description="replicated linears whose output reaches the sharded heads besides through a "
         "column-parallel linear (DeepSeek's latent KV projection: its rotary key all heads share)")
+    shared_columns: dict[str, list[int]] = Field(
+        default={}, description="shared feeder -> [start, stop) of its output features that reach the heads directly "
+        "(under TP their gradient is summed over the ranks' heads: autopar.runtime.latent)")
+    shared_bytes_per_sample: int = Field(
+        default=0, description="bytes of those features per sample: the all-reduce of their gradient, backward")
 
     def allows(self, tp: int) -> bool:
         if tp == 1:
