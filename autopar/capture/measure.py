@@ -110,6 +110,7 @@ class NodeCost:
     saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
     autocast_saved_bytes: int = 0  # what autograd would save with fp32 weights under torch.autocast (attribute_autocast)
     aten_ops: int = 0
+    saves: dict[str, int] = dataclasses.field(default_factory=dict)  # every storage it saves, by label (attribute_saves)
 
 
 def op_name_of(meter: "_Meter", name: str) -> str:
@@ -182,6 +183,21 @@ class _Meter(torch.fx.Interpreter):
         for key, nbytes, consumer in self._packed:
             if self._producer.get(key) in self._scores:
                 self.costs[consumer].saved_score_bytes += nbytes
+
+    def attribute_saves(self) -> None:
+        """Every storage each node saves (repeats by other nodes included), by a label that is the same at every batch
+        size: the node that produced it, or ``<node>~<k>`` for the k-th temporary a node made and saved itself (flash
+        attention's log-sum-exp). capture/parts.py reads which ops save what a part of a layer makes."""
+        temporaries: dict[int, str] = {}
+        made: dict[str, int] = {}
+        for key, nbytes, _, _, node, _ in self._saves:
+            label = self._producer.get(key)
+            if label is None:
+                label = temporaries.get(key)
+                if label is None:
+                    label = temporaries[key] = f"{node}~{made.get(node, 0)}"
+                    made[node] = made.get(node, 0) + 1
+            self.costs[node].saves[label] = nbytes
 
     def attribute_autocast(self, half_bytes: int) -> None:
         """Each node's saved bytes as the same forward would save them with fp32 weights under torch.autocast
@@ -306,6 +322,7 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
         with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
             meter.run(*args)
         meter.attribute_scores()
+        meter.attribute_saves()
         if dtype in (torch.bfloat16, torch.float16):  # mixed precision: autopar's runtime may run it under autocast
             meter.attribute_autocast(torch.finfo(dtype).bits // 8)
     except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from
