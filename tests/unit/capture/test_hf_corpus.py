@@ -39,6 +39,8 @@ CORPUS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2LMHeadModel", "dense decoder, learned positions"),
     "llama-3-8b": ("LlamaForCausalLM", "dense decoder, GQA"),
     "llama-3-70b": ("LlamaForCausalLM", "dense decoder, GQA (the long-context example)"),
+    "llama-3.1-405b": ("LlamaForCausalLM", "dense decoder, GQA, RoPE scaling (published long-context runs)"),
+    "llama-2-7b": ("LlamaForCausalLM", "dense decoder, multi-head attention (published long-context runs)"),
     "mistral-7b-v0.1": ("MistralForCausalLM", "dense decoder, GQA, sliding window"),
     "qwen2-0.5b": ("Qwen2ForCausalLM", "dense decoder, GQA, tied embeddings"),
     "qwen2-72b": ("Qwen2ForCausalLM", "dense decoder, GQA"),
@@ -50,7 +52,11 @@ CORPUS: dict[str, tuple[str, str]] = {
     "mixtral-8x22b-v0.1": ("MixtralForCausalLM", "MoE, no shared experts (the MoE search benchmark)"),
     "qwen1.5-moe-a2.7b": ("Qwen2MoeForCausalLM", "MoE with a gated shared expert"),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "MoE, 128 experts, per-head q/k norms"),
+    "qwen3-235b-a22b": ("Qwen3MoeForCausalLM", "MoE, 128 experts, 94 layers"),
+    "gpt-oss-20b": ("GptOssForCausalLM", "MoE, 32 experts, attention sinks, alternating sliding window"),
+    "gpt-oss-120b": ("GptOssForCausalLM", "MoE, 128 experts, attention sinks, alternating sliding window"),
     "deepseek-v2-lite": ("DeepseekV2ForCausalLM", "MoE with shared experts, MLA, first layer dense"),
+    "deepseek-v2": ("DeepseekV2ForCausalLM", "MoE, 160 experts, 2 shared, MLA with q-LoRA"),
     "deepseek-v3": ("DeepseekV3ForCausalLM", "MoE, 256 experts, MLA with q-LoRA, 3 dense layers"),
     "bert-base-uncased": ("BertForMaskedLM", "encoder-only"),
     "roberta-base": ("RobertaForMaskedLM", "encoder-only"),
@@ -60,6 +66,12 @@ CORPUS: dict[str, tuple[str, str]] = {
     "llava-1.5-7b": ("LlavaForConditionalGeneration", "vision-language"),
 }
 
+
+# Known gaps of capture, each a finding of issue #29's published runs (tests/helpers/published_moe_runs.py):
+# GPT-OSS's eager attention appends a learned sink column to the scores before the softmax, so the S×(S+1)
+# softmax is not recognised as an attention core; its blocks get no attention pair and its S×S scores are
+# priced as memory-bound ops (the model records attention_impl "none").
+ATTENTION_SINKS = {"gpt-oss-20b", "gpt-oss-120b"}
 
 # The fast loop traces one config per kind of architecture; the whole corpus runs as `slow` (CI runs it all).
 FAST = {"gpt2", "llama-3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "t5-base", "bert-base-uncased"}
@@ -140,7 +152,9 @@ def test_block_cut_bytes_are_the_hidden_state(name: str) -> None:
         assert lp.input_bytes_per_sample <= 1.02 * (lp.cut_bytes_per_sample + expected), lp.name
 
 
-@pytest.mark.parametrize("name", names(CORPUS))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=(*p.marks, pytest.mark.xfail(strict=True, reason="attention sinks: no attention core found")))
+    if n in ATTENTION_SINKS else p for n, p in zip(sorted(CORPUS), names(CORPUS))])
 def test_every_block_has_its_tensor_parallel_pairs(name: str) -> None:
     """Every block shards as Megatron does: an attention pair with the config's heads, and an MLP pair
     (a MoE block's shared experts; routed experts are left to expert parallelism). GPT-2's Conv1D
@@ -208,7 +222,7 @@ def test_attention_implementation_is_recorded_and_eager_scores_left_out() -> Non
     """Gemma-2 runs eager attention (transformers has no SDPA path for its soft-capping): recorded, and its
     blocks profiled as the fused kernel — saved bytes grow linearly with the sequence, not with S²."""
     assert {n: captured(n).attention_impl for n in CORPUS if captured(n).attention_impl != "sdpa"} == \
-        {"gemma-2-2b": "eager"}
+        {"gemma-2-2b": "eager", **{n: "none" for n in ATTENTION_SINKS}}
     short, long = (capture_model(str(HF / "gemma-2-2b.json"), {"num_hidden_layers": "4"}, seq_len=s) for s in (128, 512))
     block = [next(lp for lp in p.layers if lp.kind == "block") for p in (short, long)]
     assert block[1].saved_bytes_per_sample == pytest.approx(4 * block[0].saved_bytes_per_sample, rel=0.01)
@@ -234,7 +248,7 @@ def test_per_head_norms_and_shared_feeders(name: str) -> None:
     replicated projection feeding the heads directly."""
     blocks = [lp for lp in captured(name).layers if lp.kind == "block"]
     per_head = {path for lp in blocks for path, style in lp.tp.plan.items() if style == "head_norm"}
-    assert per_head == ({"self_attn.q_norm", "self_attn.k_norm"} if name == "qwen3-30b-a3b" else set()), per_head
+    assert per_head == ({"self_attn.q_norm", "self_attn.k_norm"} if name.startswith("qwen3") else set()), per_head
     shared = {path for lp in blocks for path in lp.tp.shared_feeders}
     assert shared == ({"self_attn.kv_a_proj_with_mqa"} if name.startswith("deepseek") else set()), shared
 
