@@ -154,7 +154,7 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
         a2a_bwd += a2a_fwd
         tp_bwd += tp_fwd
         kept, remat = 0.0, saved
-    elif "moe_act" in chosen and moe.expert_act is not None:
+    elif "moe_act" in chosen and (hw.grouped_experts or moe.expert_act is not None):
         remat, t_act = activation_recompute(moe, received=received, etp=etp, hw=hw, dtype_bytes=dtype_bytes)
         remat = min(saved, remat * (autocast_ratio(layer) if autocast else 1.0))
         kept, bwd = saved - remat, bwd + t_act
@@ -170,14 +170,17 @@ def activation_recompute(moe: Any, *, received: float, etp: int, hw: HardwarePro
                          dtype_bytes: int) -> tuple[float, float]:
     """(bytes freed, forward seconds re-run) when the busiest GPU's routed experts recompute their activation
     (Megatron-Core's moe_act: ``CheckpointWithoutOutput`` around the activation of the grouped MLP, its output
-    discarded once the down projection has consumed it): the activation's own saves and its output, from the
-    measured expert (MoEProfile.expert_act); re-run at what the engine's kernel moves: the grouped path's SwiGLU
-    (two ffn-wide reads, one write, as _expert_kernels prices it), else the measured activation's bytes."""
+    discarded once the down projection has consumed it), per pair the GPU receives. A grouped path's fused SwiGLU
+    keeps its input (the checkpoint's) and frees its output, ffn/etp wide for each of etp gathered pairs, and
+    re-runs two ffn-wide reads and one write (as _expert_kernels prices it); a loop of per-expert modules frees
+    what the measured activation (MoEProfile.expert_act) saves beyond its inputs and its output, and re-runs its
+    bytes."""
     act = moe.expert_act
-    freed = received * (act.freed_bytes_per_sample + act.output_bytes_per_sample)
     if hw.grouped_experts:
+        freed = received * dtype_bytes * moe.expert_ffn_size
         moved = received * dtype_bytes * 3 * moe.expert_ffn_size / etp
     else:
+        freed = received * (act.freed_bytes_per_sample + act.output_bytes_per_sample)
         moved = received * act.fwd_memory_bytes_per_sample
     return freed, memory_times(moved, hw)[0]
 

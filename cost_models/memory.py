@@ -35,7 +35,7 @@ from cost_models.model import (
     unfused_attention_saved_per_score,
 )
 from cost_models.precision import Precision
-from cost_models.recompute import freed_bytes, largest_freed_bytes, modules_of
+from cost_models.recompute import core_freed_bytes, freed_bytes, largest_freed_bytes, modules_of
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,18 @@ def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_paralle
 
 def core_recomputed_bytes(layer: LayerLike, *, b: float, tp: int, seq_len: int, dtype_bytes: int, scores: float,
                           modules: Sequence[str] | None) -> float:
-    """What recomputing the attention core drops, when ``modules`` name it: its output and log-sum-exp
-    (model.attention_core_saved_bytes_per_sample) and an unfused kernel's ``scores``."""
+    """What recomputing the attention core drops, when ``modules`` name it: an unfused kernel's ``scores`` and what
+    the core alone saves, as capture measured it (recompute.core_freed_bytes: a fused kernel's log-sum-exp, and its
+    output only where no op after it keeps that storage; Korthikanti et al. 2022's selective recomputation keeps
+    the 34·sbh and frees the 5·as²b); a layer captured before parts were measured: the kernel's output and
+    log-sum-exp (model.attention_core_saved_bytes_per_sample)."""
     if "core_attn" not in modules_of(modules):
         return 0.0
     split = tp if is_tp_sharded(layer, tp) else 1
-    return attention_core_saved_bytes_per_sample(layer, seq_len, dtype_bytes) * b / split + scores
+    measured = core_freed_bytes(layer, b=b)
+    if measured is None:
+        measured = attention_core_saved_bytes_per_sample(layer, seq_len, dtype_bytes) * b
+    return measured / split + scores
 
 
 def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,

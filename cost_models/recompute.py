@@ -16,11 +16,11 @@ forward in the backward: its FLOPs and memory-bound bytes, and for mlp, shared_e
 collective of their row-parallel linear (a checkpointed module's forward includes it); moe also re-runs the routed
 experts and their dispatch (experts.py).
 
-core_attn is priced as before this module existed (model.attention_core_saved_bytes_per_sample: the core's output and
-log-sum-exp, Korthikanti et al. 2022's selective recomputation), which is what an output-discarding checkpoint of the
-core frees; Megatron-Core's normal checkpoint of a fused core keeps the output its projection saves and frees the
-log-sum-exp alone (its own warning: "For fused attention, you have no need to set 'core_attn' to recompute"): the
-measured part (freed vs output) shows the difference.
+core_attn is a normal checkpoint too: it frees what the core alone saves (a fused kernel's log-sum-exp, and its output
+where the projection after it keeps another storage), plus an unfused kernel's S×S softmax output and dropout
+(memory.core_recomputed_bytes); Megatron-Core's own warning for a fused core: "For fused attention, you have no need
+to set 'core_attn' to recompute". A layer captured before parts were measured keeps the old closed form (the
+kernel's output and log-sum-exp).
 """
 from __future__ import annotations
 
@@ -73,6 +73,13 @@ def _split(layer: LayerLike, name: str, tp: int, sequence_parallel: bool) -> int
     if name == "layernorm":
         return 1
     return tp if is_tp_sharded(layer, tp) else 1
+
+
+def core_freed_bytes(layer: LayerLike, *, b: float) -> float | None:
+    """What the measured attention core alone saves for one micro-batch of ``b`` (its ``freed``: a normal checkpoint
+    keeps its inputs and the output its projection saves), whole (not split by tp); None when it was not measured."""
+    part = (getattr(layer, "parts", None) or {}).get("core_attn")
+    return None if part is None else max(0.0, _at(part, "freed_bytes", b))
 
 
 def freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp: int,

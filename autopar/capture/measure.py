@@ -113,6 +113,9 @@ class NodeCost:
     saves: dict[str, int] = dataclasses.field(default_factory=dict)  # every storage it saves, by label (attribute_saves)
 
 
+_DROPOUTS = {"dropout", "dropout_", "Dropout", "native_dropout"}
+
+
 def op_name_of(meter: "_Meter", name: str) -> str:
     """The op of the node called ``name`` in the meter's graph."""
     return op_name(meter._names[name])
@@ -162,18 +165,24 @@ class _Meter(torch.fx.Interpreter):
         # every save, repeats included: (storage, bytes, element size, floating, the node, one of its inputs)
         self._saves: list[tuple[int, int, int, bool, str, bool]] = []
         self._inputs: set[int] = set()  # the storages of the running node's tensor inputs
+        self._dropout = False  # the running node is a dropout
         self._fp32: dict[str, bool] = {}  # node → its output would be fp32 under autocast (fp32 weights)
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
+        nbytes = t.untyped_storage().nbytes()
+        if self._dropout and key not in self._inputs and t.is_floating_point():
+            # dropout off CUDA saves its mask in the input's dtype (_dropout_impl); the GPU kernel a run uses
+            # (native_dropout) saves a bool mask: one byte per element
+            nbytes //= t.element_size()
         if self._current is not None and key not in self._excluded:
-            self._saves.append((key, t.untyped_storage().nbytes(), t.element_size(), t.is_floating_point(),
-                                self.current_node, key in self._inputs))
+            self._saves.append((key, nbytes, t.element_size(), t.is_floating_point(), self.current_node,
+                                key in self._inputs))
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
-            self._current.saved_bytes += t.untyped_storage().nbytes()
-            self._packed.append((key, t.untyped_storage().nbytes(), self.current_node))
+            self._current.saved_bytes += nbytes
+            self._packed.append((key, nbytes, self.current_node))
         return t
 
     def attribute_scores(self) -> None:
@@ -235,6 +244,7 @@ class _Meter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
         self.current_node = n.name
+        self._dropout = op_name(n) in _DROPOUTS
         self._inputs = {v.untyped_storage()._cdata for a in n.all_input_nodes
                         if isinstance(v := self.env.get(a), torch.Tensor)}
         before = self._flops.get_total_flops()

@@ -71,8 +71,10 @@ def expert_activation(g: nx.DiGraph, nodes: list[str], experts: str, pairs: floa
 def measure_part(g: nx.DiGraph, part: set[str]) -> PartProfile:
     """A part's PartProfile from its nodes' costs and the storages they and every other node save."""
     savers, sizes = _savers(g)
-    saved = {label for n in part for label in g.nodes[n]["saves"]}
-    made = [label for label in savers if _maker(label) in part]
+    # an eager core's S×S storages: left out of the layer's saves as of its parts (the planner prices the unfused
+    # kernel's scores by their closed form, cost_models.memory.scores_saved_bytes)
+    saved = {label for n in part for label in g.nodes[n]["saves"] if not _is_score(g, label)}
+    made = [label for label in savers if _maker(label) in part and not _is_score(g, label)]
     freed = [label for label in made if savers[label] <= part]
     output = [label for label in made if savers[label] - part]
     inputs = {p for n in part for p in g.predecessors(n) if p not in part
@@ -95,6 +97,11 @@ def _savers(g: nx.DiGraph) -> tuple[dict[str, frozenset[str]], dict[str, tuple[f
                 sizes.setdefault(label, size)
         cached = g.graph["savers"] = ({label: frozenset(who) for label, who in by_label.items()}, sizes)
     return cached
+
+
+def _is_score(g: nx.DiGraph, label: str) -> bool:
+    maker = _maker(label)
+    return maker in g and g.nodes[maker]["scores"]
 
 
 def _maker(label: str) -> str:
