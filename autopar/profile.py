@@ -8,13 +8,14 @@ saved_bytes_fixed``. Both parts are measured (meta runs at batch 1 and 2), never
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
-from autopar.files import write_atomic
+from autopar.files import read_json, write_atomic
 from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
@@ -22,6 +23,8 @@ LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
 TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
 
+
+MAX_PROFILE_BYTES = 256 * 2**20  # a profile is a few KiB per distinct layer; past this a file is not one
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -222,7 +225,34 @@ class ModelProfile(_Frozen):
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelProfile":
-        return cls.model_validate_json(Path(path).read_text())
+        """A saved profile (autopar trace -o); AutoparError, one line, for a file that is not one."""
+        raw = read_json(path, "profile", max_bytes=MAX_PROFILE_BYTES, hint="pass a profile JSON (autopar trace -o)")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise AutoparError(f"{path}: invalid profile: {field + ': ' if field else ''}{first['msg']}; trace the "
+                               "model again (autopar trace MODEL -o FILE)") from None
+
+
+# The profiles traced in this process, by identity (a weak reference each): their source was named by the caller
+# (capture ran it), so autopar may build that model again (solve's checks of what autopar launch runs). A profile
+# read from a file names a source nobody here chose to run, and an equal copy is not the traced object.
+_TRACED: dict[int, weakref.ref[ModelProfile]] = {}
+
+
+def traced_here(profile: ModelProfile) -> ModelProfile:
+    """Record ``profile`` as traced from its source in this process (autopar.capture); returns it."""
+    key = id(profile)
+    _TRACED[key] = weakref.ref(profile, lambda _, key=key: _TRACED.pop(key, None))
+    return profile
+
+
+def source_was_named(profile: ModelProfile) -> bool:
+    """Whether ``profile`` was traced from its source in this process (traced_here), so that source may run."""
+    ref = _TRACED.get(id(profile))
+    return ref is not None and ref() is profile
 
 
 def parse_set(items: list[str]) -> dict[str, str]:

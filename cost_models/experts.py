@@ -140,7 +140,7 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     bwd = BACKWARD_FACTOR * t_gemm + mem_bwd
     routed = b * seq_len * k * moe.expert_fwd_flops_per_token  # one replica's useful routed FLOPs
     executed = 3.0 * routed * cf
-    saved = received * moe.expert_saved_bytes_per_token * (autocast_ratio(layer) if autocast else 1.0)
+    saved = received * _saved_per_pair(moe, etp, dtype_bytes, hw) * (autocast_ratio(layer) if autocast else 1.0)
     a2a = dispatch_time(moe, dispatcher, received=received, tokens=b * seq_len / tp, ep=ep, etp=etp,
                         gpus_per_node=gpus_per_node, hw=hw, dtype_bytes=dtype_bytes)
     tp_fwd, tp_bwd = _tensor_parallel(layer, b=b, tp=tp, etp=etp, gathered=received * etp * h * dtype_bytes,
@@ -212,6 +212,17 @@ def _expert_kernels(moe: Any, *, received: float, etp: int, local_experts: float
     width = moe.expert_ffn_size / etp
     memory = received * dtype_bytes * (4 * moe.hidden_size + 3 * width + 2 * moe.hidden_size)
     return t_gemm, memory
+
+
+def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile) -> float:
+    """Activation bytes one token-expert pair keeps for backward: what the loop capture measured saves, or as a
+    grouped GEMM path keeps them (Megatron-Core's TEGroupedMLP, torchtitan's GroupedExperts): the permuted input
+    (for the first GEMM's weight gradient), the gate and up projections (for SwiGLU's backward), the activation's
+    output (for the second GEMM's weight gradient), and the routing weight (fp32). Per pair the GPU receives: with
+    the experts' tensor parallelism it holds etp pairs' inputs (gathered) through 1/etp of each expert's width."""
+    if not hw.grouped_experts:
+        return moe.expert_saved_bytes_per_token
+    return etp * (dtype_bytes * (moe.hidden_size + 3 * moe.expert_ffn_size / etp) + 4)
 
 
 def remote_nodes(moe: Any, ep: int, per_node: int) -> tuple[float, int]:

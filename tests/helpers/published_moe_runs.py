@@ -114,25 +114,51 @@ class PublishedRun:
 
     @property
     def flagged(self) -> bool:
-        return bool(self.missing)
+        return bool(self.unexpressed)
 
     def estimate_choices(self) -> dict[str, Any]:
-        """autopar.estimate's keywords for the nearest configuration autopar can express: per-module
-        recomputation as none (the modules Megatron-Core recomputes are norms, activations and projections, a few
-        % of a layer's FLOPs), forced balance as an imbalance of 1, every FP8 recipe as BF16."""
-        recompute = {"modules": "none", "alternate": "none"}.get(self.recompute, self.recompute)
+        """autopar.estimate's keywords for the nearest configuration autopar can express: the dispatcher (HybridEP
+        and DeepEP as flex: both send a token once per destination node), the overlaps the run lists, per-module
+        recomputation as selective with its modules, forced balance as an imbalance of 1, every FP8 recipe as BF16.
+        A run that names no data-parallel overlap ran without it where its scripts predate the recipes that set it
+        (FlagPerf's Megatron-Core 0.6 scripts), else with its engine's default."""
+        listed = " ".join(self.features + self.missing)
+        recompute = {"modules": "selective", "alternate": "none"}.get(self.recompute, self.recompute)
         out: dict[str, Any] = dict(tp=self.tp, pp=self.pp, cp=self.cp, micro_batch_size=self.micro_batch,
                                    zero_stage=self.zero, recompute=recompute,
                                    sequence_parallel=self.sequence_parallel and self.tp > 1)
+        if self.recompute == "modules" and self.recompute_modules:
+            out["recompute_modules"] = tuple(self.recompute_modules)
         if self.vp > 1:
             out.update(schedule="interleaved", virtual_stages=self.vp)
         if self.cp > 1:
             out["cp_comm"] = "ring" if self.cp_comm == "ring" else "all_gather"
+        if "overlap_grad_reduce" in listed or "DP overlap" in listed:
+            out["overlap_grad_reduce"] = True
+            out["overlap_param_gather"] = "overlap_param_gather" in listed or "DP overlap" in listed
+        elif "FlagPerf" in self.source:
+            out.update(overlap_grad_reduce=False, overlap_param_gather=False)
+        if "TP comm overlap" in listed:
+            out["tp_comm_overlap"] = True
         if self.moe:
             out.update(ep=self.ep, etp=self.etp if self.etp is not None else self.tp)
+            out["moe_dispatcher"] = "flex" if self.dispatcher.startswith("flex") else \
+                self.dispatcher if self.dispatcher in ("alltoall", "allgather") else "alltoall"
+            if "EP A2A overlap" in listed:
+                out["moe_overlap"] = True
             if self.routing == "forced":
                 out["moe_imbalance"] = 1.0
         return out
+
+    @property
+    def unexpressed(self) -> tuple[str, ...]:
+        """What the run used that autopar still cannot express (``missing`` less EXPRESSED)."""
+        return tuple(m for m in self.missing if not m.startswith(EXPRESSED))
+
+
+# What ``missing`` lists that autopar now expresses (estimate_choices maps each).
+EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",
+             "per-module recompute", "node-limited routing", "device-limited routing")
 
 
 # -- hardware that is not a built-in profile: the built-in profile with the source's own figures --------------------

@@ -89,7 +89,8 @@ def _tokens(tmp_path: Path, count: int, dtype: str = "uint16") -> Path:
     (["--checkpoint-dir", "{tmp}/ck", "--resume", "--steps", "2"], "is already at step 2; ask for more --steps"),
     (["--data", "{tmp}/missing.bin"], "data file not found"),
     (["--data", "{tmp}/odd.bin", "--data-dtype", "uint32"], "not a whole number of uint32 tokens"),
-    (["--data", "{tmp}/short.bin"], "fewer than one sample of seq_len 16"),
+    (["--data", "{tmp}/short.bin"], "holds 10 tokens, fewer than one global batch (8 samples of seq_len 16 = 128 "
+                                     "tokens)"),
     (["--weights", "{tmp}/nothing.safetensors"], "weights not found"),
 ])
 def test_bad_options_fail_before_torchrun_in_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
@@ -145,7 +146,7 @@ def test_token_data_needs_a_model_of_token_ids(tmp_path: Path) -> None:
     raw = {**plan("gpt", dp=2), "model": {"source": source, "overrides": overrides, "seq_len": 16, "dtype": "fp32"},
            "layers": [{"name": layer.name, "stage": 0, "tp": 1} for layer in profile.layers]}
     with pytest.raises(AutoparError, match="--data feeds token ids to a model with one input; this model takes 2"):
-        preflight(parse_run_plan(raw), source, RunOptions(data=str(_tokens(tmp_path, 100))))
+        preflight(parse_run_plan(raw), source, RunOptions(data=str(_tokens(tmp_path, 8 * 16))))
 
 
 def test_each_data_parallel_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
