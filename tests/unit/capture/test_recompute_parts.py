@@ -11,6 +11,7 @@ output: the 5·as²b) by its closed form (attention_kernel "unfused")."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,30 @@ def test_each_modules_saving_is_what_the_trace_says(blocks):
     # and re-running them costs their forward: mlp's two GEMMs (2·s·h·4h each), layernorm none
     assert parts["mlp"].fwd_flops_per_sample == 2 * 2 * S * H * 4 * H
     assert parts["layernorm"].fwd_flops_per_sample == 0 and parts["layernorm"].fwd_memory_bytes_per_sample > 0
+
+
+@pytest.mark.slow
+def test_a_mixture_of_experts_layers_modules_are_what_the_trace_says():
+    """A MoE block (examples/moe.py: SwiGLU experts, one shared expert): no mlp part but moe and shared_experts,
+    shared within moe; one routed expert's activation (silu(gate) · up, per token-expert pair) takes the gate and up
+    projections (2 · ffn values) and frees silu's output and the product the down projection saves (2 · ffn). A loop
+    of expert modules frees those; a grouped path's fused SwiGLU its output alone (ffn per pair)."""
+    from cost_models import load_hardware
+    from cost_models.experts import activation_recompute
+
+    ffn = 96
+    profile = capture_model(str(Path(__file__).parents[3] / "examples" / "moe.py"),
+                            {"n_layer": "2", "dim": "64", "n_head": "4", "n_kv_head": "2", "n_experts": "4",
+                             "expert_hidden": str(ffn), "n_shared": "1", "vocab_size": "512"}, seq_len=256)
+    block = next(layer for layer in profile.layers if layer.kind == "block" and layer.moe is not None)
+    parts = block.parts
+    assert {"core_attn", "layernorm", "moe", "shared_experts"} <= set(parts) and "mlp" not in parts
+    assert parts["shared_experts"].saved_bytes_per_sample < parts["moe"].saved_bytes_per_sample
+    assert parts["shared_experts"].fwd_flops_per_sample < parts["moe"].fwd_flops_per_sample
+    act = block.moe.expert_act
+    assert act.input_bytes_per_sample == 2 * ffn * 2 and act.fwd_flops_per_sample == 0
+    assert act.freed_bytes_per_sample + act.output_bytes_per_sample == 2 * ffn * 2
+    h100 = load_hardware("h100-80gb")
+    loop, grouped = replace(h100, grouped_experts=False), replace(h100, grouped_experts=True)
+    assert activation_recompute(block.moe, received=1000, etp=1, hw=loop, dtype_bytes=2)[0] == 1000 * 2 * ffn * 2
+    assert activation_recompute(block.moe, received=1000, etp=1, hw=grouped, dtype_bytes=2)[0] == 1000 * ffn * 2
