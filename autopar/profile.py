@@ -76,7 +76,11 @@ class PartProfile(_Frozen):
     - ``freed``: what recomputing it under a normal checkpoint frees: the tensors it makes and saves that no op after
       it saves too (Megatron-Core's ``tensor_parallel.checkpoint``: core_attn, mlp, moe, shared_experts);
     - ``output``: its outputs that ops after it save (the next linear's input): only an output-discarding checkpoint
-      frees them too (``CheckpointWithoutOutput``: layernorm, moe_act, mla_up_proj)."""
+      frees them too (``CheckpointWithoutOutput``: layernorm, moe_act, mla_up_proj);
+    - ``unfused``: what its ops and outputs keep beyond its inputs and outputs, which one fused kernel keeps.
+
+    ``mlp_act`` (a dense MLP's activation: the element-wise ops between its two GEMMs) is measured beside them for
+    the ``unfused`` bytes an engine's fused activation does not keep; it is no module of --recompute-modules."""
 
     saved_bytes_per_sample: float = 0.0
     saved_bytes_fixed: float = 0.0
@@ -90,6 +94,10 @@ class PartProfile(_Frozen):
     fwd_flops_fixed: float = 0.0
     fwd_memory_bytes_per_sample: float = Field(default=0.0, description="memory-bound bytes of its forward")
     fwd_memory_bytes_fixed: float = 0.0
+    unfused_bytes_per_sample: float = Field(
+        default=0.0, description="what its traced ops keep beyond one fused kernel's input and output (an eager "
+                                 "RMSNorm's fp32 copy, an eager SwiGLU's silu output)")
+    unfused_bytes_fixed: float = 0.0
 
 
 class MoEProfile(_Frozen):

@@ -35,7 +35,7 @@ from cost_models.model import (
     unfused_attention_saved_per_score,
 )
 from cost_models.precision import Precision
-from cost_models.recompute import core_freed_bytes, freed_bytes, largest_freed_bytes, modules_of
+from cost_models.recompute import core_freed_bytes, freed_bytes, largest_freed_bytes, modules_of, unfused_bytes
 
 
 @dataclass(frozen=True)
@@ -109,17 +109,20 @@ def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype
 def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                           seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
                           attention_dropout: bool = False, autocast: bool = False,
-                          modules: Sequence[str] | None = None) -> float:
+                          modules: Sequence[str] | None = None, fused: bool = False) -> float:
     """Bytes one micro-batch of ``layer`` keeps on one GPU from its forward until its backward.
 
     ``recompute`` is this layer's mode. Full recomputation keeps the layer's input (split by tp under
     SP, as Megatron does); it never keeps more than the layer would save without recomputation. Selective
     recomputation drops what its ``modules`` (recompute.py; None: the attention core) save beyond their inputs.
     ``autocast``: the forward runs under torch.autocast with fp32 weights (saved_bytes), its input (the residual
-    stream) in fp32."""
+    stream) in fp32. ``fused`` (hardware.fused_elementwise): the engine's fused norms and gated activation keep
+    less than the traced eager ops (recompute.unfused_bytes)."""
     scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
                                 attention_kernel=attention_kernel, attention_dropout=attention_dropout)
     saved = tp_saved_bytes(layer, b, tp, sequence_parallel, autocast) + scores
+    if fused:
+        saved = max(0.0, saved - unfused_bytes(layer, b=b, tp=tp, sequence_parallel=sequence_parallel))
     if recompute == "full":
         widen = 4 / dtype_bytes if autocast else 1
         kept = input_bytes(layer, b) * widen / (tp if sequence_parallel and tp > 1 else 1)
@@ -127,7 +130,7 @@ def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_paralle
     if recompute == "selective":
         dropped = core_recomputed_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes, scores=scores,
                                         modules=modules)
-        dropped += freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel) * \
+        dropped += freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel, fused=fused) * \
             (autocast_ratio(layer) if autocast else 1.0)
         return max(0.0, saved - dropped)
     return saved
@@ -152,13 +155,13 @@ def core_recomputed_bytes(layer: LayerLike, *, b: float, tp: int, seq_len: int, 
 def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                      seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
                      attention_dropout: bool = False, autocast: bool = False,
-                     modules: Sequence[str] | None = None) -> float:
+                     modules: Sequence[str] | None = None, fused: bool = False) -> float:
     """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch): all it dropped under full
     recomputation; under selective, the largest one recomputed module's (each is re-run and released in turn)."""
     if recompute == "none":
         return 0.0
     kw = dict(b=b, tp=tp, sequence_parallel=sequence_parallel, seq_len=seq_len, dtype_bytes=dtype_bytes,
-              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast)
+              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast, fused=fused)
     dropped = kept_activation_bytes(layer, recompute="none", **kw) - \
         kept_activation_bytes(layer, recompute=recompute, modules=modules, **kw)
     if recompute != "selective":
@@ -167,7 +170,7 @@ def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bo
                                 attention_kernel=attention_kernel, attention_dropout=attention_dropout)
     core = core_recomputed_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes, scores=scores,
                                  modules=modules)
-    part = largest_freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel) * \
+    part = largest_freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel, fused=fused) * \
         (autocast_ratio(layer) if autocast else 1.0)
     return min(dropped, max(core, part))
 

@@ -82,11 +82,22 @@ def core_freed_bytes(layer: LayerLike, *, b: float) -> float | None:
     return None if part is None else max(0.0, _at(part, "freed_bytes", b))
 
 
+def unfused_bytes(layer: LayerLike, *, b: float, tp: int, sequence_parallel: bool) -> float:
+    """Bytes one GPU keeps for one micro-batch of the layer that an engine with fused norms and gated activation
+    (hardware.fused_elementwise: Transformer Engine's norms, Megatron-Core's bias_swiglu) does not: what the traced
+    eager ops of its norms and its dense MLP's activation keep beyond their inputs and outputs (PartProfile.unfused:
+    an eager RMSNorm's fp32 copy and normalised tensor, SwiGLU's silu output)."""
+    parts = getattr(layer, "parts", None) or {}
+    return sum(_at(parts[name], "unfused_bytes", b) / _split(layer, name, tp, sequence_parallel)
+               for name in ("layernorm", "mlp_act") if name in parts)
+
+
 def freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp: int,
-                sequence_parallel: bool) -> float:
+                sequence_parallel: bool, fused: bool = False) -> float:
     """Bytes one GPU no longer keeps for one micro-batch when the layer's measured parts among ``modules`` are
     recomputed (core_attn and moe_act apart): each part's ``freed``, plus its ``output`` under output-discarding
-    checkpointing."""
+    checkpointing. ``fused`` (hardware.fused_elementwise): the fused norms keep their input and output only, so
+    recomputing them frees their output; the MLP no longer keeps its activation's ``unfused`` bytes."""
     parts = getattr(layer, "parts", None) or {}
     total = 0.0
     for name in layer_parts(modules):
@@ -94,14 +105,18 @@ def freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp
         if part is None:
             continue
         freed = _at(part, "freed_bytes", b) + (_at(part, "output_bytes", b) if name in OUTPUT_DISCARDING else 0.0)
+        if fused and name == "layernorm":
+            freed = _at(part, "output_bytes", b)
+        elif fused and name == "mlp" and "mlp_act" in parts:
+            freed -= _at(parts["mlp_act"], "unfused_bytes", b)
         total += max(0.0, freed) / _split(layer, name, tp, sequence_parallel)
     return total
 
 
 def largest_freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp: int,
-                        sequence_parallel: bool) -> float:
+                        sequence_parallel: bool, fused: bool = False) -> float:
     """The most one measured part rematerialises at a time (a part's backward re-runs it and frees it again)."""
-    return max((freed_bytes(layer, (name,), b=b, tp=tp, sequence_parallel=sequence_parallel)
+    return max((freed_bytes(layer, (name,), b=b, tp=tp, sequence_parallel=sequence_parallel, fused=fused)
                 for name in layer_parts(modules)), default=0.0)
 
 

@@ -116,7 +116,8 @@ class CostModel:
             tp_bwd += tp_fwd * repeated_collectives(layer, modules)
         split = tp if is_tp_sharded(layer, tp) else 1
         kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
-                  attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast, modules=modules)
+                  attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast, modules=modules,
+                  fused=hw.fused_elementwise)
         exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1],
                                 recompute=core_mode(mode, modules),
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,

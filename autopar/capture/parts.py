@@ -11,7 +11,9 @@ The parts, as Megatron-Core core_v0.16.1 names them (megatron/core/transformer/t
 - shared_experts: the MoE module's shared experts (its children named "shared...");
 - mla_up_proj: DeepSeek's latent attention from its compressed query and key-value to the core's inputs: the
   up-projections (q_b_proj, or q_proj without a query LoRA, and kv_b_proj) and the RoPE and concatenation after them;
-- moe_act (per routed expert, MoEProfile.expert_act): the element-wise ops between an expert's two GEMMs.
+- moe_act (per routed expert, MoEProfile.expert_act): the element-wise ops between an expert's two GEMMs;
+- mlp_act (no module of --recompute-modules): the same ops of a dense MLP, for what an engine's fused activation
+  keeps less than the traced eager ops (PartProfile.unfused).
 
 What a part saves and frees is read per storage: every node records the storages it saves by the node that made
 them (measure.py: attribute_saves), so a tensor the part makes and an op after the part also saves (its output as
@@ -42,7 +44,9 @@ def layer_parts(unit: str, module: torch.nn.Module, g: nx.DiGraph, nodes: list[s
     norms = [f"{unit}.{name}" for name, child in module.named_children() if "norm" in type(child).__name__.lower()]
     found["layernorm"] = _under(g, nodes, norms)
     if moe_path is None:
-        found["mlp"] = _under(g, nodes, [f"{unit}.{path}" for path in _mlp_paths(module, pattern)])
+        mlp = [f"{unit}.{path}" for path in _mlp_paths(module, pattern)]
+        found["mlp"] = _under(g, nodes, mlp)
+        found["mlp_act"] = _between_gemms(g, nodes, mlp)
     else:
         moe = f"{unit}.{moe_path}"
         found["moe"] = _under(g, nodes, [moe])
@@ -57,15 +61,23 @@ def expert_activation(g: nx.DiGraph, nodes: list[str], experts: str, pairs: floa
     """One routed expert's activation per token-expert pair: the nodes of the experts module (path ``experts``)
     that no GEMM runs in, lying between two of its GEMMs (after the gate/up projection, before the down one);
     ``pairs``: the token-expert pairs per sample the experts ran."""
-    mine = _under(g, nodes, [experts])
-    gemms = {n for n in mine if g.nodes[n]["flops_per_sample"] > 0}
-    after = set().union(*(nx.descendants(g, n) for n in gemms)) if gemms else set()
-    before = set().union(*(nx.ancestors(g, n) for n in gemms)) if gemms else set()
-    act = {n for n in mine if n in after and n in before and n not in gemms}
+    act = _between_gemms(g, nodes, [experts])
     if not act or pairs <= 0:
         return None
     part = measure_part(g, act)
     return PartProfile(**{k: (v / pairs if k.endswith("per_sample") else 0.0) for k, v in part.model_dump().items()})
+
+
+def _between_gemms(g: nx.DiGraph, nodes: list[str], paths: list[str]) -> set[str]:
+    """The nodes of the modules ``paths`` that no GEMM runs in, lying between two of their GEMMs (an MLP's or an
+    expert's activation: after the gate/up projection, before the down one)."""
+    mine = _under(g, nodes, paths)
+    gemms = {n for n in mine if g.nodes[n]["flops_per_sample"] > 0}
+    if not gemms:
+        return set()
+    after = set().union(*(nx.descendants(g, n) for n in gemms))
+    before = set().union(*(nx.ancestors(g, n) for n in gemms))
+    return {n for n in mine if n in after and n in before and n not in gemms}
 
 
 def measure_part(g: nx.DiGraph, part: set[str]) -> PartProfile:
@@ -79,9 +91,14 @@ def measure_part(g: nx.DiGraph, part: set[str]) -> PartProfile:
     output = [label for label in made if savers[label] - part]
     inputs = {p for n in part for p in g.predecessors(n) if p not in part
               and g.nodes[p]["kind"] in ("activation", "input")}
+    # what a fused kernel of the part would not keep: all it and its outputs keep, less its outputs and its inputs
+    kept, out = _bytes(sizes, set(saved) | set(output), "kept"), _bytes(sizes, output, "output")
+    given = _summed(g, inputs, "out_bytes", "input_bytes")
+    unfused = {f"unfused_bytes_{kind}": max(0.0, kept[f"kept_bytes_{kind}"] - out[f"output_bytes_{kind}"]
+                                            - given[f"input_bytes_{kind}"]) for kind in ("per_sample", "fixed")}
     return PartProfile(
-        **_bytes(sizes, saved, "saved"), **_bytes(sizes, freed, "freed"), **_bytes(sizes, output, "output"),
-        **_summed(g, inputs, "out_bytes", "input_bytes"), **_summed(g, part, "flops", "fwd_flops"),
+        **_bytes(sizes, saved, "saved"), **_bytes(sizes, freed, "freed"), **out, **unfused,
+        **given, **_summed(g, part, "flops", "fwd_flops"),
         **_summed(g, [n for n in part if not g.nodes[n]["scores"]], "memory_bytes", "fwd_memory_bytes"))
 
 

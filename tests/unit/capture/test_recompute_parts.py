@@ -120,7 +120,7 @@ def test_each_modules_saving_is_what_the_trace_says(blocks):
     nothing of its output, which the projection keeps, plus the unfused kernel's 5·as²b where that kernel runs."""
     layer = blocks["0.1"]
     parts = layer.parts
-    assert set(parts) == {"core_attn", "layernorm", "mlp"}
+    assert set(parts) == {"core_attn", "layernorm", "mlp", "mlp_act"}
     stats = 2 * 2 * 4 * S  # two norms' fp32 mean and rstd
     assert parts["layernorm"].output_bytes_per_sample == 2 * 2 * SBH
     assert parts["layernorm"].freed_bytes_per_sample == stats
@@ -168,3 +168,26 @@ def test_a_mixture_of_experts_layers_modules_are_what_the_trace_says():
     loop, grouped = replace(h100, grouped_experts=False), replace(h100, grouped_experts=True)
     assert activation_recompute(block.moe, received=1000, etp=1, hw=loop, dtype_bytes=2)[0] == 1000 * 2 * ffn * 2
     assert activation_recompute(block.moe, received=1000, etp=1, hw=grouped, dtype_bytes=2)[0] == 1000 * ffn * 2
+
+
+@pytest.mark.slow
+def test_an_engine_with_fused_norms_and_swiglu_keeps_what_they_keep(blocks):
+    """Megatron-Core's Transformer Engine norms keep their input and output, its bias_swiglu its input and output:
+    what the traced eager ops keep beyond those (PartProfile.unfused) is left out under a fused engine. The Llama
+    example's RMSNorm (fp32 copy, as Meta's) keeps 4 bytes an element more per norm, its SwiGLU silu's output (ffn
+    wide) more; PyTorch's LayerNorm and GELU keep only their statistics more (the paper's layer)."""
+    ffn, s, dim = 768, 256, 256
+    profile = capture_model(str(Path(__file__).parents[3] / "examples" / "llama.py"),
+                            {"n_layer": "2", "dim": str(dim), "n_head": "8", "n_kv_head": "2", "vocab_size": "1024"},
+                            seq_len=s)
+    llama = next(layer for layer in profile.layers if layer.kind == "block")
+    rstd = 4 * s  # fp32, one per token per norm
+    assert llama.parts["layernorm"].unfused_bytes_per_sample == 2 * (4 * s * dim + rstd)
+    assert llama.parts["mlp_act"].unfused_bytes_per_sample == 2 * s * ffn
+    fused = kept_activation_bytes(llama, b=1, tp=1, sequence_parallel=False, recompute="none", seq_len=s,
+                                  dtype_bytes=2, fused=True)
+    eager = kept_activation_bytes(llama, b=1, tp=1, sequence_parallel=False, recompute="none", seq_len=s, dtype_bytes=2)
+    assert eager - fused == 2 * (4 * s * dim + rstd) + 2 * s * ffn
+    gpt = blocks["0.0"]
+    assert gpt.parts["layernorm"].unfused_bytes_per_sample == 2 * 2 * 4 * S and \
+        gpt.parts["mlp_act"].unfused_bytes_per_sample == 0

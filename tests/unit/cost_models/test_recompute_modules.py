@@ -19,6 +19,10 @@ PARTS = {
     # the norms: fp32 statistics (freed) and their outputs, which the next linears save (output)
     "layernorm": PartProfile(freed_bytes_per_sample=1e5, output_bytes_per_sample=2e6, fwd_memory_bytes_per_sample=4e7),
 }
+# what the eager norms and SwiGLU keep beyond a fused kernel's input and output (an fp32 copy, silu's output)
+UNFUSED = {"layernorm": PARTS["layernorm"].model_copy(update={"freed_bytes_per_sample": 3e6,
+                                                                "unfused_bytes_per_sample": 2.5e6}),
+           "mlp": PARTS["mlp"], "mlp_act": PartProfile(unfused_bytes_per_sample=1e6)}
 X = layer().model_copy(update={"parts": PARTS})
 
 
@@ -39,6 +43,18 @@ def test_each_module_frees_what_it_alone_keeps() -> None:
     # the default is the attention core (Korthikanti et al. 2022's selective recomputation)
     assert _kept(None) == _kept(("core_attn",)) < none
     assert _kept(("mlp",)) > _kept(("mlp", "core_attn"))
+
+
+def test_an_engine_with_fused_norms_and_swiglu_keeps_less_and_frees_what_they_keep() -> None:
+    y = layer().model_copy(update={"parts": UNFUSED})
+    kw = dict(b=2, tp=1, sequence_parallel=False, seq_len=1000, dtype_bytes=2)
+    none = kept_activation_bytes(y, recompute="none", **kw)
+    fused = kept_activation_bytes(y, recompute="none", fused=True, **kw)
+    assert none - fused == 2 * (2.5e6 + 1e6)
+    # recomputed under the fused engine: a norm frees its output, the MLP its activations less silu's output
+    assert fused - kept_activation_bytes(y, recompute="selective", modules=("layernorm",), fused=True, **kw) == 2 * 2e6
+    assert fused - kept_activation_bytes(y, recompute="selective", modules=("mlp",), fused=True, **kw) == 2 * 7e6
+    assert none - kept_activation_bytes(y, recompute="selective", modules=("layernorm",), **kw) == 2 * 5e6
 
 
 def test_the_remat_peak_is_the_largest_one_module() -> None:
