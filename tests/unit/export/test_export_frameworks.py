@@ -42,7 +42,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "h100_zero3", "recompute_modules"]
+                "recompute_modules", "h100_zero3"]
 
 
 @pytest.fixture(scope="module")
