@@ -94,6 +94,10 @@ class PartProfile(_Frozen):
     fwd_flops_fixed: float = 0.0
     fwd_memory_bytes_per_sample: float = Field(default=0.0, description="memory-bound bytes of its forward")
     fwd_memory_bytes_fixed: float = 0.0
+    held_bytes_per_sample: float = Field(
+        default=0.0, description="its inputs that no op saves: a checkpoint of it keeps them (freed does not "
+                                 "count them)")
+    held_bytes_fixed: float = 0.0
     unfused_bytes_per_sample: float = Field(
         default=0.0, description="what its traced ops keep beyond one fused kernel's input and output (an eager "
                                  "RMSNorm's fp32 copy, an eager SwiGLU's silu output)")

@@ -180,7 +180,7 @@ def activation_recompute(moe: Any, *, received: float, etp: int, hw: HardwarePro
         freed = received * dtype_bytes * moe.expert_ffn_size
         moved = received * dtype_bytes * 3 * moe.expert_ffn_size / etp
     else:
-        freed = received * (act.freed_bytes_per_sample + act.output_bytes_per_sample)
+        freed = received * (act.freed_bytes_per_sample + act.output_bytes_per_sample - act.held_bytes_per_sample)
         moved = received * act.fwd_memory_bytes_per_sample
     return freed, memory_times(moved, hw)[0]
 

@@ -96,7 +96,8 @@ def freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp
                 sequence_parallel: bool, fused: bool = False) -> float:
     """Bytes one GPU no longer keeps for one micro-batch when the layer's measured parts among ``modules`` are
     recomputed (core_attn and moe_act apart): each part's ``freed``, plus its ``output`` under output-discarding
-    checkpointing. ``fused`` (hardware.fused_elementwise): the fused norms keep their input and output only, so
+    checkpointing, less the inputs the checkpoint holds that no op saved (``held``: an eager RMSNorm's input, which
+    only its fp32 copy was saved of). ``fused`` (hardware.fused_elementwise): the fused norms keep their input and output only, so
     recomputing them frees their output; the MLP no longer keeps its activation's ``unfused`` bytes."""
     parts = getattr(layer, "parts", None) or {}
     total = 0.0
@@ -104,8 +105,9 @@ def freed_bytes(layer: LayerLike, modules: Sequence[str] | None, *, b: float, tp
         part = parts.get(name)
         if part is None:
             continue
-        freed = _at(part, "freed_bytes", b) + (_at(part, "output_bytes", b) if name in OUTPUT_DISCARDING else 0.0)
-        if fused and name == "layernorm":
+        freed = _at(part, "freed_bytes", b) + (_at(part, "output_bytes", b) if name in OUTPUT_DISCARDING else 0.0) \
+            - _at(part, "held_bytes", b)
+        if fused and name == "layernorm":  # the fused norm saves its input itself
             freed = _at(part, "output_bytes", b)
         elif fused and name == "mlp" and "mlp_act" in parts:
             freed -= _at(parts["mlp_act"], "unfused_bytes", b)

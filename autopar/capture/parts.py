@@ -94,12 +94,21 @@ def measure_part(g: nx.DiGraph, part: set[str]) -> PartProfile:
     # what a fused kernel of the part would not keep: all it and its outputs keep, less its outputs and its inputs
     kept, out = _bytes(sizes, set(saved) | set(output), "kept"), _bytes(sizes, output, "output")
     given = _summed(g, inputs, "out_bytes", "input_bytes")
+    # inputs whose storage no op saves: a checkpoint of the part keeps them, which its freed bytes do not cover
+    held = _summed(g, [p for p in inputs if _storage_node(g, p) not in savers], "out_bytes", "held_bytes")
     unfused = {f"unfused_bytes_{kind}": max(0.0, kept[f"kept_bytes_{kind}"] - out[f"output_bytes_{kind}"]
                                             - given[f"input_bytes_{kind}"]) for kind in ("per_sample", "fixed")}
     return PartProfile(
         **_bytes(sizes, saved, "saved"), **_bytes(sizes, freed, "freed"), **out, **unfused,
-        **given, **_summed(g, part, "flops", "fwd_flops"),
+        **given, **held, **_summed(g, part, "flops", "fwd_flops"),
         **_summed(g, [n for n in part if not g.nodes[n]["scores"]], "memory_bytes", "fwd_memory_bytes"))
+
+
+def _storage_node(g: nx.DiGraph, n: str) -> str:
+    """The node that made the storage ``n``'s output lies in: through the views and chunks it was taken by."""
+    while g.nodes[n]["op"] in _VIEWS | {"chunk", "split", "unbind"} and (preds := list(g.predecessors(n))):
+        n = preds[0]
+    return n
 
 
 def _savers(g: nx.DiGraph) -> tuple[dict[str, frozenset[str]], dict[str, tuple[float, float]]]:

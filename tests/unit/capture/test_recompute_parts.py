@@ -188,6 +188,9 @@ def test_an_engine_with_fused_norms_and_swiglu_keeps_what_they_keep(blocks):
                                   dtype_bytes=2, fused=True)
     eager = kept_activation_bytes(llama, b=1, tp=1, sequence_parallel=False, recompute="none", seq_len=s, dtype_bytes=2)
     assert eager - fused == 2 * (4 * s * dim + rstd) + 2 * s * ffn
+    # no op saves the eager norms' inputs (only their fp32 copies): a checkpoint of them keeps those
+    assert llama.parts["layernorm"].held_bytes_per_sample == 2 * 2 * s * dim
+    assert llama.parts["mlp_act"].held_bytes_per_sample == 0 and llama.parts["mlp"].held_bytes_per_sample == 0
     gpt = blocks["0.0"]
     assert gpt.parts["layernorm"].unfused_bytes_per_sample == 2 * 2 * 4 * S and \
         gpt.parts["mlp_act"].unfused_bytes_per_sample == 0
