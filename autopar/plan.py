@@ -278,6 +278,11 @@ class SolverInfo(_Frozen):
     choices: int = Field(description="outer choices (degrees, batch split, ZeRO, SP, schedule) enumerated")
     solves: int = Field(description="CP-SAT solves run (the rest were pruned by their lower bound)")
     rank: int = Field(default=1, description="1 for the best plan, k for the k-th best of --top-k")
+    stopped: Literal["", "time limit", "Ctrl-C"] = Field(
+        default="", description="why the search stopped before it finished ('' when it did): the plan is the best "
+                                "found by then, FEASIBLE with its proven gap")
+    time_limit_s: float | None = Field(default=None, description="--time-limit: the whole solve's wall-clock budget")
+    elapsed_s: float | None = Field(default=None, description="the whole solve's wall clock (tracing, search, regret)")
 
 
 class RunPlan(_Frozen):
