@@ -33,6 +33,7 @@ from cost_models.memory import accumulates_unsharded
 from cost_models.model import ModelLike, is_tp_sharded
 from cost_models.partition import chunk_blocks, interleaved_balance
 from cost_models.precision import PRECISIONS, Precision, default_precision
+from cost_models.recompute import check_modules
 from cost_models.rules import (
     Degrees,
     check_batch,
@@ -237,6 +238,7 @@ class ParallelConfig:
             self._validate_layer_degrees(model)
         experts, ffn = model_experts(model)
         check_experts(experts, self.degrees, expert_ffn=ffn)
+        check_modules(model, self.recompute_modules)
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):

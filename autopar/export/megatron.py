@@ -17,7 +17,8 @@ expressible split nearest to it (fewest layers moved between ranks) and a warnin
 Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-layers 1`` (every layer's
 input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
 every chunk → ``--recompute-method block --recompute-num-layers k`` (which blocks of a chunk recompute
-does not matter when they are identical).
+does not matter when they are identical); selective with the plan's modules → ``--recompute-granularity selective
+--recompute-modules core_attn mlp ...`` (Megatron-Core's default, core_attn, when the plan names none).
 
 Data parallelism: ZeRO-1 → ``--use-distributed-optimizer``; ZeRO-2 / ZeRO-3 → Megatron-FSDP
 (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``, which
@@ -65,7 +66,7 @@ VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: p
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm", "recompute_modules"})
 
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -138,6 +139,8 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
         args.append(("--recompute-granularity", recompute.granularity))
     if recompute.method is not None:
         args += [("--recompute-method", recompute.method), ("--recompute-num-layers", recompute.num_layers)]
+    if recompute.modules is not None:
+        args.append(("--recompute-modules", recompute.modules))
     args += _data_parallel_args(par.zero_stage)
     dtype = precision(plan)
     if dtype != "fp32":
@@ -157,9 +160,14 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     if (par.tp > 1 or par.cp > 1) and par.zero_stage < 2:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append("MEGATRON_ARGS=(")
-    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
+    lines += [f"    {flag}" + "".join(f" {shlex.quote(str(v))}" for v in _values(value)) for flag, value in args]
     lines.append(")")
     return Export("megatron", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _values(value: object) -> tuple[object, ...]:
+    """A flag's words: none for a bare flag, each of a tuple (an nargs flag: --recompute-modules core_attn mlp)."""
+    return () if value is None else tuple(value) if isinstance(value, tuple) else (value,)
 
 
 def _moe_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:

@@ -11,7 +11,8 @@ plan's micro-batches per step.
 Other keys: ZeRO-1/2 → ``model.optim.name: distributed_fused_adam`` (NeMo's distributed optimizer shards
 optimizer state and master weights); ZeRO-3 → ``model.fsdp: true`` (torch FSDP, full sharding; NeMo runs
 it without pipeline parallelism); recomputation → ``activations_checkpoint_granularity / method /
-num_layers`` (Megatron's semantics, see megatron.py); activation offload → Megatron-Core's
+num_layers`` (Megatron's semantics, see megatron.py) and ``recompute_modules`` (selective: the parts recomputed,
+a TransformerConfig field); activation offload → Megatron-Core's
 ``cpu_offloading`` (all layers but the last, which Megatron-Core requires; not with pipeline parallelism or
 recomputation). NeMo splits the transformer layers evenly over the pipeline chunks.
 
@@ -57,7 +58,7 @@ VERSIONS = {"2": "NeMo 2.x Megatron GPT YAML (MegatronGPTModel; trainer.accumula
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm", "recompute_modules"})
 
 BIONEMO_VERSIONS = {"2": "BioNeMo Framework 2.x (bionemo-llm trainer: global batch inferred from "
                          "accumulate_grad_batches)"}
@@ -104,6 +105,8 @@ def _export(plan: Plan, bionemo: bool, version: str) -> Export:
     model["activations_checkpoint_granularity"] = recompute.granularity
     model["activations_checkpoint_method"] = recompute.method
     model["activations_checkpoint_num_layers"] = recompute.num_layers
+    if recompute.modules is not None:  # a TransformerConfig field, passed through as cp_comm_type is
+        model["recompute_modules"] = list(recompute.modules)
     fsdp = par.zero_stage == 3 and par.pp == 1
     if par.zero_stage == 3 and not fsdp:
         warnings.append("NeMo shards parameters (FSDP, ZeRO-3) only without pipeline parallelism; exported with "

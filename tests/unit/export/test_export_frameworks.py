@@ -27,6 +27,7 @@ import yaml
 import autopar
 from autopar.errors import AutoparError
 from autopar.export import EXPORTERS, export
+from autopar.export.common import megatron_recompute
 from helpers.exports import (
     SPECS,
     bash_array,
@@ -41,7 +42,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "h100_zero3"]
+                "recompute_modules", "h100_zero3"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,9 @@ def all_plans(plans, profile):
                                      zero_stage=0, recompute="selective", sequence_parallel=True),
         "h100_zero3": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
                                        global_batch_size=64, zero_stage=3, recompute="full"),
+        "recompute_modules": autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch_size=1,
+                                              global_batch_size=16, zero_stage=1, recompute="selective",
+                                              sequence_parallel=True, recompute_modules=("layernorm", "mlp")),
     }
     return {**plans, **extra}
 
@@ -142,6 +146,8 @@ def test_nemo_accumulates_in_training_step_bionemo_in_the_trainer(all_plans):
         bionemo = yaml.safe_load(export(plan, "bionemo").text)
         assert bionemo["trainer"]["accumulate_grad_batches"] == plan.parallelism.num_microbatches
         assert {k: v for k, v in nemo["model"].items()} == bionemo["model"]
+        modules = plan.parallelism.recompute_modules
+        assert nemo["model"].get("recompute_modules") == (list(modules) if modules is not None else None)
 
 
 def _mixed_precision(text: str) -> dict[str, str] | None:
@@ -186,6 +192,9 @@ def test_megatron_parse_args_and_validate_args(all_plans, name, megatron_argumen
     assert (args.use_distributed_optimizer, args.use_megatron_fsdp) == (par.zero_stage >= 1, par.zero_stage >= 2)
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
     assert args.virtual_pipeline_model_parallel_size == virtual
+    assert args.recompute_granularity == megatron_recompute(plan, "megatron").granularity
+    if par.recompute_modules is not None:  # Megatron-Core's TransformerConfig field, an nargs flag
+        assert args.recompute_modules == list(par.recompute_modules)
 
 
 @pytest.mark.parametrize("name", PARSER_PLANS)
