@@ -73,7 +73,9 @@ def test_version_selects_the_dialect(plans):
     plan = plans["interleaved"]
     assert export(plan, "torchtitan@0.2.2").text == export(plan, "torchtitan@0.2").text
     assert export(plan, "torchtitan").text == export(plan, "torchtitan@0.3.0").text
-    assert export(plan, "sagemaker@v1").text == export(plan, "sagemaker@1").text != export(plan, "sagemaker").text
+    assert export(plan, "sagemaker@3.27").text == export(plan, "sagemaker").text != export(plan, "sagemaker@2").text
+    assert export(plan, "sagemaker@v2").text == export(plan, "sagemaker@2.257").text != export(plan, "sagemaker@smp1").text
+    assert export(plan, "nemo@bridge").text == export(plan, "nemo").text != export(plan, "nemo@2.4.1").text
     assert export(plan, "megatron@core_v0.16.1").text == export(plan, "megatron").text
     with pytest.raises(AutoparError, match="choose one of torchtitan@0.3, torchtitan@0.2"):
         export(plan, "torchtitan@0.1")
@@ -83,14 +85,17 @@ def test_version_selects_the_dialect(plans):
 
 def test_sagemaker_placement_and_smp_v2_for_h100(all_plans):
     for name in PARSER_PLANS[:-1]:
-        assert smp_parameters(all_plans[name], "sagemaker@v1")[1]["placement_strategy"] in ("spread", "cluster")
-    estimator, params = smp_parameters(all_plans["h100_zero3"])
+        assert smp_parameters(all_plans[name], "sagemaker@smp1")[1]["placement_strategy"] in ("spread", "cluster")
+    trainer, params = smp_parameters(all_plans["h100_zero3"])  # SDK 3: ModelTrainer's compute and distributed
+    assert trainer["compute"] == {"instance_type": "ml.p5.48xlarge", "instance_count": 2}
+    assert trainer["distributed"] == {"process_count_per_node": 8, "smp": params}
+    estimator, params = smp_parameters(all_plans["h100_zero3"], "sagemaker@2")
     assert estimator["instance_type"] == "ml.p5.48xlarge"
     distribution = estimator["distribution"]
     assert distribution["torch_distributed"] == {"enabled": True} and "mpi" not in distribution
     assert params == {"tensor_parallel_degree": 2, "hybrid_shard_degree": 8}
     with pytest.raises(AutoparError, match="smp v1 does not run on ml.p5.48xlarge"):
-        export(all_plans["h100_zero3"], "sagemaker@v1")
+        export(all_plans["h100_zero3"], "sagemaker@smp1")
 
 
 def test_torchtitan_0_3_overrides(all_plans):
@@ -137,11 +142,10 @@ def test_deepspeed_pipeline_topology_counts_tensor_parallelism(all_plans):
 def test_nemo_accumulates_in_training_step_bionemo_in_the_trainer(all_plans):
     for name in PARSER_PLANS:
         plan = all_plans[name]
-        nemo = yaml.safe_load(export(plan, "nemo").text)
-        assert nemo["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
-        bionemo = yaml.safe_load(export(plan, "bionemo").text)
-        assert bionemo["trainer"]["accumulate_grad_batches"] == plan.parallelism.num_microbatches
-        assert {k: v for k, v in nemo["model"].items()} == bionemo["model"]
+        legacy = yaml.safe_load(export(plan, "nemo@2.4").text)
+        assert legacy["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
+        bionemo = yaml.safe_load(export(plan, "bionemo").text)["parallel_config"]  # BioNeMo infers the global batch
+        assert bionemo["accumulate_grad_batches"] == plan.parallelism.num_microbatches
 
 
 def _mixed_precision(text: str) -> dict[str, str] | None:
@@ -301,7 +305,7 @@ def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
             assert titan_0_2_parsed[name][section][key] == value, (section, key)
 
 
-@pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@v1"])
+@pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@smp1"])
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
     """SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
@@ -312,7 +316,7 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
 
     PyTorch, v3, validate_mp_config = sagemaker_sdk()
     plan = all_plans[name]
-    if spec == "sagemaker@v1" and name == "h100_zero3":
+    if spec == "sagemaker@smp1" and name == "h100_zero3":
         pytest.skip("smp v1 does not run on p5 instances: the export refuses (test_sagemaker_placement_and_smp_v2_for_h100)")
     estimator, params = smp_parameters(plan, spec)
     if PyTorch is not None:
@@ -321,7 +325,7 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
                       py_version="py311", sagemaker_session=session, **estimator)
         launch = job._pytorch_distribution_configuration(job.distribution)
         assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker")
-        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@v1")
+        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@smp1")
         assert job.instance_count * 8 == plan.world_size
     elif spec == "sagemaker":
         Torchrun, SMP = v3
