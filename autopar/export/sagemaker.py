@@ -103,6 +103,10 @@ def export(plan: Plan, dialect: str = "3") -> Export:
                                                                      "smp": params},
                                  "hyperparameters": batch}}
     else:
+        if dialect == "2" and per_node < 8:  # every instance type named has 8 GPUs; torch_distributed starts 8
+            warnings.append(f"SDK 2's torch_distributed starts one process per GPU of the instance (8), not the plan's "
+                            f"{per_node}: the world size is {8 * n_nodes}, not {plan.world_size} (data parallelism "
+                            "grows with it); SDK 3's Torchrun(process_count_per_node) sets it (--to sagemaker)")
         estimator: dict[str, Any] = {"instance_count": n_nodes, "distribution": distribution, "hyperparameters": batch}
         job = {"estimator": estimator if instance is None else {"instance_type": instance, **estimator}}
     doc = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings}, **job}

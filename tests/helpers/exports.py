@@ -273,8 +273,9 @@ TITAN_REGISTRY = '''def autopar_default():
 '''
 
 
-def titan_0_3_config(plan, tmp_path: Path, monkeypatch):
-    """torchtitan 0.3's ConfigManager on the plan's overrides (skips where torchtitan 0.3 cannot be imported)."""
+def titan_0_3_config(plan, tmp_path: Path, monkeypatch, module: str | None = None):
+    """torchtitan 0.3's ConfigManager on the plan's overrides (skips where torchtitan 0.3 cannot be imported), over a
+    config returning the trainer's defaults, or torchtitan's own ``module``'s debug model config (llama3, ...)."""
     titan = pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan)")
     if (Path(titan.__file__).parent / "config" / "job_config.py").exists():
         pytest.skip("the installed torchtitan is 0.2 (its tests are the 0.2 TOML ones)")
@@ -286,7 +287,9 @@ def titan_0_3_config(plan, tmp_path: Path, monkeypatch):
     (tmp_path / "autopar_titan_registry.py").write_text(TITAN_REGISTRY)
     monkeypatch.syspath_prepend(str(tmp_path))
     _, words = bash_array(export(plan, "torchtitan").text, "TORCHTITAN_ARGS")
-    return ConfigManager().parse_args(["--module", "autopar_titan_registry", "--config", "autopar_default", *words])
+    base = ["--module", module, "--config", f"{module}_debugmodel"] if module else \
+        ["--module", "autopar_titan_registry", "--config", "autopar_default"]
+    return ConfigManager().parse_args([*base, *words])
 
 
 def sagemaker_sdk():
