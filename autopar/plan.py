@@ -13,7 +13,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from autopar.errors import AutoparError
-from autopar.files import write_atomic
+from autopar.files import read_json, write_atomic
 from cost_models import ConfigError, ParallelConfig
 from cost_models.config import Recompute
 from cost_models.decisions import declarations
@@ -21,6 +21,9 @@ from cost_models.model import Dtype
 from cost_models.rules import check_batch, check_context, check_layer_degree
 
 PLAN_VERSION = 1
+# A plan is kilobytes (a 512-layer model on 16,384 GPUs: about 100 KiB); a file past this is not one, and reading
+# it would only keep explain printing.
+MAX_PLAN_BYTES = 16 * 2**20
 
 
 class _Frozen(BaseModel):
@@ -63,6 +66,9 @@ class _ParallelismRules(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _derived_batch(cls, raw: object) -> object:
+        for name in _WHOLE_CHOICES:  # pydantic's Literal[0, 1, 2, 3] takes true and 1.0 even when strict
+            if isinstance(raw, dict) and name in raw and type(raw[name]) is not int:
+                raise ValueError(f"{name}: a whole number, not {json.dumps(raw[name])[:40]}")
         if isinstance(raw, dict) and not raw.get("global_batch_size"):
             try:
                 raw = {**raw, "global_batch_size": raw["micro_batch_size"] * raw["dp"] * raw["num_microbatches"]}
@@ -88,6 +94,8 @@ class _ParallelismRules(_Frozen):
 
 
 _PLAN_KEYS = [d.name for d in declarations(ParallelConfig) if d.declared.plan]
+_WHOLE_CHOICES = [d.name for d in declarations(ParallelConfig) if d.declared.plan and d.choices
+                  and all(type(c) is int for c in d.choices)]  # zero_stage
 Parallelism = create_model(  # type: ignore[call-overload]
     "Parallelism", __base__=_ParallelismRules, __module__=__name__,
     __doc__="Degrees and schedule, one key per decision cost_models/config.py declares. gpus = tp × cp × pp × dp; "
@@ -209,6 +217,15 @@ def _numbers(model: BaseModel, where: str = "") -> list[tuple[str, float]]:
     return out
 
 
+def _check_version(raw: object) -> None:
+    """The plan's "version", where it says one: the one this autopar reads (1, not 1.0, true or "1")."""
+    if isinstance(raw, dict) and "version" in raw:
+        version = raw["version"]
+        if type(version) is not int or version != PLAN_VERSION:
+            raise ValueError(f"version {json.dumps(version)[:20]}: this autopar reads version {PLAN_VERSION} plans; "
+                             "make the plan again with this autopar (autopar solve / estimate)")
+
+
 class ExpertsRef(_Frozen):
     """A mixture-of-experts model's experts, as exporters name them (Megatron's --num-experts, --moe-router-topk)."""
 
@@ -271,6 +288,7 @@ class RunPlan(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _derived_layer_dp(cls, raw: object) -> object:
+        _check_version(raw)
         try:
             devices = raw["parallelism"]["tp"] * raw["parallelism"]["dp"]  # type: ignore[index]
             layers = [{**layer, "dp": layer.get("dp") or devices // layer["tp"]} for layer in raw["layers"]]  # type: ignore[index]
@@ -360,8 +378,10 @@ class RunPlan(_Frozen):
 
     @classmethod
     def parse(cls, raw: object, where: str = "plan") -> Self:
+        """A plan from its JSON document, strictly: a number where a number belongs (tp "1", true or 64.0 for a
+        whole number is refused, not converted), a known version; raises AutoparError with a one-line reason."""
         try:
-            return cls.model_validate(raw)
+            return cls.model_validate(raw, strict=True)
         except ValidationError as err:
             first = err.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
@@ -370,6 +390,8 @@ class RunPlan(_Frozen):
                 message = f"missing: a plan needs {field}"
             elif first["type"] == "extra_forbidden":
                 message = f"unknown field '{field}' (check its spelling against autopar/plan.schema.json)"
+            elif first["type"].endswith("_type") or first["type"] == "literal_error":
+                message = f"{message}, not {json.dumps(first['input'])[:40]}"
             raise AutoparError(f"{where}: invalid plan: {field + ': ' if field else ''}{message}") from None
 
 
@@ -403,17 +425,19 @@ def load_run_plan(path: str | Path) -> RunPlan:
 def parse_run_plan(raw: object, where: str = "plan") -> RunPlan:
     """A full Plan (as autopar writes it) or only its runnable part (hand-written: world_size, model,
     parallelism, layers), validated as such."""
-    runnable = isinstance(raw, dict) and set(raw) <= set(RunPlan.model_fields)
+    runnable = isinstance(raw, dict) and set(raw) - {"version"} <= set(RunPlan.model_fields)
+    if runnable and "version" in raw:  # a hand-written runnable part may say its version: checked, then dropped
+        try:
+            _check_version(raw)
+        except ValueError as err:
+            raise AutoparError(f"{where}: invalid plan: {err}") from None
+        raw = {k: v for k, v in raw.items() if k != "version"}  # type: ignore[union-attr]
     return (RunPlan if runnable else Plan).parse(raw, where=where)
 
 
 def _read_json(path: str | Path) -> object:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise AutoparError(f"plan file not found: {path}") from None
-    except json.JSONDecodeError as err:
-        raise AutoparError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    return read_json(path, "plan", max_bytes=MAX_PLAN_BYTES,
+                     hint="pass a plan JSON (autopar solve -o plan.json, autopar estimate --json)")
 
 
 def plan_schema() -> dict:

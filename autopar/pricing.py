@@ -137,18 +137,14 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
                 parallelism=parallelism, prediction=prediction, layers=layers, solver=solver, notes=notes)
 
 
-def plan_model(plan: Plan) -> tuple[ModelProfile, ParallelConfig, CostModel]:
-    """The plan's model loaded again (its ``model.source`` and overrides), the plan's configuration of it and
-    the cost model on the plan's hardware as the plan's engine runs it (what explain prices again); AutoparError if
-    any cannot be had."""
-    from autopar.models import load_profile
-
+def plan_model(plan: Plan, profile: ModelProfile) -> tuple[ParallelConfig, CostModel]:
+    """The plan's configuration of its model's ``profile`` (autopar.models.PlanModel: what the user named) and the
+    cost model on the plan's hardware as the plan's engine runs it (what explain prices again); AutoparError if
+    either cannot be had."""
     try:
-        profile = load_profile(plan.model.source, overrides=plan.model.overrides, seq_len=plan.model.seq_len,
-                               dtype=plan.model.dtype)
         cfg = config_of(plan, profile)
         cfg.validate(profile)
-        return profile, cfg, engine_model(profile, load_hardware(plan.cluster.hardware), plan.prediction.engine)
+        return cfg, engine_model(profile, load_hardware(plan.cluster.hardware), plan.prediction.engine)
     except (ConfigError, ValueError, OSError) as err:
         raise AutoparError(str(err)) from err
 

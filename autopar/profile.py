@@ -8,13 +8,14 @@ saved_bytes_fixed``. Both parts are measured (meta runs at batch 1 and 2), never
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
-from autopar.files import write_atomic
+from autopar.files import read_json, write_atomic
 from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
@@ -22,6 +23,8 @@ LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
 TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
 
+
+MAX_PROFILE_BYTES = 256 * 2**20  # a profile is a few KiB per distinct layer; past this a file is not one
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +89,14 @@ class MoEProfile(_Frozen):
         default=0.0, description="activation bytes one routed expert saves for backward, per token")
     expert_memory_bytes_per_token: float = Field(
         default=0.0, description="memory-bound bytes one routed expert moves per token (gather, activation, scale)")
+    routing_groups: int | None = Field(
+        default=None, description="groups the router picks among first (DeepSeek-V3's n_group; None: none)")
+    groups_per_token: int | None = Field(
+        default=None, description="groups a token's experts may come from (DeepSeek-V3's topk_group: node-limited "
+                                  "routing when the groups are the expert-parallel nodes)")
+    balanced_by_bias: bool = Field(
+        default=False, description="the router balances by a learned per-expert bias (DeepSeek-V3's auxiliary-"
+                                   "loss-free balancing) rather than by an auxiliary loss alone")
     module: str = Field(description="the MoE module, relative to the layer (e.g. 'mlp')")
     experts_module: str = Field(description="its routed experts, relative to the layer (e.g. 'mlp.experts')")
 
@@ -121,6 +132,9 @@ class LayerProfile(_Frozen):
     cut_bytes_fixed: int = 0
     tp: TPPattern = TPPattern()
     moe: MoEProfile | None = Field(default=None, description="set on mixture-of-experts layers only")
+    attention_causal: bool = Field(
+        default=False, description="its fused attention is causal (SDPA is_causal): a flash kernel computes only "
+                                   "the unmasked half of the S×S the FLOP count holds")
 
 
 class CaptureInfo(_Frozen):
@@ -178,7 +192,34 @@ class ModelProfile(_Frozen):
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelProfile":
-        return cls.model_validate_json(Path(path).read_text())
+        """A saved profile (autopar trace -o); AutoparError, one line, for a file that is not one."""
+        raw = read_json(path, "profile", max_bytes=MAX_PROFILE_BYTES, hint="pass a profile JSON (autopar trace -o)")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise AutoparError(f"{path}: invalid profile: {field + ': ' if field else ''}{first['msg']}; trace the "
+                               "model again (autopar trace MODEL -o FILE)") from None
+
+
+# The profiles traced in this process, by identity (a weak reference each): their source was named by the caller
+# (capture ran it), so autopar may build that model again (solve's checks of what autopar launch runs). A profile
+# read from a file names a source nobody here chose to run, and an equal copy is not the traced object.
+_TRACED: dict[int, weakref.ref[ModelProfile]] = {}
+
+
+def traced_here(profile: ModelProfile) -> ModelProfile:
+    """Record ``profile`` as traced from its source in this process (autopar.capture); returns it."""
+    key = id(profile)
+    _TRACED[key] = weakref.ref(profile, lambda _, key=key: _TRACED.pop(key, None))
+    return profile
+
+
+def source_was_named(profile: ModelProfile) -> bool:
+    """Whether ``profile`` was traced from its source in this process (traced_here), so that source may run."""
+    ref = _TRACED.get(id(profile))
+    return ref is not None and ref() is profile
 
 
 def parse_set(items: list[str]) -> dict[str, str]:

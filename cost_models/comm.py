@@ -133,12 +133,12 @@ def p2p_time(nbytes: float, link: Link, hw: HardwareProfile) -> float:
 
 def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, hw: HardwareProfile) -> float:
     """All-to-all in which each of ``n`` ranks (``stride`` apart in Megatron rank order) sends ``nbytes`` in
-    all, 1/n to each peer: the pairwise exchange of Thakur, Rabenseifner & Gropp 2005 ("Optimization of
-    collective communication operations in MPICH", §3.3): n − 1 steps and (n − 1)/n·S on the wire, as NCCL
-    runs it (a send/recv to every peer), after NCCL's base latency per call (as the ring collectives above).
-    Inside a node it runs on NVLink; across nodes the steps to peers on other nodes pay the network's
-    latency and their share goes through this GPU's NIC while the rest stays on NVLink, concurrently, so
-    the slower of the two sets the time."""
+    all, 1/n to each peer, as NCCL runs it: one send/recv per peer inside a group call (ncclGroupStart/End), all in
+    flight at once over NCCL's channels, so the call pays NCCL's base latency and one step of the slowest link it
+    crosses, not a step per peer (the pairwise exchange of Thakur, Rabenseifner & Gropp 2005, §3.3, serialises the
+    steps; NCCL's group call does not). Inside a node it runs on NVLink; across nodes the share to peers on other
+    nodes goes through this GPU's NIC while the rest stays on NVLink, concurrently, so the slower of the two sets
+    the time. Each peer's message runs at the efficiency of its own size."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     local = 1 if stride >= gpus_per_node else max(1, min(n, gpus_per_node // stride))  # peers in this node
@@ -146,11 +146,29 @@ def all_to_all_time(nbytes: float, n: int, *, stride: int, gpus_per_node: int, h
     eff = hw.collective_efficiency(nbytes / n)
     on_nvlink = (local - 1) / n * nbytes / (intra.bytes_per_s * eff)
     if local >= n:
-        return hw.collective_base_latency_s + (n - 1) * intra.latency_s + \
-            on_nvlink * _scale("all_to_all", nbytes, intra, hw)
+        return hw.collective_base_latency_s + intra.latency_s + on_nvlink * _scale("all_to_all", nbytes, intra, hw)
     on_nic = (n - local) / n * nbytes / (hw.inter_node_bytes_per_s * eff)
-    return hw.collective_base_latency_s + (local - 1) * intra.latency_s + (n - local) * hw.inter_node_latency_s + \
-        max(on_nvlink, on_nic)
+    return hw.collective_base_latency_s + hw.inter_node_latency_s + max(on_nvlink, on_nic)
+
+
+def node_deduplicated_time(nic_bytes: float, nvlink_bytes: float, *, remote: bool, hw: HardwareProfile) -> float:
+    """A dispatch that sends each token once to each destination node and fans it out inside the node over NVLink
+    (DeepEP's normal kernels, deepseek-ai/DeepEP README: RDMA to the same local rank of the target node, then NVLink
+    forwarding; both directions run at once): the slower of the network and NVLink shares, after one call's latency.
+    DeepEP reaches 43-58 GB/s of RDMA bottleneck bandwidth per GPU on 400 Gb/s InfiniBand and 153-158 GB/s of NVLink
+    (its README's H800 table): about 0.9 of the NIC and the collective efficiency of NVLink at large messages."""
+    if nic_bytes <= 0 and nvlink_bytes <= 0:
+        return 0.0
+    intra = intra_node_link(hw)
+    on_nic = nic_bytes / (hw.inter_node_bytes_per_s * DEEPEP_RDMA_EFFICIENCY) if remote else 0.0
+    on_nvlink = nvlink_bytes / (intra.bytes_per_s * hw.collective_efficiency(nvlink_bytes))
+    latency = hw.collective_base_latency_s + (hw.inter_node_latency_s if remote else intra.latency_s)
+    return latency + max(on_nic, on_nvlink)
+
+
+# DeepEP's internode normal kernels: 43-58 GB/s of RDMA bottleneck bandwidth on ConnectX-7 400 Gb/s (50 GB/s) NICs
+# (deepseek-ai/DeepEP README, "Normal kernels with NVLink and RDMA forwarding").
+DEEPEP_RDMA_EFFICIENCY = 0.9
 
 
 COLLECTIVES = {"all_reduce": all_reduce_time, "all_gather": all_gather_time, "reduce_scatter": reduce_scatter_time}
@@ -188,6 +206,22 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
             return loss + all_gather_time(nbytes, tp, link, hw), reduce_scatter_time(nbytes, tp, link, hw)
         return loss, all_reduce_time(nbytes, tp, link, hw)
     return 0.0, 0.0
+
+
+# Transformer Engine's userbuffers overlap splits a GEMM and its tensor-parallel collective into chunks and pipelines
+# them (NeMo's tp_comm_overlap configurations: num_splits 4 for the pipelined reduce-scatters); the first chunk's
+# communication has no GEMM before it to hide behind.
+TP_OVERLAP_SPLITS = 4
+
+
+def tp_overlapped(comm_s: float, compute_s: float, hw: HardwareProfile) -> float:
+    """The exposed part of a layer's tensor-parallel collectives under tp_comm_overlap: one chunk of them
+    (TP_OVERLAP_SPLITS), and whatever the layer's compute cannot cover; the compute beside the hidden part runs
+    overlap_penalty slower (Lee et al. 2025)."""
+    if comm_s <= 0:
+        return 0.0
+    exposed = max(comm_s / TP_OVERLAP_SPLITS, comm_s - compute_s)
+    return exposed + hw.overlap_penalty * (comm_s - exposed)
 
 
 def tp_comm_kind(layer: LayerLike, tp: int) -> str | None:

@@ -109,28 +109,51 @@ def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) 
     return replicated + (total - replicated) / tp
 
 
+def flash_fraction(layer: LayerLike) -> float:
+    """Share of the counted S×S attention FLOPs a fused kernel executes: a causal kernel skips the masked upper
+    triangle (FlashAttention-2, Dao 2023, §3.1.1: "skip the computation of blocks whose column indices are larger
+    than the row indices"), half of it at long sequences."""
+    return 0.5 if getattr(layer, "attention_causal", False) else 1.0
+
+
 def _matmul_split(layer: LayerLike, b: float, seq_len: int, split: int,
                   hw: HardwareProfile) -> tuple[float, float, float, float, float]:
-    """(attention core FLOPs, of them priced by the calibrated attention kernel, GEMM FLOPs, GEMM FLOPs per token,
-    rows) of one forward on one GPU. A calibrated attention kernel prices its FLOPs apart; otherwise they are
+    """(attention core FLOPs, of them priced by an attention kernel, GEMM FLOPs, GEMM FLOPs per token, rows) of one
+    forward on one GPU. A calibrated or profiled fused attention kernel prices its FLOPs apart; otherwise they are
     GEMM work like the rest."""
     matmul = fwd_matmul_flops(layer, b) / split  # type: ignore[arg-type]
     rows = b * seq_len
     core = attention_core_fwd_flops_per_sample(layer, seq_len) * b / split
-    attention = min(core, matmul) if hw.kernels.attention else 0.0
+    attention = min(core, matmul) if hw.kernels.attention or hw.flash() else 0.0
     gemm = matmul - attention
     return core, attention, gemm, gemm / max(1, rows), rows
+
+
+def fused_attention_times(flops: float, layer: LayerLike, seq_len: int, hw: HardwareProfile,
+                          dtype: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the fused attention kernel on ``flops`` counted FLOPs (full S×S): the
+    calibrated kernel (a measured machine), else the engine's flash kernel of the profile at this sequence
+    length on the FLOPs it executes (flash_fraction)."""
+    if flops <= 0:
+        return 0.0, 0.0
+    if hw.kernels.attention:
+        fwd = attention_time(flops, hw, dtype)
+        return fwd, hw.kernels.attention_backward * fwd
+    flash = hw.flash()
+    assert flash is not None
+    table, backward = flash
+    fwd = flops * flash_fraction(layer) / (hw.peak(dtype) * table(seq_len))
+    return fwd, backward * fwd
 
 
 def attention_core_times(layer: LayerLike, *, b: float, seq_len: int, tp: int, hw: HardwareProfile,
                          dtype: str) -> tuple[float, float]:
     """(forward, backward) seconds of the attention core (QKᵀ and AV) of ``b`` samples on one GPU, as
-    layer_compute prices them: the calibrated kernel, else its share of the layer's GEMM time."""
+    layer_compute prices them: the fused kernel, else its share of the layer's GEMM time."""
     split = tp if is_tp_sharded(layer, tp) else 1
     core, attention, gemm, per_token, rows = _matmul_split(layer, b, seq_len, split, hw)
     if attention:
-        fwd = attention_time(attention, hw, dtype)
-        return fwd, hw.kernels.attention_backward * fwd
+        return fused_attention_times(attention, layer, seq_len, hw, dtype)
     fwd = gemm_time(min(core, gemm), per_token, rows, hw, dtype)  # type: ignore[arg-type]
     return fwd, BACKWARD_FACTOR * fwd
 
@@ -147,8 +170,11 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
     split by tp with the heads; capture traces the fused kernel, which never writes the scores."""
     split = tp if is_tp_sharded(layer, tp) else 1
     core, attention, gemm, per_token, rows = _matmul_split(layer, b, seq_len, split, hw)
+    if attention and attention_kernel == "unfused" and not hw.kernels.attention:  # QKᵀ and AV as plain GEMMs
+        gemm, attention = gemm + attention, 0.0
+        per_token = gemm / max(1, rows)
     t_matmul = gemm_time(gemm, per_token, rows, hw, dtype)
-    t_attention = attention_time(attention, hw, dtype)
+    t_attention, t_attention_bwd = fused_attention_times(attention, layer, seq_len, hw, dtype)
     t_memory, t_memory_bwd = memory_times(tp_memory_bytes(layer, b, tp, sequence_parallel), hw, heavy_mix(layer, b))
     t_scores = 0.0
     if attention_kernel == "unfused":
@@ -157,14 +183,13 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
                                                                             attention_dropout), hw)
     # an engine's per-layer host work, split as compute is (a third forward: hardware.layer_overhead_s)
     fwd = t_matmul + t_attention + t_memory + t_scores + hw.layer_overhead_s / 3.0
-    bwd = BACKWARD_FACTOR * (t_matmul + t_scores) + hw.kernels.attention_backward * t_attention + t_memory_bwd + \
-        2.0 * hw.layer_overhead_s / 3.0
+    bwd = BACKWARD_FACTOR * (t_matmul + t_scores) + t_attention_bwd + t_memory_bwd + 2.0 * hw.layer_overhead_s / 3.0
     counted = fwd_flops(layer, b) / split
     executed = (1.0 + BACKWARD_FACTOR) * counted
     if recompute == "full":
         bwd += fwd
         executed += counted
     elif recompute == "selective":
-        bwd += (attention_time(core, hw, dtype) if attention else gemm_time(core, per_token, rows, hw, dtype)) + t_scores
+        bwd += (t_attention if attention else gemm_time(core, per_token, rows, hw, dtype)) + t_scores
         executed += core
     return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed)

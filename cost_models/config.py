@@ -51,6 +51,9 @@ CpComm = Literal["all_gather", "ring"]              # how attention gets the oth
 AttentionKernel = Literal["fused", "unfused"]
 ZeroStage = Literal[0, 1, 2, 3]
 RecipeName = Literal[tuple(PRECISIONS)]  # type: ignore[valid-type]  # the recipes' names (precision.py)
+MoeDispatcher = Literal["alltoall", "allgather", "flex"]  # Megatron-Core's --moe-token-dispatcher-type
+# Megatron-Core's --recompute-modules (megatron/training/arguments.py): what selective recomputation re-runs
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +101,27 @@ class ParallelConfig:
                                                       "1.25, or the model's capacity factor)",
                                            records=(EXPERTS,), minimum=1.0, maximum=8.0, metavar="R", searched=False,
                                            launch=False)
+    moe_dispatcher: MoeDispatcher = decision(
+        "alltoall", help="how tokens reach their experts: alltoall (one copy per chosen expert, NCCL all-to-all), "
+                         "allgather (every token gathered over the expert group) or flex (DeepEP: one copy per "
+                         "destination node over the network, fanned out over NVLink)",
+        records=(EXPERTS,), searched=False)
+    moe_overlap: bool = decision(False, help="hide the experts' all-to-alls behind another micro-batch's compute "
+                                             "(Megatron-Core --overlap-moe-expert-parallel-comm)",
+                                 records=(EXPERTS,), searched=False)
+    # The engine's overlap of communication with compute (None: the engine's default, cost_models/engines.py).
+    overlap_grad_reduce: bool | None = decision(
+        None, help="reduce gradients during the backward (Megatron-Core --overlap-grad-reduce; default: the "
+                   "engine's)", records=(PIPELINE,), searched=False)
+    overlap_param_gather: bool | None = decision(
+        None, help="gather the updated ZeRO-1/2 parameters during the next forward (Megatron-Core "
+                   "--overlap-param-gather; default: the engine's)", records=(STEP,), searched=False)
+    tp_comm_overlap: bool = decision(False, help="overlap tensor-parallel collectives with the GEMMs that produce "
+                                                 "and consume them (Transformer Engine's userbuffers: NeMo's "
+                                                 "tp_comm_overlap)", records=(LAYER,), searched=False)
+    recompute_modules: tuple[RecomputeModule, ...] | None = decision(
+        None, help="what selective recomputation re-runs (comma-separated; default: core_attn, the attention core)",
+        records=(LAYER,), searched=False, metavar="MODULES")
     # Context parallelism (context.py): every sequence split over ``cp`` GPUs (Megatron-Core's
     # --context-parallel-size); a stage's GPUs are tp·cp·dp, in Megatron's rank order tp, cp, dp, pp (tp fastest);
     # gradients are reduced over dp·cp.

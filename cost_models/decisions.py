@@ -88,6 +88,15 @@ class Decision:
         return ()
 
     @functools.cached_property
+    def element_choices(self) -> tuple:
+        """A tuple field's allowed elements, where its element type lists them (tuple[Literal[...], ...])."""
+        for part in (self.annotation, *typing.get_args(self.annotation)):
+            if typing.get_origin(part) is tuple:
+                element = typing.get_args(part)[0]
+                return typing.get_args(element) if typing.get_origin(element) is Literal else ()
+        return ()
+
+    @functools.cached_property
     def base(self) -> type:
         """The plain type of a value: int, float, str, bool or tuple."""
         if self.choices:
@@ -113,6 +122,12 @@ class Decision:
     def problem(self, value: Any) -> str:
         """What is wrong with ``value`` for this field, in words ("" when nothing is)."""
         d = self.declared
+        if self.element_choices:
+            wrong = [v for v in value if v not in self.element_choices]
+            if wrong or not value or len(set(value)) < len(value):
+                *first, last = map(str, self.element_choices)
+                return f"name one or more of {', '.join(first)} and {last}, each once"
+            return ""
         if self.choices and value not in self.choices:
             *first, last = map(str, self.choices)
             return f"choose {', '.join(first)} or {last}"

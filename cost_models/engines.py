@@ -6,8 +6,11 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
 
 - ``compute``: achieved / profiled throughput of GEMMs and attention (kernel choice, fusion, torch.compile);
 - ``memory``: achieved / profiled bandwidth of element-wise, norm and optimizer kernels (kernel fusion);
-- ``dp_overlap``: share of the last backward the gradient sync may hide behind (1: DDP-style buckets reduced
-  during backward; 0: reduced after it, as Megatron-LM and DeepSpeed do by default for ZeRO-0/1/2);
+- ``dp_overlap``: share of the last backward the gradient sync may hide behind by default (1: DDP-style buckets
+  reduced during backward; 0: reduced after it, as DeepSpeed does by default for ZeRO-0/1/2); a plan's
+  ``overlap_grad_reduce`` overrides it;
+- ``param_gather_overlap``: ZeRO-1/2's all-gather of the updated parameters hidden by default (a plan's
+  ``overlap_param_gather`` overrides it);
 - ``zero3_overlap``: share of compute the ZeRO-3 / FSDP traffic may hide behind (prefetching);
 - ``layer_overhead_s``: host time the engine adds per layer and micro-batch (forward and backward);
 - ``zero3_copies``: what the engine's ZeRO-3 copies on the compute stream (hardware.ZERO3_COPIES): FSDP2's
@@ -45,6 +48,9 @@ class Engine:
     layer_overhead_s: float = 0.0
     zero3_copies: str = "none"
     autocast: bool = False
+    attention: str = "flash2"      # the fused attention kernel it runs (hardware.HardwareProfile.flash_attention)
+    param_gather_overlap: bool = False  # ZeRO-1/2's gather of the updated parameters hidden (overlap_param_gather)
+    grouped_experts: bool = False  # a MoE layer's experts as one grouped GEMM (experts._expert_kernels)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -55,8 +61,9 @@ class Engine:
     def _schedule(self, hw: HardwareProfile) -> HardwareProfile:
         return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
                        zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
-                       autocast=self.autocast or hw.autocast,
-                       comm_overlap=round(hw.comm_overlap * self.dp_overlap, 3),
+                       autocast=self.autocast or hw.autocast, attention_kernel=self.attention,
+                       grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
+                       grouped_experts=self.grouped_experts,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -79,21 +86,31 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "megatron": Engine(
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
-        compute=1.06, dp_overlap=0.0,
+        compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
         sources={
+            "grouped_experts": "Megatron-Core's TEGroupedMLP (--moe-grouped-gemm, set by NeMo's MoE recipes): every "
+                               "local expert in one grouped GEMM",
+            "attention": "Megatron-Core runs attention through Transformer Engine's DotProductAttention, whose "
+                         "FusedAttention backend is cuDNN's fused flash attention (TE docs, 'Attention backends')",
             "compute": "fitted to Megatron-LM's published runs (Narayanan et al. 2021, arXiv:2104.04473, Table 1, "
                        "fp16; tests/integration/test_megatron_table.py) by benchmarks/engines.py --fit megatron",
             "memory": "1: not separable from compute on these runs",
-            "dp_overlap": "Megatron-LM 2021 reduced gradients after the backward; Megatron-Core's "
-                          "--overlap-grad-reduce is off by default (megatron/training/arguments.py) and the export "
-                          "does not set it"}),
+            "dp_overlap": "Megatron-Core's --overlap-grad-reduce (off in megatron/training/arguments.py, on in "
+                          "NeMo's and Megatron-Bridge's recipes, which today's published runs use; autopar's export "
+                          "sets it): a plan of a run without it (Megatron-LM 2021) says overlap_grad_reduce false",
+            "param_gather_overlap": "Megatron-Core's --overlap-param-gather with the distributed optimizer (on in "
+                                    "NeMo's recipes; the export sets it)"}),
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
-        compute=1.04, zero3_copies="per_parameter",
+        compute=1.04, zero3_copies="per_parameter", grouped_experts=True,
         sources={
+            "grouped_experts": "torchtitan's MoE runs its experts with torch._grouped_mm "
+                               "(torchtitan/models/moe: GroupedExperts)",
             "compute": "fitted to torchtitan docs/performance.md, its 64 A100-80GB rows (tests/helpers/published_runs.py), "
                        "by benchmarks/engines.py --fit torchtitan",
             "memory": "1: not separable from compute on these runs",
+            "attention": "torch.nn.functional.scaled_dot_product_attention, whose flash backend on CUDA is "
+                         "FlashAttention-2 (PyTorch docs, torch.nn.attention.SDPBackend.FLASH_ATTENTION)",
             "dp_overlap": "FSDP2 / DDP reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
             "zero3_copies": FSDP2_COPIES}),
@@ -106,6 +123,8 @@ ENGINES: dict[str, Engine] = {
                        "tests/helpers/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "
                        "closest to autopar's runtime, which has no published GPU runs of its own yet",
             "memory": "1: not separable from compute on these runs",
+            "attention": "torch.nn.functional.scaled_dot_product_attention, whose flash backend on CUDA is "
+                         "FlashAttention-2 (PyTorch docs, torch.nn.attention.SDPBackend.FLASH_ATTENTION)",
             "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
             "zero3_copies": FSDP2_COPIES,
@@ -122,6 +141,7 @@ ENGINES: dict[str, Engine] = {
                                 "synchronously (CUDA_LAUNCH_BLOCKING=1, tr11-176B-ml README, to avoid hangs at 40+ "
                                 "nodes): an assumption that DeepSpeed runs without it pay the same",
             "memory": "1: not separable from compute on these runs",
+            "attention": "the flash-attn package (FlashAttention-2) in Megatron-DeepSpeed and Hugging Face models",
             "dp_overlap": "DeepSpeed's overlap_comm is off by default for ZeRO-0/1/2 (DeepSpeed config docs) and "
                           "the export does not set it: gradients are reduced after the backward",
             "zero3_overlap": "ZeRO-3 prefetches parameters (stage3_prefetch_bucket_size)"}),

@@ -30,6 +30,8 @@ included); ``expert_cost`` prices the routed experts as Megatron-Core runs them 
 """
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
 from typing import Any
 
 from cost_models import comm
@@ -38,10 +40,16 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
 from cost_models.model import LayerLike, autocast_ratio, heavy_mix, input_bytes
 
-# Switch Transformer (Fedus et al. 2022, §2.2 and Table 1) trains at capacity factor 1.25, the share above an
-# even split at which few tokens overflow an expert under an auxiliary load-balancing loss; a dropless run is
-# priced as if its busiest expert held that share. Configurable per configuration (ParallelConfig.moe_imbalance).
-DEFAULT_IMBALANCE = 1.25
+# How unevenly a dropless router spreads one micro-batch's tokens over the experts: the relative standard deviation
+# of an expert's share (per micro-batch) beyond counting noise. An assumption, stated here and in the prediction's
+# notes: 0.15 under an auxiliary load-balancing loss (Switch Transformer, Fedus et al. 2022, §2.2, trains at capacity
+# factor 1.25 because a share ~1.25x the mean is where few tokens overflow: two standard deviations of 0.12), 0.08
+# with a per-expert bias correcting the load every step (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing",
+# arXiv:2408.15664: loads an order of magnitude closer to even than under the auxiliary loss, which the bias-balanced
+# router's per-micro-batch spread cannot beat: its bias is updated per step, not per micro-batch). Measured imbalance:
+# --moe-imbalance.
+EXPERT_SPREAD_AUX_LOSS = 0.15
+EXPERT_SPREAD_BIAS = 0.08
 
 
 def capacity(moe: Any) -> float:
@@ -49,12 +57,31 @@ def capacity(moe: Any) -> float:
     return float(moe.capacity_factor) if moe.capacity_factor else 1.0
 
 
-def imbalance_of(moe: Any, configured: float | None) -> float:
-    """How much more than the average the busiest GPU's experts receive: none beyond the capacity when the
-    model drops tokens above it, else the configured or default factor."""
+def expected_maximum(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom 1958's approximation of the normal order statistic:
+    Φ⁻¹((n − 0.375) / (n + 0.25)))."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+def imbalance_of(moe: Any, configured: float | None, *, ep: int = 1, pairs_per_gpu: float = 0.0) -> float:
+    """How much more than the average the busiest of ``ep`` GPUs' experts receive in one micro-batch: none beyond
+    the capacity when the model drops tokens above it; the configured factor where given; else the expected
+    largest of ep GPUs' loads. A GPU holds m = E/ep experts, so its share's spread is the experts' spread
+    (EXPERT_SPREAD_*) shrunk as a sample of m from E (finite population: √((E − m)/(m(E − 1)))), plus the counting
+    noise of its ``pairs_per_gpu`` token-expert pairs (1/√n); the busiest of ep GPUs lies expected_maximum(ep)
+    spreads above the mean."""
     if moe.capacity_factor:
         return 1.0
-    return configured if configured is not None else DEFAULT_IMBALANCE
+    if configured is not None:
+        return configured
+    experts = moe.num_experts
+    m = experts / ep
+    if ep <= 1 or experts <= 1:
+        return 1.0
+    spread = EXPERT_SPREAD_BIAS if getattr(moe, "balanced_by_bias", False) else EXPERT_SPREAD_AUX_LOSS
+    systematic = spread * math.sqrt((experts - m) / (m * (experts - 1)))
+    counting = 1.0 / math.sqrt(pairs_per_gpu) if pairs_per_gpu >= 1 else 0.0
+    return 1.0 + expected_maximum(ep) * math.hypot(systematic, counting)
 
 
 class DenseView:
@@ -87,26 +114,28 @@ class DenseView:
 
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
-                dtype_bytes: int, autocast: bool = False) -> LayerCost:
+                dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
+                hide_s: float = 0.0) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
-    their ``model_flops`` 3 × one replica's routed forward, without capacity padding)."""
+    their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
+    reach the experts (dispatch_time); ``overlap``: the all-to-alls hide behind another micro-batch's compute,
+    ``hide_s`` of it (the layer's dense forward and backward)."""
     moe = layer.moe  # type: ignore[attr-defined]
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
     received = dispatched * imbalance                   # the busiest GPU's
     local_experts = moe.num_experts / ep
-    flops = received * moe.expert_fwd_flops_per_token  # etp·received tokens through 1/etp of an expert
-    rows = max(1, round(received * etp / local_experts))
-    t_gemm = gemm_time(flops, moe.expert_fwd_flops_per_token / etp, rows, hw, dtype)
-    pack = 4 * received * h * dtype_bytes if ep > 1 else 0.0  # pack and unpack: read + write each
-    mem_fwd, mem_bwd = memory_times(received * moe.expert_memory_bytes_per_token + pack, hw, heavy_mix(layer, b))
+    t_gemm, memory = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw,
+                                     dtype=dtype, dtype_bytes=dtype_bytes)
+    mem_fwd, mem_bwd = memory_times(memory, hw, None if hw.grouped_experts else heavy_mix(layer, b))
     fwd = t_gemm + mem_fwd
     bwd = BACKWARD_FACTOR * t_gemm + mem_bwd
     routed = b * seq_len * k * moe.expert_fwd_flops_per_token  # one replica's useful routed FLOPs
     executed = 3.0 * routed * cf
-    saved = received * moe.expert_saved_bytes_per_token * (autocast_ratio(layer) if autocast else 1.0)
-    a2a = comm.all_to_all_time(received * h * dtype_bytes, ep, stride=etp, gpus_per_node=gpus_per_node, hw=hw)
+    saved = received * _saved_per_pair(moe, etp, dtype_bytes, hw) * (autocast_ratio(layer) if autocast else 1.0)
+    a2a = dispatch_time(moe, dispatcher, received=received, tokens=b * seq_len / tp, ep=ep, etp=etp,
+                        gpus_per_node=gpus_per_node, hw=hw, dtype_bytes=dtype_bytes)
     tp_fwd, tp_bwd = _tensor_parallel(layer, b=b, tp=tp, etp=etp, gathered=received * etp * h * dtype_bytes,
                                       sequence_parallel=sequence_parallel, gpus_per_node=gpus_per_node, hw=hw)
     a2a_fwd, a2a_bwd = 2 * a2a, 2 * a2a
@@ -117,10 +146,105 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
         a2a_bwd += a2a_fwd
         tp_bwd += tp_fwd
         kept, remat = 0.0, saved
+    if overlap:
+        a2a_fwd, a2a_bwd = _overlapped(a2a_fwd, a2a_bwd, hide_s + fwd + bwd, hw)
     params = moe.num_experts * moe.expert_params / (ep * etp)
     return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
                      Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
                      Held(kept_bytes=kept, remat_bytes=remat, params_per_gpu=params, expert_params_per_gpu=params))
+
+
+# Rows of one GEMM tile (CUTLASS / cuBLAS Hopper kernels tile M by 128): a grouped GEMM pads each expert's rows to it.
+GEMM_TILE_ROWS = 128
+
+
+def _expert_kernels(moe: Any, *, received: float, etp: int, local_experts: float, ep: int, hw: HardwareProfile,
+                    dtype: str, dtype_bytes: int) -> tuple[float, float]:
+    """(GEMM seconds, memory-bound bytes) of the busiest GPU's routed experts in one forward.
+
+    As a grouped GEMM (hardware.grouped_experts: Megatron-Core's TEGroupedMLP, torchtitan's torch._grouped_mm): one
+    kernel runs every local expert, so its tiles fill the GPU from all their rows together (the rows table at the
+    received tokens), each expert's rows padded to whole tiles; its memory-bound work is what that path runs:
+    permuting the tokens to their experts and back (a read and a write of each token's hidden state, both ways),
+    the gated activation (SwiGLU: two ffn-wide reads, one write) and the routing weights' scaling of the output.
+    As a loop over experts (Hugging Face's, DeepSpeed-MoE's): one GEMM per expert at its own rows, and the memory
+    traffic capture measured of that loop (index, one-hot, index_add), with packing for the all-to-all when ep > 1."""
+    rows_each = received * etp / local_experts
+    per_token = moe.expert_fwd_flops_per_token / etp
+    flops = received * moe.expert_fwd_flops_per_token
+    if not hw.grouped_experts:
+        t_gemm = gemm_time(flops, per_token, max(1, round(rows_each)), hw, dtype)
+        pack = 4 * received * moe.hidden_size * dtype_bytes if ep > 1 else 0.0  # pack and unpack: read + write each
+        return t_gemm, received * moe.expert_memory_bytes_per_token + pack
+    padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
+    t_gemm = gemm_time(flops, per_token, max(1, round(received * etp)), hw, dtype) * padded / max(rows_each, 1e-9)
+    width = moe.expert_ffn_size / etp
+    memory = received * dtype_bytes * (4 * moe.hidden_size + 3 * width + 2 * moe.hidden_size)
+    return t_gemm, memory
+
+
+def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile) -> float:
+    """Activation bytes one token-expert pair keeps for backward: what the loop capture measured saves, or as a
+    grouped GEMM path keeps them (Megatron-Core's TEGroupedMLP, torchtitan's GroupedExperts): the permuted input
+    (for the first GEMM's weight gradient), the gate and up projections (for SwiGLU's backward), the activation's
+    output (for the second GEMM's weight gradient), and the routing weight (fp32). Per pair the GPU receives: with
+    the experts' tensor parallelism it holds etp pairs' inputs (gathered) through 1/etp of each expert's width."""
+    if not hw.grouped_experts:
+        return moe.expert_saved_bytes_per_token
+    return etp * (dtype_bytes * (moe.hidden_size + 3 * moe.expert_ffn_size / etp) + 4)
+
+
+def remote_nodes(moe: Any, ep: int, per_node: int) -> tuple[float, int]:
+    """(expected nodes other than its own a token's experts lie on, nodes of the expert-parallel group): experts
+    spread evenly over ``ep // per_node`` nodes, a token's top-k drawn evenly without replacement, at most its
+    routing groups' worth of nodes when the router limits them (DeepSeek-V3's topk_group of n_group, the groups being
+    the nodes, as DeepSeek-V3's report lays them out)."""
+    nodes = max(1, ep // per_node)
+    if nodes <= 1:
+        return 0.0, 1
+    experts, k = moe.num_experts, moe.top_k
+    elsewhere = experts - experts / nodes
+    none_on_one = math.comb(int(elsewhere), k) / math.comb(experts, k) if k <= elsewhere else 0.0
+    touched = nodes * (1.0 - none_on_one)
+    if getattr(moe, "groups_per_token", None) and getattr(moe, "routing_groups", None):
+        touched = min(touched, moe.groups_per_token * max(1.0, nodes / moe.routing_groups))
+    return touched * (nodes - 1) / nodes, nodes
+
+
+def dispatch_time(moe: Any, dispatcher: str, *, received: float, tokens: float, ep: int, etp: int, gpus_per_node: int,
+                  hw: HardwareProfile, dtype_bytes: int) -> float:
+    """One dispatch (or combine, the same size) of the busiest GPU's tokens over the ep GPUs of its expert group:
+    - alltoall (Megatron-Core's MoEAlltoAllTokenDispatcher, autopar's runtime): each token copied once per chosen
+      expert (``received`` pairs), one NCCL all-to-all;
+    - allgather (MoEAllGatherTokenDispatcher): every GPU's ``tokens`` gathered over the group and the outputs
+      reduce-scattered back, whatever the top-k;
+    - flex (DeepEP): a token crosses the network once per other node its experts lie on (remote_nodes) and is fanned
+      out to its experts over NVLink inside each node (comm.node_deduplicated_time)."""
+    if ep <= 1:
+        return 0.0
+    h = moe.hidden_size
+    if dispatcher == "allgather":
+        link = comm.group_link(hw, ep, etp, gpus_per_node)
+        return comm.all_gather_time(tokens * ep * h * dtype_bytes, ep, link, hw)
+    if dispatcher == "flex":
+        per_node = 1 if etp >= gpus_per_node else max(1, min(ep, gpus_per_node // etp))
+        remote, _ = remote_nodes(moe, ep, per_node)
+        nvlink = received * h * dtype_bytes * (per_node - 1) / per_node
+        return comm.node_deduplicated_time(tokens * remote * h * dtype_bytes, nvlink, remote=remote > 0, hw=hw)
+    return comm.all_to_all_time(received * h * dtype_bytes, ep, stride=etp, gpus_per_node=gpus_per_node, hw=hw)
+
+
+def _overlapped(fwd: float, bwd: float, compute: float, hw: HardwareProfile) -> tuple[float, float]:
+    """The all-to-alls hidden behind another micro-batch's ``compute`` (Megatron-Core's
+    --overlap-moe-expert-parallel-comm runs one micro-batch's forward beside another's backward): what exceeds
+    that compute stays exposed, and the compute beside the hidden part runs overlap_penalty slower (comm.py's
+    overlap slowdown, Lee et al. 2025)."""
+    total = fwd + bwd
+    if total <= 0:
+        return fwd, bwd
+    hidden = min(total, compute)
+    exposed = total - hidden + hw.overlap_penalty * hidden
+    return fwd / total * exposed, bwd / total * exposed
 
 
 def _tensor_parallel(layer: LayerLike, *, b: int, tp: int, etp: int, gathered: float, sequence_parallel: bool,

@@ -180,6 +180,22 @@ class HardwareProfile:
     autocast: bool = False
     # Measured by a calibration of the machine (its kernels timed under autopar's runtime), not set from sources.
     calibrated: bool = False
+    # Fused attention kernels by name (flash2: FlashAttention-2, as PyTorch's SDPA runs it; cudnn: cuDNN's fused
+    # attention, as Transformer Engine runs it): efficiency by sequence length on the executed FLOPs, and the
+    # backward / forward time ratio. ``attention_kernel`` is the one the engine runs (cost_models.engines).
+    flash_attention: Mapping[str, tuple[EfficiencyTable, float]] = field(default_factory=dict)
+    attention_kernel: str = "flash2"
+    # The engine's defaults for overlapping the data-parallel sync (a plan's overlap_grad_reduce and
+    # overlap_param_gather decide where they are given); set by cost_models.engines.
+    grad_reduce_overlap: float = 1.0
+    param_gather_overlap: bool = False
+    # The engine runs a MoE layer's routed experts as one grouped GEMM (not a loop of per-expert GEMMs); set by
+    # cost_models.engines.
+    grouped_experts: bool = False
+
+    def flash(self) -> tuple[EfficiencyTable, float] | None:
+        """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""
+        return self.flash_attention.get(self.attention_kernel)
 
     @property
     def overlap_penalty(self) -> float:
@@ -278,6 +294,8 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             uncertainty={k: u.relative for k, u in f.uncertainty.items()},
             allocator_fragmentation=_fraction(f.allocator_fragmentation),
             calibrated=f.calibration is not None,
+            flash_attention={name: (_table(pts, scale=1.0), f.flash_attention_backward_over_forward.get(name, 2.5))
+                             for name, pts in f.flash_attention_efficiency_by_seq.items()},
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):

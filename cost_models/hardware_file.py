@@ -76,6 +76,10 @@ class HardwareFile(_Strict):
     backward_over_forward_by_kernel: dict[str, float] = {}
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     attention_backward_over_forward: float = Field(default=2.0, gt=0, le=10)
+    # The fused (flash) attention kernels an engine may run, each its achieved / peak FLOP/s on the FLOPs it
+    # executes (a causal kernel: half of the S×S), by sequence length, and its backward / forward time.
+    flash_attention_efficiency_by_seq: dict[str, Points] = {}
+    flash_attention_backward_over_forward: dict[str, float] = {}
     collective_time_scale_by_op_mbytes: dict[str, Points] = {}
     # Fractional slowdown of compute while a collective runs beside it (NCCL kernels take SMs and memory
     # bandwidth); 0 where a calibration measured the overlap itself (comm_compute_overlap nets it out).

@@ -67,7 +67,7 @@ class CostModel:
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
                    cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None,
-                   autocast: bool = False) -> LayerCost:
+                   autocast: bool = False, tp_overlap: bool = False) -> LayerCost:
         """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
         group: it runs 1/cp of every sample's tokens, context.py); ``autocast``: run under torch.autocast with fp32
         weights (its activations as capture measured them that way)."""
@@ -77,15 +77,17 @@ class CostModel:
         context = (cp, cp_comm, gpn) if cp > 1 else ()
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
-               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast)
+               tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast, tp_overlap)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
-                                                       sequence_parallel, mode, tp_link, attn, context, autocast)
+                                                       sequence_parallel, mode, tp_link, attn, context, autocast,
+                                                       tp_overlap)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
-                    attn: tuple[str, bool], context: tuple = (), autocast: bool = False) -> LayerCost:
+                    attn: tuple[str, bool], context: tuple = (), autocast: bool = False,
+                    tp_overlap: bool = False) -> LayerCost:
         """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
         every per-token figure and 1/cp of the attention (context.py)."""
@@ -102,6 +104,8 @@ class CostModel:
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
                                                   hw=hw)
         tp_fwd, tp_bwd = tp_fwd + over_fwd, tp_bwd + over_bwd
+        if tp_overlap:
+            tp_fwd, tp_bwd = comm.tp_overlapped(tp_fwd, c.fwd_s, hw), comm.tp_overlapped(tp_bwd, c.bwd_s, hw)
         if mode == "full":
             tp_bwd += tp_fwd  # the recomputed forward repeats its all-reduces (Megatron)
         split = tp if is_tp_sharded(layer, tp) else 1
@@ -172,7 +176,8 @@ class CostModel:
         c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
-                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast)
+                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
+                            tp_overlap=cfg.tp_comm_overlap)
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
@@ -194,14 +199,16 @@ class CostModel:
         key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
+            moe = layer.moe  # type: ignore[attr-defined]
+            b = cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size
+            pairs = b * self.model.seq_len * moe.top_k / cfg.tp  # a GPU's token-expert pairs, on average
             e = self._experts[key] = expert_cost(
-                self._representative[layer.block_id],
-                b=cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size,  # type: ignore[arg-type]
-                seq_len=self.model.seq_len, tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep,
-                sequence_parallel=cfg.sequence_parallel, recompute=mode,
-                imbalance=imbalance_of(layer.moe, cfg.moe_imbalance),  # type: ignore[attr-defined]
+                self._representative[layer.block_id], b=b, seq_len=self.model.seq_len,  # type: ignore[arg-type]
+                tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
+                imbalance=imbalance_of(moe, cfg.moe_imbalance, ep=cfg.ep, pairs_per_gpu=pairs),
                 gpus_per_node=cfg.gpus_per_node or self.hw.gpus_per_node, hw=self.hw, dtype=self.model.dtype,
-                dtype_bytes=self.dtype_bytes, autocast=autocast)
+                dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
+                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
@@ -213,12 +220,13 @@ class CostModel:
         (over dp) and tensor-parallel collectives (over tp) hold in lock-step."""
         precision = cfg.recipe(self.model.dtype)
         own, copy, experts = c.held.params_per_gpu, c.held.tied_params_per_gpu, c.held.expert_params_per_gpu
-        work = self._step_work_of(own - experts, copy, dp_l, cfg.zero_stage, precision, link_dp, whole)
+        gather = self.hw.param_gather_overlap if cfg.overlap_param_gather is None else cfg.overlap_param_gather
+        work = self._step_work_of(own - experts, copy, dp_l, cfg.zero_stage, precision, link_dp, whole, gather)
         if experts:  # sharded over ep, reduced and ZeRO-sharded over the edp GPUs holding the same experts
             gpn = cfg.gpus_per_node or self.hw.gpus_per_node
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
-            work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole))
+            work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole, gather))
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         zero3 = work.zero3_s
         z3_sync = lockstep.zero3_sync(c.compute.fwd_s, c.compute.bwd_s, self.hw, devices) if zero3 > 0 else 0.0
@@ -234,13 +242,14 @@ class CostModel:
         return LayerCost(c.compute, c.traffic, c.held, added(work, rest))
 
     def _step_work_of(self, own: float, copy: float, dp_l: int, zero_stage: int, precision: Precision,
-                      link_dp: comm.Link, accumulating: bool) -> StepWork:
+                      link_dp: comm.Link, accumulating: bool, gather_overlap: bool) -> StepWork:
         key = (own, copy, dp_l, zero_stage, precision.name, link_dp.bytes_per_s, link_dp.latency_s, link_dp.inter_node,
-               link_dp.nodes, accumulating)
+               link_dp.nodes, accumulating, gather_overlap)
         work = self._step_work.get(key)
         if work is None:
             work = self._step_work[key] = layer_step_work(own, copy, dp=dp_l, zero_stage=zero_stage, precision=precision,
-                                                          link=link_dp, accumulating=accumulating, hw=self.hw)
+                                                          link=link_dp, accumulating=accumulating, hw=self.hw,
+                                                          gather_overlap=gather_overlap)
         return work
 
     def conversion_times(self, layer: LayerLike, cfg: ParallelConfig, t: int) -> tuple[float, float]:
@@ -310,7 +319,8 @@ class CostModel:
         gradient bucket): what hides behind what, which the lower bounds read for many configurations. One object
         per distinct shape (kept by its own values), so what the bounds cache by shape is shared."""
         hw = self.hw
-        values = (cfg.pp, cfg.virtual_stages, cfg.num_microbatches, cfg.dp_overlap * hw.comm_overlap,
+        values = (cfg.pp, cfg.virtual_stages, cfg.num_microbatches, cfg.dp_overlap * hw.comm_overlap * (
+                      hw.grad_reduce_overlap if cfg.overlap_grad_reduce is None else float(cfg.overlap_grad_reduce)),
                   cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
                   1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None)
         shape = self._overlaps.get(values)

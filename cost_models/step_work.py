@@ -12,12 +12,17 @@ from cost_models.precision import Precision
 
 
 def layer_step_work(own: float, copy: float, *, dp: int, zero_stage: int, precision: Precision, link: comm.Link,
-                    accumulating: bool, hw: HardwareProfile) -> StepWork:
+                    accumulating: bool, hw: HardwareProfile, gather_overlap: bool = False) -> StepWork:
     """The step work of ``own`` parameters on one GPU and ``copy`` tied ones, reduced and sharded over ``dp`` GPUs
     joined by ``link``; ``accumulating``: the step holds whole gradients (memory.accumulates_unsharded). Its lock-step
-    sync and tied-copy sync, which need the layer's compute and the pipeline's link, are the caller's."""
+    sync and tied-copy sync, which need the layer's compute and the pipeline's link, are the caller's.
+    ``gather_overlap``: ZeRO-1/2's gather of the updated parameters runs beside the next step's forward (Megatron-Core
+    --overlap-param-gather, layer by layer as the forward reaches it), priced as hidden like the gradient sync: under
+    the same share of compute (an approximation: the forward it hides behind is not the last backward)."""
     over, exposed = comm.dp_step_rates(dp=dp, zero_stage=zero_stage, param_bytes=precision.param_bytes,
                                        grad_bytes=precision.grad_bytes, link=link, hw=hw)
+    if gather_overlap:
+        over, exposed = over + exposed, 0.0
     opt = optimizer_time_per_param(precision.optimizer_traffic_bytes, hw) / (dp if zero_stage >= 1 else 1)
     state = model_state_bytes(own, precision, dp=dp, zero_stage=zero_stage, accumulating=accumulating)
     tied = model_state_bytes(copy, precision, dp=dp, zero_stage=zero_stage, accumulating=accumulating)

@@ -90,6 +90,10 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
     "attention_efficiency": (COMPUTE, lambda hw, u, d: replace(hw, kernels=_kernels(hw.kernels, "attention", u, d))),
     "attention_backward_over_forward": (COMPUTE, lambda hw, u, d: replace(
         hw, kernels=_kernels(hw.kernels, "attention_backward", u, d))),
+    "flash_attention_efficiency_by_seq": (COMPUTE, lambda hw, u, d: replace(
+        hw, flash_attention={k: (_eff_table(t, u, d), r) for k, (t, r) in hw.flash_attention.items()})),
+    "flash_attention_backward_over_forward": (COMPUTE, lambda hw, u, d: replace(
+        hw, flash_attention={k: (t, _cost(r, u, d)) for k, (t, r) in hw.flash_attention.items()})),
     "nvlink_bandwidth_bidirectional_gbytes_per_s": (COMMUNICATION, lambda hw, u, d: replace(
         hw, intra_node_bytes_per_s=_speed(hw.intra_node_bytes_per_s, u, d))),
     "intra_node_latency_us": (COMMUNICATION, lambda hw, u, d: replace(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autopar.errors import AutoparError
+from autopar.files import check_output
 from autopar.runtime.failure import worker_error
 from cost_models import ConfigError, load_hardware, machine
 from cost_models.hardware import PROFILE_DIR
@@ -74,14 +75,11 @@ def check_request(output: str | Path | None, *, nproc: int = 2, backend: str | N
         if quick:
             raise AutoparError("--quick is for tests and is not recorded as this machine's calibration; give -o FILE")
         output = machine.calibration_path()
+        _own_folder(output)
     out = Path(output)
     if out.suffix != ".json":
         raise AutoparError(f"-o {out}: the profile must be a .json file (--hardware only loads .json)")
-    if out.is_dir():
-        raise AutoparError(f"-o {out} is a directory; give a file path like {out}/profile.json")
-    folder = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise AutoparError(f"-o {out}: cannot write there ({folder} is not writable); choose another path")
+    check_output(out, "-o")  # a regular file in a folder that exists and can be written, before any benchmark
     base_name = base or (str(PROFILE_DIR / "base" / "cpu.json") if backend == "gloo" else default_gpu_profile())
     try:
         load_hardware(base_name)  # checks every field once
@@ -92,6 +90,15 @@ def check_request(output: str | Path | None, *, nproc: int = 2, backend: str | N
     raw.setdefault("name", base_path.stem)
     mine = output is not None and Path(output) == machine.calibration_path()
     return Request(out, nproc, backend, quick, raw, gpus_per_node, name or ("cpu" if mine else out.stem))
+
+
+def _own_folder(path: Path) -> None:
+    """This machine's calibration folder (autopar's cache, not a path the user gave), created when missing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AutoparError(f"cannot create {path.parent} for this machine's calibration ({err.strerror}); set "
+                           f"{machine.CALIBRATION_ENV} to a writable folder or give -o FILE") from None
 
 
 def default_gpu_profile() -> str:
@@ -177,6 +184,7 @@ def calibrate(req: Request, on_event: Callable[[dict], None] = lambda e: None) -
     text = json.dumps(profile, indent=1) + "\n"
     write_atomic(req.output, text)
     if req.backend == "gloo" and not req.quick and req.output != machine.calibration_path():
+        _own_folder(machine.calibration_path())
         write_atomic(machine.calibration_path(), text)  # what --gpu cpu reads from now on
     return profile
 

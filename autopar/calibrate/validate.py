@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.models import load_profile
+from autopar.models import load_profile, model_source
 from autopar.plan import Plan
 from autopar.pricing import predict
 from cost_models import ConfigError, load_hardware
@@ -95,8 +95,6 @@ def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: 
     """Predict the plan on ``hardware_file`` (default: the hardware it was planned for), run it, compare.
     ``report``: an already measured runtime report (tests, benchmarks that run once and compare twice).
     The plan's own model file runs only with ``trust_plan_model`` (see autopar.runtime.launch)."""
-    from autopar.runtime.launch import model_source
-
     if steps < 1 or warmup < 0:
         raise AutoparError("--steps must be at least 1 and --warmup at least 0")
     plan = Plan.load(plan_path)
@@ -105,7 +103,7 @@ def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: 
         hw = load_hardware(hardware)
     except ConfigError as err:
         raise AutoparError(f"{err}") from None
-    source = model_source(plan, model, trust_plan_model)
+    source = model_source(plan, model, trust_plan_model, plan_path)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}; pass MODEL")
     profile = load_profile(source, overrides=plan.model.overrides, seq_len=plan.model.seq_len, dtype=plan.model.dtype)

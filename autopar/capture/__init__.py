@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import networkx as nx
 import torch
@@ -23,7 +24,7 @@ from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_
 from autopar.capture.spec import ModelSpec
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
-from autopar.profile import CaptureInfo, LayerProfile, ModelProfile
+from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, traced_here
 
 __all__ = ["capture_model", "capture_graph", "load_spec", "ModelGraph"]
 
@@ -57,9 +58,10 @@ def capture_graph(source: str, overrides: dict[str, str] | None = None, batch_si
     block_stacks = {path.rpartition(".")[0] for path, _, is_block in units if is_block}
     stacks = [s for s in find_stacks(model) if s.path in block_stacks]
     result = _capture_reduced(spec, model, stacks, seq, torch_dtype, dtype, batch_size)
-    profile = result.profile.model_copy(update={"capture": result.profile.capture.model_copy(
-        update={"wall_s": round(time.perf_counter() - start, 3)})})
-    return dataclasses.replace(result, profile=profile)
+    profile = result.profile.model_copy(update={
+        "source": str(Path(spec.source).resolve()),  # a plan made from it names the file, wherever it is read
+        "capture": result.profile.capture.model_copy(update={"wall_s": round(time.perf_counter() - start, 3)})})
+    return dataclasses.replace(result, profile=traced_here(profile))
 
 
 def _sequence(spec: ModelSpec, seq_len: int | None) -> int:

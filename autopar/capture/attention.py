@@ -28,6 +28,7 @@ class AttentionCore:
     key: torch.fx.Node
     value: torch.fx.Node
     scores: set[str] = dataclasses.field(default_factory=set)  # eager: the nodes between QKᵀ and AV
+    causal: bool = False             # SDPA with is_causal: a flash kernel skips the masked half of S×S
 
 
 def _op(node: torch.fx.Node) -> str:
@@ -43,7 +44,10 @@ def attention_cores(gm: torch.fx.GraphModule) -> list[AttentionCore]:
             continue
         op = _op(node)
         if any(k in op for k in _SDPA) and len(node.args) >= 3:
-            cores.append(AttentionCore("sdpa", node.name, node.args[0], node.args[1], node.args[2]))
+            # (query, key, value, attn_mask, dropout_p, is_causal, ...)
+            causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
+            cores.append(AttentionCore("sdpa", node.name, node.args[0], node.args[1], node.args[2],
+                                       causal=causal is True))
         elif op in _SOFTMAX:
             core = _eager_core(node)
             if core is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,11 +32,13 @@ import torch.nn.functional as F
 from autopar.capture.diagnose import first_line
 from autopar.capture.spec import ModelSpec, convert_value
 from autopar.errors import AutoparError
+from autopar.files import read_json
 
 # (task, auto-class attribute of transformers) in the order a config's family is tried.
 _AUTO_CLASSES = [("seq2seq", "AutoModelForSeq2SeqLM"), ("causal_lm", "AutoModelForCausalLM"),
                  ("masked_lm", "AutoModelForMaskedLM"), ("image_classification", "AutoModelForImageClassification"),
                  ("vision_language", "AutoModelForImageTextToText")]
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB
 _IGNORED_KEYS = ("auto_map", "transformers_version", "quantization_config")  # remote code; fp8 weight storage
 
 
@@ -80,10 +81,8 @@ def load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
 
 
 def _read_config(path: Path, overrides: dict[str, str]) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise AutoparError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    raw = read_json(path, "model config", max_bytes=MAX_CONFIG_BYTES,
+                    hint="pass a Hugging Face config.json, a model .py file or a profile JSON (autopar trace -o)")
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise AutoparError(f"{path} has no 'model_type': pass a Hugging Face config.json or a model .py file")
     for key, value in overrides.items():

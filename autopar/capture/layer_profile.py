@@ -58,7 +58,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
-        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe)
+        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe,
+        attention_causal=any(core.causal for name, core in cores.items() if name in set(nodes)))
 
 
 def _by_kernel(g: nx.DiGraph, nodes: list[str]) -> dict[str, tuple[float, float]]:
@@ -146,9 +147,21 @@ def _param_key(node_name: str, g: nx.DiGraph, params: dict[str, torch.nn.Paramet
     return p.untyped_storage()._cdata if p is not None else None
 
 
+def input_embedding(model: torch.nn.Module) -> torch.nn.Embedding | None:
+    """The model's token embedding: its first nn.Embedding (token ids come before positions in every model
+    autopar has met), or None."""
+    return next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+
+
+def input_vocab(model: torch.nn.Module) -> int | None:
+    """The vocabulary the model's token ids index (its input embedding's rows), or None."""
+    emb = input_embedding(model)
+    return emb.num_embeddings if emb is not None else None
+
+
 def model_shape(layers: list[LayerProfile], model: torch.nn.Module) -> dict[str, int | None]:
     heads = next((p.heads for lp in layers for p in lp.tp.pairs if p.heads), None)
     kv = next((p.kv_heads for lp in layers for p in lp.tp.pairs if p.kv_heads), None)
-    emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    emb = input_embedding(model)
     return {"num_heads": heads, "num_kv_heads": kv, "vocab_size": emb.num_embeddings if emb else None,
             "hidden_size": emb.embedding_dim if emb else None}

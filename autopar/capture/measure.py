@@ -263,7 +263,6 @@ class _Meter(torch.fx.Interpreter):
         /*supports GQA*/>``), so they keep the key/value heads, not copies widened to the query's.
         FLOPs as torch.utils.flop_counter counts the fused kernels (it has no CPU-flash entry)."""
         assert self._current is not None
-        self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
         mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
         if mask_grad or v.shape[-1] != q.shape[-1]:
             # A learned bias (T5's relative positions) or a value head narrower than the query's (DeepSeek's
@@ -274,9 +273,11 @@ class _Meter(torch.fx.Interpreter):
                 k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
             bias = attn_mask if attn_mask is None or attn_mask.is_floating_point() else \
                 torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+            # flop_counter counts this kernel itself (sdpa_flop_count's formula, the value width apart)
             out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
                                                                scale=scale)[0]
             return out
+        self._current.flops += sdpa_flop_count(q.shape, k.shape, v.shape)  # no CPU-flash entry in flop_counter
         out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         return out

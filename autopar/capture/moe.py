@@ -53,7 +53,8 @@ def find_moe(block: nn.Module) -> MoEModule | None:
             hidden_size=hidden, expert_ffn_size=ffn, expert_params=expert_params,
             shared_expert_params=sum(p.numel() for m in shared for p in m.parameters()),
             router_params=sum(p.numel() for p in router.parameters()),
-            capacity_factor=_capacity(configs), module=path, experts_module=f"{path}.{name}" if path else name)
+            capacity_factor=_capacity(configs), module=path, experts_module=f"{path}.{name}" if path else name,
+            **_routing_groups(configs), balanced_by_bias=_bias_balanced(router))
         # Megatron-Core's --moe-pad-expert-input-to-capacity: experts run at their capacity, padding included
         return MoEModule(path, moe.experts_module, moe, padded=bool(getattr(module, "pad_to_capacity", False)))
     return None
@@ -92,6 +93,21 @@ def _first_int(objects: list[Any], names: tuple[str, ...]) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
+
+
+def _routing_groups(configs: list[Any]) -> dict[str, int]:
+    """DeepSeek-V3's group-limited routing (config n_group, topk_group): a token's experts come from at most
+    topk_group of n_group groups; {} for a router without groups."""
+    groups, per_token = _first_int(configs, ("n_group",)), _first_int(configs, ("topk_group",))
+    if not groups or not per_token or groups <= 1:
+        return {}
+    return {"routing_groups": groups, "groups_per_token": per_token}
+
+
+def _bias_balanced(router: nn.Module) -> bool:
+    """A router holding a per-expert score-correction bias (DeepSeek-V3's e_score_correction_bias)."""
+    return any("bias" in name and "correction" in name for name, _ in router.named_parameters()) or \
+        any("correction" in name for name, _ in router.named_buffers())
 
 
 def _shared_count(configs: list[Any], module: nn.Module) -> int:

@@ -14,7 +14,12 @@ USAGE_ERROR = 2
 
 
 class OptionError(typer.BadParameter):
-    """An option's own check failed; the message is the whole line (it names the option and the value)."""
+    """An option's own check failed; the message is the whole line (it names the option and the value).
+    ``see_help``: end it with where the help is (not for a file that cannot be written: help does not fix it)."""
+
+    def __init__(self, message: str, see_help: bool = True) -> None:
+        super().__init__(message)
+        self.see_help = see_help
 
     def format_message(self) -> str:
         return self.message
@@ -76,6 +81,6 @@ class AutoparGroup(TyperGroup):
 def one_line(err: Exception) -> str:
     """A click usage error as one line: what is wrong, with the option's name, and where the help is."""
     message = " ".join((err.format_message() if hasattr(err, "format_message") else str(err)).split())
-    ctx = getattr(err, "ctx", None)
+    ctx = getattr(err, "ctx", None) if getattr(err, "see_help", True) else None
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
     return message[:1].lower() + message[1:].rstrip(".") + where

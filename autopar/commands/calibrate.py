@@ -14,7 +14,7 @@ from autopar.errors import AutoparError
 def calibrate_command(
     output: Annotated[Optional[Path], options.output("profile JSON to write (use it with --hardware in solve / "
                                                      "estimate); on a CPU (gloo) the profile is also recorded as "
-                                                     "this machine's, which --gpu cpu reads")] = None,
+                                                     "this machine's, which --gpu cpu reads", ("json",))] = None,
     nproc: Annotated[int, options.whole("K", help="processes (GPUs) benchmarked at once, as a plan of this size "
                                                   "runs")] = 2,
     backend: Annotated[Optional[str], typer.Option(metavar="gloo|nccl", show_default=False,

@@ -9,9 +9,10 @@ import typer
 
 from autopar.commands import options
 from autopar.commands.base import fail
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, ModelNotNamed
 
 if TYPE_CHECKING:
+    from autopar.models import PlanModel
     from autopar.plan import Plan
 
 
@@ -21,12 +22,16 @@ def export_command(
                                     "torchtitan or sagemaker; TARGET@VERSION picks an older dialect (torchtitan@0.2, "
                                     "sagemaker@v1)")],
     output: Annotated[Optional[Path], options.output("write here (atomically) instead of printing")] = None,
+    model: Annotated[Optional[str], options.PRICING_MODEL] = None,
+    trust_plan_model: Annotated[bool, options.TRUST_PLAN_MODEL] = False,
 ) -> None:
     """Export PLAN as Megatron arguments, NeMo / BioNeMo YAML, a DeepSpeed config, a Lightning snippet, torchtitan
     overrides (or 0.2's TOML) or SageMaker smp arguments; the output's header names the framework version the
-    format was checked against, and what the target cannot express is warned about on stderr."""
+    format was checked against and the predicted step time (for the target's engine when the model is named: --model
+    or --trust-plan-model), and what the target cannot express is warned about on stderr."""
     from autopar.export import ENGINE_OF, check_target, export
     from autopar.files import write_atomic
+    from autopar.models import PlanModel
     from autopar.plan import Plan
 
     try:
@@ -35,11 +40,15 @@ def export_command(
     except AutoparError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)
+    engine = ENGINE_OF[target]
     try:
-        plan = for_engine(plan, ENGINE_OF[target])
+        plan = for_engine(plan, engine, PlanModel(plan, plan_file, model, trust_plan_model))
+    except ModelNotNamed as err:
+        typer.echo(f"warning: the header's prediction is the plan's, for the {plan.prediction.engine} engine; "
+                   f"{target} runs {engine}: to price it for {engine}, {err}", err=True)
     except AutoparError as err:
         typer.echo(f"warning: the plan's prediction is for the {plan.prediction.engine} engine; pricing it for "
-                   f"{ENGINE_OF[target]} needs its model: {err}", err=True)
+                   f"{engine} needs its model: {err}", err=True)
     try:
         result = export(plan, to)
     except AutoparError as err:
@@ -49,21 +58,19 @@ def export_command(
     if output is None:
         sys.stdout.write(result.text)
     else:
-        write_atomic(output, result.text)
+        write_atomic(output, result.text, flag="-o")
         typer.echo(f"{result.target} export written to {output}")
 
 
-def for_engine(plan: Plan, engine: str) -> Plan:
-    """``plan`` priced for ``engine`` (the one its export target runs), its model traced again from the plan's
-    source and overrides; the plan itself where it already is."""
+def for_engine(plan: Plan, engine: str, model: PlanModel) -> Plan:
+    """``plan`` priced for ``engine`` (the one its export target runs) from its model as the user named it
+    (``model``: ModelNotNamed where none was); the plan itself where it already is."""
     if plan.prediction.engine == engine:
         return plan
-    from autopar.models import load_profile
     from autopar.pricing import predict
     from cost_models import ConfigError, load_hardware
 
-    model = plan.model
-    profile = load_profile(model.source, overrides=model.overrides, seq_len=model.seq_len, dtype=model.dtype)
+    profile = model.profile()
     try:
         hw = load_hardware(plan.cluster.hardware)
     except ConfigError as err:

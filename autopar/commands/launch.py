@@ -40,8 +40,9 @@ def launch_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the torchrun command instead of running it")] = False,
 ) -> None:
     """Start torchrun with the plan's world size and train, printing loss and step time per step."""
+    from autopar.models import model_source
     from autopar.plan import load_run_plan
-    from autopar.runtime.launch import RunOptions, check_options, launch, model_source, torchrun_command
+    from autopar.runtime.launch import RunOptions, check_options, launch, torchrun_command
 
     run = RunOptions(steps=steps, lr=lr, as_json=json_, data=_str(data), data_dtype=data_dtype,
                      checkpoint_dir=_str(checkpoint_dir), save_every=save_every, resume=resume,
@@ -49,7 +50,7 @@ def launch_command(
     try:
         spec = load_run_plan(plan)
         check_options(run)
-        source = model_source(spec, model, trust_plan_model)
+        source = model_source(spec, model, trust_plan_model, plan)
         if dry_run or nnodes > 1:
             cmd = torchrun_command(plan, spec, source, run, nnodes=nnodes)
             typer.echo(" ".join(["torchrun", *cmd[3:]]))

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from autopar.commands.base import OptionError
+from autopar.errors import AutoparError
+from autopar.files import check_output
 from cost_models import ParallelConfig, Pins, builtin_names
 from cost_models.decisions import Decision, declarations
 from cost_models.engines import ENGINES
@@ -65,8 +67,13 @@ PLAN = typer.Argument(metavar="PLAN", show_default=False,
                       help="plan JSON (autopar solve -o, autopar estimate --json, or written by hand)")
 PLAN_MODEL = typer.Argument(metavar="MODEL", show_default=False,
                             help="model .py file or config.json (default: the plan's model.source)")
+PRICING_MODEL = typer.Option("--model", metavar="FILE", show_default=False,
+                             help="the plan's model, to price it again: a model .py file, config.json or a profile "
+                                  "JSON (autopar trace -o); the plan's own model.source is loaded only with "
+                                  "--trust-plan-model")
 TRUST_PLAN_MODEL = typer.Option("--trust-plan-model", help="run the model file the plan names (it is code: only for "
-                                                           "plans you trust)")
+                                                           "plans you trust; a relative path is the plan file's "
+                                                           "folder's)")
 SET = typer.Option("--set", metavar="KEY=VALUE", show_default=False,
                    help="override a build_model keyword or a config.json key (repeatable)")
 SEQ_LEN = typer.Option(callback=at_least(1), metavar="S", show_default=False,
@@ -107,9 +114,27 @@ THREADS = typer.Option(callback=at_least(1), metavar="K", help="CP-SAT workers p
 JSON = typer.Option("--json", help="print JSON instead of tables")
 
 
-def output(what: str) -> Any:
-    """-o / --output FILE: ``what`` says what is written there."""
-    return typer.Option("-o", "--output", metavar="FILE", show_default=False, help=what)
+def _writable(formats: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """-o's check, when the command line is read (before a solve or a trace runs): a file that can be written
+    (autopar.files.check_output: no folder, device or missing folder), of one of ``formats`` when given."""
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            check_output(value, "-o")
+        except AutoparError as err:
+            raise OptionError(str(err), see_help=False) from None
+        if formats and value.suffix.lstrip(".").lower() not in formats:
+            *first, last = (f".{f}" for f in formats)
+            raise OptionError(f"-o {value}: must be a {', '.join(first) + ' or ' if first else ''}{last} file")
+        return value
+    return check
+
+
+def output(what: str, formats: tuple[str, ...] = ()) -> Any:
+    """-o / --output FILE: ``what`` says what is written there; checked as soon as it is read (_writable)."""
+    return typer.Option("-o", "--output", metavar="FILE", show_default=False, help=what,
+                        callback=_writable(formats))
 
 
 # -- the parallel configuration: one option per declared decision, in two forms ----------------------------------
@@ -121,11 +146,14 @@ def _checked(d: Decision) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value is None:
             return value
+        if d.base is tuple:  # comma-separated: --recompute-modules core_attn,mlp
+            value = tuple(v.strip() for v in str(value).split(",") if v.strip())
         if d.base is float and not math.isfinite(value):
             raise OptionError(f"{d.flag} {value}: give a finite number")
         what = d.problem(value)
         if what:
-            raise OptionError(f"{d.flag} {value}: {what}")
+            shown = ",".join(value) if isinstance(value, tuple) else value
+            raise OptionError(f"{d.flag} {shown}: {what}")
         return value
     return check
 
@@ -134,6 +162,8 @@ def decision_option(d: Decision, form: str) -> Any:
     """The typer option of one decision: ``form`` "pin" (solve) or "given" (estimate)."""
     flags = [f"{d.flag}/--no-{d.flag[2:]}" if d.base is bool else d.flag]  # a switch is given either way
     metavar = "|".join(map(str, d.choices)) if d.choices else (d.declared.metavar or d.base.__name__.upper())
+    if d.element_choices:
+        metavar = ",".join(map(str, d.element_choices[:2])) + ",..."
     shown = "none" if d.default is None else str(d.default).lower() if d.base is bool else d.default
     help_ = d.declared.help if d.required or d.default is None else f"{d.declared.help} [default: {shown}]"
     if form == "pin":
@@ -150,7 +180,8 @@ def with_decisions(form: str) -> Callable[[Callable[..., Any]], Callable[..., An
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != "choices"]
         extra = [inspect.Parameter(d.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation=Annotated[Optional[d.base], decision_option(d, form)]) for d in FLAGGED]
+                                   annotation=Annotated[Optional[str if d.base is tuple else d.base],
+                                                        decision_option(d, form)]) for d in FLAGGED]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:

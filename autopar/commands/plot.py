@@ -9,20 +9,26 @@ import typer
 from autopar.commands import options
 from autopar.commands.base import fail
 from autopar.errors import AutoparError
+from autopar.files import IMAGE_FORMATS
 
 
 def plot_command(
     plan: Annotated[Path, options.PLAN],
     output: Annotated[Optional[Path], options.output("image file: .png, .svg or .pdf (default: the plan's name "
-                                                     "with .png)")] = None,
+                                                     "with .png)", IMAGE_FORMATS)] = None,
     max_microbatches: Annotated[int, options.whole("M", help="draw at most this many micro-batches")] = 16,
 ) -> None:
     """Draw PLAN: the pipeline schedule as a Gantt chart and each stage's memory against the GPU's capacity."""
+    from autopar.files import check_output
     from autopar.plan import Plan
     from autopar.report.plot import plot_plan
 
     try:
-        path = plot_plan(Plan.load(plan), output or plan.with_suffix(".png"), max_microbatches)
+        loaded = Plan.load(plan)
+        if output is None:  # -o was checked as it was read; the default is checked before the drawing
+            output = plan.with_suffix(".png")
+            check_output(output, "")
+        path = plot_plan(loaded, output, max_microbatches)
     except (AutoparError, OSError) as err:
         raise fail(str(err))
     typer.echo(f"figure written to {path}")

@@ -11,6 +11,7 @@ import typer
 from autopar.commands import options
 from autopar.commands.base import fail
 from autopar.errors import AutoparError
+from autopar.files import IMAGE_FORMATS
 
 
 def sweep_command(
@@ -27,7 +28,7 @@ def sweep_command(
     time_limit: Annotated[float, options.TIME_LIMIT] = 60.0,
     threads: Annotated[Optional[int], options.THREADS] = None,
     output: Annotated[Optional[Path], options.output("also plot throughput and scaling efficiency to this image "
-                                                     "(.png, .svg, .pdf)")] = None,
+                                                     "(.png, .svg, .pdf)", IMAGE_FORMATS)] = None,
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Solve MODEL for each of --gpus GPU counts and --seq-len sequence lengths: the best plan's degrees, throughput

@@ -3,20 +3,24 @@ gradient groups over dp × cp, and each attention layer's exchange of keys and v
 
 Groups are Megatron-Core's (megatron/core/parallel_state.py ``RankGenerator``, order tp-cp-dp-pp): a cp group
 is cp ranks spaced tp apart, so tp × cp ≤ the node's GPUs keeps it on the node's links. The per-layer figures
-come from the cost model (cost_models/context.py): the plan's model is loaded again (its ``model.source`` and
-overrides, as ``autopar validate`` does) and priced under the plan; the other exchange (all-gather or ring) is
-priced too, for comparison. Where the model cannot be loaded, the section shows the groups and each stage's
-exchange from the plan, and says why the rest is missing.
+come from the cost model (cost_models/context.py): the plan's model, as the user named it (autopar.models.PlanModel:
+--model, or the plan's ``model.source`` with --trust-plan-model) at the plan's overrides, priced under the plan; the
+other exchange (all-gather or ring) is priced too, for comparison. Without it, or where it cannot be loaded, the
+section shows the groups and each stage's exchange from the plan, and says how to get the rest.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from rich.console import Console
+from rich.text import Text
 
 from autopar.errors import AutoparError
+from autopar.models import PlanModel
 from autopar.plan import Plan
+from autopar.profile import ModelProfile
 from autopar.ranks import gradient_groups, mesh_groups, nodes_spanned
+from autopar.report.plan_model import model_profile, without
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from cost_models import ConfigError
 
@@ -45,15 +49,14 @@ class StageContext:
     buffer: float                 # bytes of gathered or received K/V (and gradients) while a layer runs
 
 
-def price_context(plan: Plan) -> tuple[list[StageContext], float, float]:
+def price_context(plan: Plan, profile: ModelProfile) -> tuple[list[StageContext], float, float]:
     """Each stage's attention layers priced again from the plan's model, and its step time priced again under the
-    plan's exchange and under the other one, both by one cost model (raises AutoparError if the model cannot be
-    loaded)."""
+    plan's exchange and under the other one, both by one cost model (raises AutoparError if it cannot be)."""
     from autopar.pricing import plan_model
     from cost_models.context import traffic_bytes
     from cost_models.model import DTYPE_BYTES
 
-    profile, cfg, model = plan_model(plan)
+    cfg, model = plan_model(plan, profile)
     try:
         this = model.evaluate(cfg).step_time_s
         other = model.evaluate(replace(cfg, cp_comm=OTHER[cfg.cp_comm])).step_time_s  # type: ignore[arg-type]
@@ -98,14 +101,14 @@ def print_context_groups(plan: Plan, console: Console) -> None:
                       f"network; tp × cp ≤ {gpn} (one node) keeps it on the intra-node links")
 
 
-def print_context_costs(plan: Plan, console: Console) -> None:
+def print_context_costs(plan: Plan, console: Console, model: PlanModel | None) -> None:
     par = plan.parallelism
     try:
-        stages, step, other = price_context(plan)
+        stages, step, other = price_context(plan, model_profile(model))
     except AutoparError as err:
-        console.print("key/value exchange per stage and micro-batch (from the plan): " + ", ".join(
+        console.print(Text("key/value exchange per stage and micro-batch (from the plan): " + ", ".join(
             f"stage {s.stage} {s.cp_comm_s * MS:.3g} ms" for s in plan.prediction.stages)
-            + f"; per layer figures need the plan's model, which could not be priced again: {err}")
+            + f"; per layer figures need the plan's model{without(err)}"))
         return
     out = table(f"attention layers on one GPU of each stage: keys and values received per layer and micro-batch "
                 f"(MiB), what the {_exchange(par.cp_comm)} exposes (ms), its buffer (MiB)")
@@ -135,9 +138,10 @@ def relief(plan: Plan) -> str:
     return "; ".join(tips)
 
 
-def print_context(plan: Plan, console: Console) -> None:
-    """The context-parallel section of `autopar explain` (nothing for a plan without context parallelism)."""
+def print_context(plan: Plan, console: Console, model: PlanModel | None = None) -> None:
+    """The context-parallel section of `autopar explain` (nothing for a plan without context parallelism);
+    ``model``: the plan's model as the user named it (None: none named)."""
     if plan.parallelism.cp == 1:
         return
     print_context_groups(plan, console)
-    print_context_costs(plan, console)
+    print_context_costs(plan, console, model)

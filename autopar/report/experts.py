@@ -7,10 +7,10 @@ expert-parallel rank, then the expert data-parallel rank (context parallelism fo
 group exchanges tokens
 (dispatch and combine, all-to-all); an expert data-parallel group reduces the gradients of the same experts.
 
-The per-layer figures come from the cost model: the plan's model is loaded again (its ``model.source`` and
-overrides, as ``autopar validate`` does) and priced under the plan (autopar.pricing.config_of). Where the model
-cannot be loaded, the section still shows the groups and each stage's all-to-all time from the plan, and says
-why the rest is missing.
+The per-layer figures come from the cost model: the plan's model, as the user named it (autopar.models.PlanModel:
+--model, or the plan's ``model.source`` with --trust-plan-model) at the plan's overrides, priced under the plan
+(autopar.pricing.config_of). Without it, or where it cannot be loaded, the section still shows the groups and each
+stage's all-to-all time from the plan, and says how to get the rest.
 """
 from __future__ import annotations
 
@@ -18,10 +18,14 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autopar.errors import AutoparError
+from autopar.models import PlanModel
 from autopar.plan import Plan
+from autopar.profile import ModelProfile
 from autopar.ranks import expert_groups, nodes_spanned
+from autopar.report.plan_model import model_profile, without
 from autopar.report.tables import MS, group_ranks
 from cost_models.memory import model_state_bytes
 
@@ -40,10 +44,11 @@ class StageExperts:
     state_bytes: tuple[float, float, float]  # their weights, gradients, optimizer state on one GPU
 
 
-def price_experts(plan: Plan) -> list[StageExperts]:
+def price_experts(plan: Plan, profile: ModelProfile) -> list[StageExperts]:
     """Each stage's MoE layers priced again from the plan's model (raises AutoparError if it cannot be)."""
     from autopar.pricing import plan_model
-    profile, cfg, model = plan_model(plan)
+
+    cfg, model = plan_model(plan, profile)
     precision = cfg.recipe(profile.dtype)
     costs = model.layer_costs(cfg)
     out = []
@@ -89,14 +94,14 @@ def _per_layer(pair: tuple[float, float]) -> str:
     return f"{low * MS:.3g}" if high - low <= 1e-9 * max(high, 1e-30) else f"{low * MS:.3g}–{high * MS:.3g}"
 
 
-def print_expert_costs(plan: Plan, console: Console) -> None:
+def print_expert_costs(plan: Plan, console: Console, model: PlanModel | None) -> None:
     par = plan.parallelism
     try:
-        stages = price_experts(plan)
+        stages = price_experts(plan, model_profile(model))
     except AutoparError as err:
-        console.print("all-to-all per stage and micro-batch (from the plan): " + ", ".join(
+        console.print(Text("all-to-all per stage and micro-batch (from the plan): " + ", ".join(
             f"stage {s.stage} {s.ep_comm_s * MS:.3g} ms" for s in plan.prediction.stages)
-            + f"; per layer and expert memory need the plan's model, which could not be priced again: {err}")
+            + f"; per layer and expert memory need the plan's model{without(err)}"))
         return
     table = Table(title=f"MoE layers on one GPU of each stage: all-to-all (dispatch + combine) per layer and "
                         f"micro-batch (ms), routed experts' memory (GiB, ZeRO-{par.zero_stage} over edp)",
@@ -113,8 +118,9 @@ def print_expert_costs(plan: Plan, console: Console) -> None:
     console.print(table)
 
 
-def print_experts(plan: Plan, console: Console) -> None:
-    """The MoE section of `autopar explain` (nothing for a model without experts)."""
+def print_experts(plan: Plan, console: Console, model: PlanModel | None = None) -> None:
+    """The MoE section of `autopar explain` (nothing for a model without experts); ``model``: the plan's model as
+    the user named it (None: none named)."""
     if plan.model.experts is None and plan.parallelism.ep == 1:
         return
     e = plan.model.experts
@@ -124,4 +130,4 @@ def print_experts(plan: Plan, console: Console) -> None:
         console.print(f"mixture of experts: {e.num_experts} routed experts, top-{e.top_k}{shared}{capacity}; "
                       f"{sum(e.moe_blocks)} of {len(e.moe_blocks)} blocks MoE")
     print_expert_groups(plan, console)
-    print_expert_costs(plan, console)
+    print_expert_costs(plan, console, model)

@@ -10,10 +10,12 @@ import math
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 
+from autopar.models import PlanModel
 from autopar.plan import Plan, StagePrediction
 from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
-from autopar.report.plan_summary import bottleneck, configuration, layer_range
+from autopar.report.plan_summary import bottleneck, configuration, layer_range, print_notes
 from autopar.report.schedule import stage_times
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from autopar.report.tables import console as wide_console
@@ -318,11 +320,13 @@ def print_solver(plan: Plan, console: Console) -> None:
                   f"{s.choices:,} outer choices, {s.solves} CP-SAT solves" + (f"; rank {s.rank}" if s.rank > 1 else ""))
 
 
-def explain(plan: Plan, console: Console | None = None) -> None:
+def explain(plan: Plan, console: Console | None = None, model: PlanModel | None = None) -> None:
+    """Everything the plan says; ``model``: its model as the user named it, for the per-layer figures of the
+    context-parallel and MoE sections (None: the plan's own numbers, and how to get the rest)."""
     console = console or wide_console()
     par, pred = plan.parallelism, plan.prediction
-    console.print(f"[bold]{plan.model.name}[/] (seq {plan.model.seq_len}, {plan.model.dtype}) on {plan.cluster.gpus}× "
-                  f"{plan.cluster.hardware}, {plan.cluster.gpus_per_node} per node — "
+    console.print(f"[bold]{escape(plan.model.name)}[/] (seq {plan.model.seq_len}, {plan.model.dtype}) on "
+                  f"{plan.cluster.gpus}× {escape(plan.cluster.hardware)}, {plan.cluster.gpus_per_node} per node — "
                   f"step [bold]{pred.step_time_s:.4g} s[/], "
                   f"peak memory {pred.peak_memory_gib:.1f} / {pred.memory_capacity_gib:.1f} GiB "
                   f"({'fits' if pred.fits else '[red]does not fit[/]'})")
@@ -330,8 +334,8 @@ def explain(plan: Plan, console: Console | None = None) -> None:
     print_mesh(plan, console)
     from autopar.report.context import print_context  # the long-context section (that module imports this one)
     from autopar.report.experts import print_experts  # the MoE section (likewise)
-    print_context(plan, console)
-    print_experts(plan, console)
+    print_context(plan, console, model)
+    print_experts(plan, console, model)
     print_stages(plan, console)
     print_step(plan, console)
     name, share = bottleneck(plan)
@@ -339,5 +343,4 @@ def explain(plan: Plan, console: Console | None = None) -> None:
     for tip in suggestions(plan):
         console.print(f"  • {tip}")
     print_solver(plan, console)
-    for note in plan.notes:
-        console.print(f"[yellow]{note}[/]")
+    print_notes(plan, console)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from autopar.plan import Parallelism, Plan, RunPlan
 from autopar.report.tables import console as wide_console
@@ -53,6 +55,7 @@ def configuration(plan: Plan) -> str:
 
 def layer_range(first: str, last: str, count: int) -> str:
     """A stage's layers: 'wte … lm_head (16)' (wraps between the names, never inside one)."""
+    first, last = escape(first), escape(last)  # a plan file's names are text, not rich markup
     return f"{first} … {last} ({count})" if count > 1 else f"{first} (1)"
 
 
@@ -71,8 +74,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     """Configuration, prediction, time breakdown, one row per stage."""
     console = console or wide_console()
     pred = plan.prediction
-    console.print(f"[bold]{plan.model.name}[/] seq {plan.model.seq_len} {plan.model.dtype} on {plan.cluster.gpus}× "
-                  f"{plan.cluster.hardware} ({plan.cluster.gpus_per_node}/node)")
+    console.print(f"[bold]{escape(plan.model.name)}[/] seq {plan.model.seq_len} {plan.model.dtype} on "
+                  f"{plan.cluster.gpus}× {escape(plan.cluster.hardware)} ({plan.cluster.gpus_per_node}/node)")
     console.print(configuration(plan))
     summary = Table.grid(padding=(0, 2))
     summary.add_row("step time", range_text(pred))
@@ -99,8 +102,22 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
                        f"{s.time_per_microbatch_s * 1e3:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
                        f"{m.optimizer_gib:.2f}", f"{m.activations_gib:.2f}", f"{m.total_gib:.2f}")
     console.print(stages)
-    for note in plan.notes:
-        console.print(f"[yellow]{note}[/]")
+    print_notes(plan, console)
+
+
+MAX_NOTES = 20          # a plan's notes shown; a file may hold any number (the rest is summed up in one line)
+MAX_NOTE_CHARS = 600    # of each
+
+
+def print_notes(plan: Plan, console: Console) -> None:
+    """The plan's notes, as text (a note is not rich markup), the first MAX_NOTES of them, each cut at
+    MAX_NOTE_CHARS: a plan file is the user's, and its notes are not bounded."""
+    for note in plan.notes[:MAX_NOTES]:
+        cut = note if len(note) <= MAX_NOTE_CHARS else note[:MAX_NOTE_CHARS] + f"… ({len(note):,} characters)"
+        console.print(Text(cut, style="yellow"))
+    if len(plan.notes) > MAX_NOTES:
+        console.print(Text(f"… and {len(plan.notes) - MAX_NOTES:,} more notes (the plan file holds them all)",
+                           style="yellow"))
 
 
 def bottleneck(plan: Plan) -> tuple[str, float]:

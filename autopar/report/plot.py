@@ -6,8 +6,6 @@ then renamed.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -15,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from autopar.errors import AutoparError
+from autopar.files import IMAGE_FORMATS, replace_atomic
 from autopar.plan import Plan
 from autopar.report.schedule import Timeline, simulate, stage_times
 from cost_models.pipeline import pipeline_time
@@ -27,7 +26,7 @@ COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B3", "
 MEMORY_PARTS = (("params", "params_gib", "#4C72B0"), ("grads", "grads_gib", "#55A868"),
                 ("optimizer", "optimizer_gib", "#DD8452"), ("activations", "activations_gib", "#C44E52"),
                 ("buffers", "buffers_gib", "#8172B3"), ("reserve", "reserve_gib", "#B0B0B0"))
-FORMATS = ("png", "svg", "pdf")
+FORMATS = IMAGE_FORMATS
 
 
 def drawn_microbatches(plan: Plan, limit: int) -> int:
@@ -232,24 +231,13 @@ def context_figure(rows: Sequence["SweepRow"]) -> Figure:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write the figure atomically; the format follows the suffix (png, svg or pdf)."""
+    """Write the figure atomically (autopar.files.replace_atomic); the format follows the suffix (png, svg or pdf).
+    Returns the path as given."""
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
         raise AutoparError(f"cannot write a figure to {path}: use a .png, .svg or .pdf file name")
-    if path.parent and not path.parent.is_dir():
-        raise AutoparError(f"cannot write {path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp.{fmt}")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt, dpi=110)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a figure is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomic(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=110), suffix=f".tmp.{fmt}")
     return path
 
 

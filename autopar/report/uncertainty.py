@@ -2,6 +2,8 @@
 uncertainties and the regret of the choice (autopar/search/robust.py computes them)."""
 from __future__ import annotations
 
+from rich.markup import escape
+
 from autopar.plan import Prediction
 
 
@@ -25,7 +27,7 @@ def regret_text(pred: Prediction) -> str | None:
         return f"{chosen}regret 0: at every corner of the uncertainty box no plan is faster than this one"
     share = 100 * u.regret_s / pred.step_time_s
     bound = "" if u.regret_exact else "at most "
-    other = f": {u.regret_plan} is that much faster there" if u.regret_plan else \
+    other = f": {escape(u.regret_plan)} is that much faster there" if u.regret_plan else \
         ": a different stage cut or recomputation is that much faster there"
     return (f"{chosen}regret {bound}{u.regret_s:.4g} s ({share:.1f}% of the step) with the hardware at "
-            f"'{u.regret_corner}'{other}")
+            f"'{escape(u.regret_corner)}'{other}")

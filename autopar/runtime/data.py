@@ -60,9 +60,7 @@ class TokenFile:
 
     def __init__(self, path: str | Path, spec: RunPlan, dtype: str = "uint16"):
         self.path, self.spec = Path(path), spec
-        if dtype not in TOKEN_DTYPES:
-            raise AutoparError(f"--data-dtype {dtype}: choose uint16 or uint32")
-        self.tokens = check_token_file(self.path, dtype, spec.model.seq_len)
+        self.tokens = check_token_file(self.path, dtype, spec.model.seq_len, spec.global_batch_size)
         self.windows = len(self.tokens) // spec.model.seq_len
 
     def samples(self, first: int, count: int) -> torch.Tensor:
@@ -82,17 +80,82 @@ class TokenFile:
         return (self.samples(step * self.spec.global_batch_size + dp_rank * n, n),)
 
 
-def check_token_file(path: Path, dtype: str, seq_len: int) -> np.memmap:
-    """The memory-mapped tokens; a one-line error when the file is missing, empty or too short."""
+def check_dtype(dtype: str) -> None:
+    """--data-dtype: one of TOKEN_DTYPES."""
+    if dtype not in TOKEN_DTYPES:
+        raise AutoparError(f"--data-dtype {dtype}: choose {' or '.join(TOKEN_DTYPES)} (the width of the token ids "
+                           "in --data)")
+
+
+TEXT_SAMPLE_BYTES = 1 << 16
+
+
+def looks_like_text(path: Path) -> bool:
+    """Whether the file's first TEXT_SAMPLE_BYTES are printable text (UTF-8, no control characters but
+    whitespace). Token ids are not: uint16 ids below 65,536 put a control byte (the high byte of every id under
+    8,192, the low byte of many others) in any sample of a few hundred tokens."""
+    with open(path, "rb") as f:
+        sample = f.read(TEXT_SAMPLE_BYTES)
+    try:
+        text = sample.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(sample) - 3:  # not only a character cut at the sample's end
+            return False
+        text = sample[:err.start].decode("utf-8")
+    return bool(text) and all(c.isprintable() or c in "\t\n\r\f" for c in text)
+
+
+def check_token_file(path: Path, dtype: str, seq_len: int, global_batch_size: int = 1) -> np.memmap:
+    """The memory-mapped tokens; a one-line error when the file is missing, text, not a whole number of
+    ``dtype`` ids, or shorter than one global batch (``global_batch_size`` samples of ``seq_len`` tokens: a
+    shorter file would repeat samples within a step). Each sample's targets are its own tokens shifted by one
+    (the model's loss), so a batch needs no token past it."""
+    check_dtype(dtype)
     if not path.is_file():
         raise AutoparError(f"data file not found: {path} (pass a flat file of token ids, e.g. nanoGPT's train.bin)")
+    if looks_like_text(path):
+        raise AutoparError(f"{path} is text, not token ids: tokenize it into a flat file of {dtype} ids first "
+                           "(nanoGPT's prepare.py writes train.bin)")
     width = np.dtype(TOKEN_DTYPES[dtype]).itemsize
     size = path.stat().st_size
     if size % width:
         raise AutoparError(f"{path}: {size} bytes is not a whole number of {dtype} tokens: check --data-dtype")
-    if size // width < seq_len:
-        raise AutoparError(f"{path} holds {size // width} tokens, fewer than one sample of seq_len {seq_len}")
+    tokens, needed = size // width, global_batch_size * seq_len
+    if tokens < needed:
+        raise AutoparError(f"{path} holds {tokens:,} tokens, fewer than one global batch ({global_batch_size} "
+                           f"samples of seq_len {seq_len} = {needed:,} tokens): a step would repeat samples; use a "
+                           "longer file or a plan with a smaller global batch")
     return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+
+
+CHUNK_TOKENS = 1 << 24  # ids read at a time when checking them (32 MiB of uint16)
+
+
+def check_token_ids(path: Path, tokens: np.memmap, vocab_size: int, count: int) -> None:
+    """The first ``count`` ids of the file (what a run reads) are below ``vocab_size``: one sequential read of
+    the memory map, a chunk at a time, before torchrun starts (a larger id fails every rank's embedding)."""
+    for start in range(0, min(count, len(tokens)), CHUNK_TOKENS):
+        chunk = np.asarray(tokens[start:min(start + CHUNK_TOKENS, count)])
+        if chunk.size and int(chunk.max()) >= vocab_size:
+            at = start + int(np.argmax(chunk >= vocab_size))
+            raise AutoparError(f"{path}: token {at:,} is id {int(tokens[at]):,}, past the model's vocabulary of "
+                               f"{vocab_size:,}: ids from another tokenizer, or check --data-dtype")
+
+
+def check_data(spec: RunPlan, source: str, path: Path, dtype: str, steps: int) -> None:
+    """A token file for this plan and model, checked before torchrun starts: a model of one token-id input, a
+    file of ``dtype`` ids holding one global batch at least, and every id the run's ``steps`` read below the
+    model's vocabulary (its input embedding's rows). ``source``: the model file the user chose to run."""
+    from autopar.capture import load_spec
+    from autopar.capture.layer_profile import input_vocab
+    from autopar.runtime.init import build_meta
+
+    loaded = load_spec(source, spec.model.overrides)
+    check_data_model(loaded.example_inputs, spec.model.seq_len)
+    tokens = check_token_file(path, dtype, spec.model.seq_len, spec.global_batch_size)
+    vocab = input_vocab(build_meta(loaded.build))
+    if vocab is not None:
+        check_token_ids(path, tokens, vocab, steps * spec.global_batch_size * spec.model.seq_len)
 
 
 def check_data_model(example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:

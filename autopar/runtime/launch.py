@@ -11,7 +11,8 @@ Two halves:
   JSON document), saves and resumes checkpoints, and on an error prints one line ``error: [rank r] ...``.
 
 Trust: a plan file is data, its ``model.source`` names code. That code runs only when the user names the
-model file on the command line (``MODEL``) or passes ``--trust-plan-model``.
+model file on the command line (``MODEL``) or passes ``--trust-plan-model`` (autopar.models.model_source; a
+relative source is the plan file's folder's).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from autopar.errors import AutoparError
+from autopar.models import model_source
 from autopar.plan import RunPlan, load_run_plan
 from autopar.runtime.failure import run_quietly
 
@@ -64,18 +66,6 @@ class RunOptions:
         return out
 
 
-def model_source(spec: RunPlan, model: str | None, trust_plan_model: bool) -> str:
-    """The model file to run: the one the user named, or the plan's when the user trusts it."""
-    if model is not None:
-        return model
-    if not spec.model.source:
-        raise AutoparError("the plan names no model file: pass MODEL")
-    if not trust_plan_model:
-        raise AutoparError(f"the plan wants to run {spec.model.source}: a model file is code, so name it yourself "
-                           f"(MODEL argument) or pass --trust-plan-model")
-    return spec.model.source
-
-
 def check_options(options: RunOptions) -> None:
     """What is wrong with the options alone, in one line."""
     if options.steps < 1:
@@ -86,6 +76,10 @@ def check_options(options: RunOptions) -> None:
         raise AutoparError("--resume and --save-every need --checkpoint-dir DIR")
     if options.resume and options.weights:
         raise AutoparError("--weights and --resume: a resumed run takes its weights from the checkpoint; pass one")
+    if options.data is not None:
+        from autopar.runtime.data import check_dtype
+
+        check_dtype(options.data_dtype)
 
 
 def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str], dict[str, dict[str, str]]]:
@@ -94,16 +88,22 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     check_options(options)
     from autopar.runtime.cp import check_launch, check_plan
     from autopar.runtime.pp import check_launch as check_split
+    from autopar.runtime.settings import check_settings
 
     check_plan(spec)  # what context parallelism needs of the plan (nothing when cp = 1)
+    check_settings(spec)
     if not Path(source).exists():
         raise AutoparError(f"model file not found: {source}")
     if options.weights is not None and not Path(options.weights).exists():
         raise AutoparError(f"weights not found: {options.weights}")
-    if options.data is not None:
+    if options.data is not None:  # what the file alone says (the model's part: check_data, below)
         from autopar.runtime.data import check_token_file
 
-        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len)
+        check_token_file(Path(options.data), options.data_dtype, spec.model.seq_len, spec.global_batch_size)
+    if options.checkpoint_dir is not None:
+        from autopar.files import check_folder
+
+        check_folder(options.checkpoint_dir, "--checkpoint-dir")  # not after the last step, at the first save
     if options.resume:
         _check_resume(options)
     import torch
@@ -117,10 +117,9 @@ def preflight(spec: RunPlan, source: str, options: RunOptions) -> tuple[list[str
     check_launch(spec, source)
     check_split(spec, source)
     if options.data is not None:
-        from autopar.capture import load_spec
-        from autopar.runtime.data import check_data_model
+        from autopar.runtime.data import check_data
 
-        check_data_model(load_spec(source, spec.model.overrides).example_inputs, spec.model.seq_len)
+        check_data(spec, source, Path(options.data), options.data_dtype, options.steps)
     return layers
 
 
@@ -162,7 +161,7 @@ def prepare(plan_path: str | Path, model: str | None = None, options: RunOptions
     temporary folder)."""
     spec = load_run_plan(plan_path)
     check_options(options)
-    source = model_source(spec, model, trust_plan_model)
+    source = model_source(spec, model, trust_plan_model, plan_path)
     layers = preflight(spec, source, options)
     captured = Path(workdir or tempfile.mkdtemp(prefix="autopar-launch-")) / "model_layers.json"
     captured.write_text(json.dumps(layers))
@@ -255,7 +254,7 @@ def _run(args: argparse.Namespace, rank: int) -> int:
                          checkpoint_dir=args.checkpoint_dir, weights=args.weights)
     check_options(options)
     layers = json.loads(Path(args.model_layers).read_text()) if args.model_layers else None
-    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model), layers)
+    loaded, meshes = prepare_rank(spec, model_source(spec, args.model, args.trust_plan_model, args.plan), layers)
     baseline = current_rss_bytes()  # before any weight exists: what the memory test subtracts
     batches = TokenFile(args.data, spec, args.data_dtype) if args.data else None
     pm = build(spec, loaded, meshes, weights=args.weights)

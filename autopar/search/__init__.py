@@ -17,7 +17,7 @@ from autopar.errors import AutoparError, NoValidConfiguration
 from autopar.models import load_profile
 from autopar.plan import Plan, SolverInfo
 from autopar.pricing import plan_of, priced_hardware
-from autopar.profile import ModelProfile
+from autopar.profile import ModelProfile, source_was_named
 from autopar.search.engine import SearchResult, search
 from autopar.search.explain import explain_infeasible
 from autopar.search.robust import assess
@@ -87,10 +87,15 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
 def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str]]:
     """For engine ``autopar``: the pins that keep the search to what `autopar launch` runs on this model (a
     feature its runtime refuses is fixed off), and one note per feature left out. A pin the user gave on such a
-    feature is a one-line error: the plan would not start. Profiles whose model file is not here are searched
-    in full (nothing to check)."""
+    feature is a one-line error: the plan would not start. The check builds the model, so it runs only for a
+    profile traced here from the file the caller named (autopar.profile.source_was_named); a saved profile is
+    searched in full, with a note where its model file exists, and so is one whose model file is not here."""
     if engine.lower() != "autopar" or not Path(profile.source).exists():
         return pins, []
+    if not source_was_named(profile):
+        return pins, [f"searched without autopar launch's checks of this model (a saved profile names "
+                      f"{profile.source} but runs no code): solve the model file itself to keep to what launch "
+                      "runs"]
     from autopar.runtime.support import unsupported  # builds the model on meta: imports torch
 
     off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1}

@@ -47,11 +47,14 @@ def test_engine_reproduces_its_published_runs(engine: str, profiles: dict) -> No
 
 
 def test_engines_differ_where_their_sources_say() -> None:
-    """Megatron-LM and DeepSpeed reduce gradients after the backward (their defaults, as exported); FSDP2 engines
-    overlap them and copy all-gather outputs and gradients on the compute stream; an unknown engine is a one-line
-    error."""
+    """DeepSpeed reduces gradients after the backward (its default, as exported); Megatron-Core overlaps the reduce
+    and the parameter gather as NeMo's recipes do (the export sets --overlap-grad-reduce), unless a plan pins them
+    off; FSDP2 engines overlap them and copy all-gather outputs and gradients on the compute stream; an unknown
+    engine is a one-line error."""
     hw = runs.hardware("a100-80gb")
-    assert ENGINES["megatron"].on(hw).comm_overlap == 0.0 and ENGINES["deepspeed"].on(hw).comm_overlap == 0.0
+    assert ENGINES["deepspeed"].on(hw).grad_reduce_overlap == 0.0
+    assert ENGINES["megatron"].on(hw).grad_reduce_overlap == 1.0 and ENGINES["megatron"].on(hw).param_gather_overlap
+    assert not ENGINES["autopar"].on(hw).param_gather_overlap
     assert ENGINES["autopar"].on(hw).comm_overlap == hw.comm_overlap
     assert ENGINES["torchtitan"].on(hw).zero3_copies == "per_parameter" == ENGINES["autopar"].on(hw).zero3_copies
     assert ENGINES["megatron"].on(hw).zero3_copies == "none"

@@ -37,9 +37,11 @@ def profiles(megatron_profiles: dict) -> dict:
 
 
 def megatron_config(gpus: int, tp: int, pp: int, micro: int, batch: int) -> ParallelConfig:
-    """A row as Megatron-LM 2021 ran it: full recomputation, 1F1B, unfused attention with dropout, fp16."""
+    """A row as Megatron-LM 2021 ran it: full recomputation, 1F1B, unfused attention with dropout, fp16, gradients
+    reduced after the backward (Megatron-LM's data parallelism had no overlap then)."""
     return make_config(gpus, tp=tp, pp=pp, micro_batch_size=micro, global_batch_size=batch, recompute="full", schedule="1f1b",
-                       attention_kernel="unfused", attention_dropout=True, precision="amp-fp16")
+                       attention_kernel="unfused", attention_dropout=True, precision="amp-fp16",
+                       overlap_grad_reduce=False, overlap_param_gather=False)
 
 
 def predict(profile, row):

@@ -185,8 +185,10 @@ def _why(stderr: str) -> str:
 def _plan_file(tmp_path: Path, **kwargs) -> Path:
     from helpers.runtime_worker import plan
 
+    raw = plan(**kwargs)
+    raw["model"]["source"] = str(ROOT / raw["model"]["source"])  # a relative one would be the plan folder's
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan(**kwargs)))
+    path.write_text(json.dumps(raw))
     return path
 
 
@@ -214,6 +216,7 @@ def test_model_not_matching_plan_fails_on_every_rank(tmp_path: Path) -> None:
 
     raw = plan("gpt", dp=2)
     raw["model"]["overrides"]["n_layer"] = "3"  # the plan lists 4 blocks
+    raw["model"]["source"] = str(ROOT / raw["model"]["source"])  # run with --trust-plan-model from the plan's folder
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(raw))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -39,6 +39,8 @@ CORPUS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2LMHeadModel", "dense decoder, learned positions"),
     "llama-3-8b": ("LlamaForCausalLM", "dense decoder, GQA"),
     "llama-3-70b": ("LlamaForCausalLM", "dense decoder, GQA (the long-context example)"),
+    "llama-3.1-405b": ("LlamaForCausalLM", "dense decoder, GQA, RoPE scaling (published long-context runs)"),
+    "llama-2-7b": ("LlamaForCausalLM", "dense decoder, multi-head attention (published long-context runs)"),
     "mistral-7b-v0.1": ("MistralForCausalLM", "dense decoder, GQA, sliding window"),
     "qwen2-0.5b": ("Qwen2ForCausalLM", "dense decoder, GQA, tied embeddings"),
     "qwen2-72b": ("Qwen2ForCausalLM", "dense decoder, GQA"),
@@ -50,7 +52,11 @@ CORPUS: dict[str, tuple[str, str]] = {
     "mixtral-8x22b-v0.1": ("MixtralForCausalLM", "MoE, no shared experts (the MoE search benchmark)"),
     "qwen1.5-moe-a2.7b": ("Qwen2MoeForCausalLM", "MoE with a gated shared expert"),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "MoE, 128 experts, per-head q/k norms"),
+    "qwen3-235b-a22b": ("Qwen3MoeForCausalLM", "MoE, 128 experts, 94 layers"),
+    "gpt-oss-20b": ("GptOssForCausalLM", "MoE, 32 experts, attention sinks, alternating sliding window"),
+    "gpt-oss-120b": ("GptOssForCausalLM", "MoE, 128 experts, attention sinks, alternating sliding window"),
     "deepseek-v2-lite": ("DeepseekV2ForCausalLM", "MoE with shared experts, MLA, first layer dense"),
+    "deepseek-v2": ("DeepseekV2ForCausalLM", "MoE, 160 experts, 2 shared, MLA with q-LoRA"),
     "deepseek-v3": ("DeepseekV3ForCausalLM", "MoE, 256 experts, MLA with q-LoRA, 3 dense layers"),
     "bert-base-uncased": ("BertForMaskedLM", "encoder-only"),
     "roberta-base": ("RobertaForMaskedLM", "encoder-only"),
@@ -60,6 +66,12 @@ CORPUS: dict[str, tuple[str, str]] = {
     "llava-1.5-7b": ("LlavaForConditionalGeneration", "vision-language"),
 }
 
+
+# Known gaps of capture, each a finding of issue #29's published runs (tests/helpers/published_moe_runs.py):
+# GPT-OSS's eager attention appends a learned sink column to the scores before the softmax, so the S×(S+1)
+# softmax is not recognised as an attention core; its blocks get no attention pair and its S×S scores are
+# priced as memory-bound ops (the model records attention_impl "none").
+ATTENTION_SINKS = {"gpt-oss-20b", "gpt-oss-120b"}
 
 # The fast loop traces one config per kind of architecture; the whole corpus runs as `slow` (CI runs it all).
 FAST = {"gpt2", "llama-3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "t5-base", "bert-base-uncased"}
@@ -109,6 +121,25 @@ def test_forward_flops_match_the_closed_form(name: str) -> None:
     assert abs(profile.fwd_flops_per_sample - expected) / expected < 0.05, (profile.fwd_flops_per_sample, expected)
 
 
+@pytest.mark.slow  # a capture each, at 4096 tokens
+@pytest.mark.parametrize("name", ["llama-3-8b", "qwen3-30b-a3b", "deepseek-v2-lite"])  # GQA, MoE, MLA with MoE
+def test_a_block_at_a_long_sequence_costs_its_closed_form_to_one_percent(name: str) -> None:
+    """At 4096 tokens the attention core is a large share of a block, so one counted twice (DeepSeek's latent
+    attention once counted its memory-efficient kernel twice: 1841.7 against 1506 MFLOP per token at 4K) shows:
+    the last block's forward FLOPs are 2 × its active parameters per token plus one attention core."""
+    seq, cfg = 4096, config(name)
+    block = [lp for lp in capture_model(str(HF / f"{name}.json"), seq_len=seq).layers if lp.kind == "block"][-1]
+    layer = reference_model(name).model.layers[-1]
+    params = sum(p.numel() for p in layer.parameters())
+    experts = getattr(layer.mlp, "experts", None)
+    if experts is not None:  # only top-k of the routed experts run for a token
+        count = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg["num_local_experts"]
+        params -= sum(p.numel() for p in experts.parameters()) * (count - cfg["num_experts_per_tok"]) // count
+    expected = 2.0 * params * seq + _attention_flops(name, cfg, seq) / cfg["num_hidden_layers"]
+    assert abs(block.fwd_flops_per_sample - expected) / expected < 0.01, (block.fwd_flops_per_sample / seq / 1e6,
+                                                                          expected / seq / 1e6)
+
+
 @pytest.mark.parametrize("name", names(CORPUS))
 def test_block_cut_bytes_are_the_hidden_state(name: str) -> None:
     profile = captured(name)
@@ -121,7 +152,9 @@ def test_block_cut_bytes_are_the_hidden_state(name: str) -> None:
         assert lp.input_bytes_per_sample <= 1.02 * (lp.cut_bytes_per_sample + expected), lp.name
 
 
-@pytest.mark.parametrize("name", names(CORPUS))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=(*p.marks, pytest.mark.xfail(strict=True, reason="attention sinks: no attention core found")))
+    if n in ATTENTION_SINKS else p for n, p in zip(sorted(CORPUS), names(CORPUS))])
 def test_every_block_has_its_tensor_parallel_pairs(name: str) -> None:
     """Every block shards as Megatron does: an attention pair with the config's heads, and an MLP pair
     (a MoE block's shared experts; routed experts are left to expert parallelism). GPT-2's Conv1D
@@ -189,7 +222,7 @@ def test_attention_implementation_is_recorded_and_eager_scores_left_out() -> Non
     """Gemma-2 runs eager attention (transformers has no SDPA path for its soft-capping): recorded, and its
     blocks profiled as the fused kernel — saved bytes grow linearly with the sequence, not with S²."""
     assert {n: captured(n).attention_impl for n in CORPUS if captured(n).attention_impl != "sdpa"} == \
-        {"gemma-2-2b": "eager"}
+        {"gemma-2-2b": "eager", **{n: "none" for n in ATTENTION_SINKS}}
     short, long = (capture_model(str(HF / "gemma-2-2b.json"), {"num_hidden_layers": "4"}, seq_len=s) for s in (128, 512))
     block = [next(lp for lp in p.layers if lp.kind == "block") for p in (short, long)]
     assert block[1].saved_bytes_per_sample == pytest.approx(4 * block[0].saved_bytes_per_sample, rel=0.01)
@@ -215,7 +248,7 @@ def test_per_head_norms_and_shared_feeders(name: str) -> None:
     replicated projection feeding the heads directly."""
     blocks = [lp for lp in captured(name).layers if lp.kind == "block"]
     per_head = {path for lp in blocks for path, style in lp.tp.plan.items() if style == "head_norm"}
-    assert per_head == ({"self_attn.q_norm", "self_attn.k_norm"} if name == "qwen3-30b-a3b" else set()), per_head
+    assert per_head == ({"self_attn.q_norm", "self_attn.k_norm"} if name.startswith("qwen3") else set()), per_head
     shared = {path for lp in blocks for path in lp.tp.shared_feeders}
     assert shared == ({"self_attn.kv_a_proj_with_mqa"} if name.startswith("deepseek") else set()), shared
 

@@ -163,7 +163,7 @@ def test_a_calibrated_attention_kernel_is_priced_apart_from_the_gemms(cost_model
     from cost_models.model import attention_core_fwd_flops_per_sample, fwd_matmul_flops
 
     block = next(lp for lp in cost_model.model.layers if lp.kind == "block")
-    hw = cost_model.hw
+    hw = replace(cost_model.hw, flash_attention={})  # attention priced at the GEMM tables
     fitted = replace(hw, kernels=KernelCosts(attention=0.25, attention_backward=3.0))
     link = comm.group_link(hw, 1, 1, 8)
     b, seq = 2, 256
@@ -183,3 +183,35 @@ def test_a_calibrated_attention_kernel_is_priced_apart_from_the_gemms(cost_model
     assert apart.fwd_s - base.fwd_s == pytest.approx(t_rest + t_attn - t_all)
     assert apart.bwd_s - base.bwd_s == pytest.approx(2 * (t_rest - t_all) + 3.0 * t_attn)
     assert cost(fitted, "selective").bwd_s - apart.bwd_s == pytest.approx(t_attn)
+
+
+def test_a_flash_kernel_runs_half_a_causal_attention_at_its_own_efficiency(cost_model: CostModel) -> None:
+    """A GPU profile's flash kernel prices the attention core apart from the GEMMs: the FLOPs it executes (half
+    the counted S×S when causal) at the kernel's efficiency at this sequence length, backward at its ratio; the
+    engine picks the kernel (Megatron-Core's cuDNN attention is faster than PyTorch's FlashAttention-2); an
+    unfused attention stays on the GEMM tables, whole."""
+    from dataclasses import replace
+
+    from cost_models.compute import layer_compute
+    from cost_models.engines import load_engine
+    from cost_models.model import attention_core_fwd_flops_per_sample
+
+    block = next(lp for lp in cost_model.model.layers if lp.kind == "block")
+    assert block.attention_causal  # examples/gpt.py: scaled_dot_product_attention(is_causal=True)
+    hw = cost_model.hw
+    b, seq = 2, 256
+
+    def fwd(profile: object, layer: object = block, kernel: str = "fused") -> float:
+        return layer_compute(layer, b=b, seq_len=seq, tp=1, sequence_parallel=False, recompute="none", hw=profile,
+                             dtype="bf16", attention_kernel=kernel).fwd_s
+
+    table, ratio = hw.flash()
+    core = attention_core_fwd_flops_per_sample(block, seq) * b
+    gemm_only = replace(hw, flash_attention={})
+    non_causal = block.model_copy(update={"attention_causal": False})
+    half = 0.5 * core / (hw.peak("bf16") * table(seq))
+    assert fwd(hw, non_causal) - fwd(hw) == pytest.approx(half)  # the causal kernel skips half of the S×S
+    assert fwd(hw) < fwd(gemm_only)
+    assert fwd(hw, kernel="unfused") > fwd(gemm_only)  # unfused: whole S×S as GEMMs, plus the scores' traffic
+    cudnn, flash2 = (load_engine(name).on(load_hardware("h100-80gb")) for name in ("megatron", "autopar"))
+    assert cudnn.flash()[0](seq) > flash2.flash()[0](seq) and ratio == pytest.approx(3.0)

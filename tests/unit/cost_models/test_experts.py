@@ -13,7 +13,15 @@ from autopar.capture import capture_model, load_spec
 from autopar.cli import app
 from autopar.plan import Plan
 from cost_models import ConfigError, CostModel, comm, load_hardware, make_config
-from cost_models.experts import DEFAULT_IMBALANCE, DenseView, expert_cost
+from cost_models.experts import (
+    EXPERT_SPREAD_AUX_LOSS,
+    DenseView,
+    dispatch_time,
+    expected_maximum,
+    expert_cost,
+    imbalance_of,
+    remote_nodes,
+)
 from helpers import ROOT
 
 EX = ROOT / "examples"
@@ -88,8 +96,7 @@ def test_imbalance_slows_the_busiest_gpu_only_when_the_model_is_dropless(tiny) -
 
     even = CostModel(dropless, H100).evaluate(cfg(moe_imbalance=1.0))
     busy = CostModel(dropless, H100).evaluate(cfg())
-    assert busy.step_time_s > even.step_time_s
-    assert cfg().moe_imbalance is None and DEFAULT_IMBALANCE == 1.25
+    assert busy.step_time_s > even.step_time_s and cfg().moe_imbalance is None
     padded = CostModel(tiny, H100)
     assert padded.evaluate(cfg(moe_imbalance=1.0)).step_time_s == \
         padded.evaluate(cfg(moe_imbalance=2.0)).step_time_s
@@ -140,18 +147,60 @@ def test_solve_searches_expert_parallelism_and_the_plan_says_so(tmp_path: Path) 
         assert free.prediction.step_time_s <= pinned.prediction.step_time_s * (1 + 1e-9)
 
 
-def test_mixtral_8x7b_lands_near_megatron_cores_published_throughput() -> None:
-    """Megatron-Core's MoE README (core_r0.9.0, megatron/core/transformer/moe/README.md): "Mixtral 8X7B bf16
-    training ... 438 TFLOPS as of MCore v0.8", with its Mixtral 8x7B example on 32 H100 beside it: TP 1, PP 4,
-    EP 8, micro-batch 1, global batch 128, sequence 4096, distributed optimizer (ZeRO-1), grouped GEMM, no
-    recomputation, dropless. The README says to measure after 500 iterations, once the auxiliary loss has
-    balanced the experts: the busiest GPU's load is taken as the average's (moe_imbalance 1.0). Within 15 %
-    (nothing here was fitted to this run)."""
-    from autopar.estimate import estimate
+def test_the_default_imbalance_is_the_busiest_of_ep_gpus(tiny) -> None:
+    """Dropless routing: the busiest of ep GPUs lies expected_maximum(ep) spreads above the mean; a GPU's spread is
+    the experts' (a sample of E/ep of E) with the counting noise of its pairs. No imbalance with all experts on every
+    GPU; more GPUs, more imbalance; more tokens, less; a bias-balanced router (DeepSeek-V3) less than an auxiliary
+    loss."""
+    moe = next(layer for layer in tiny.layers if layer.moe).moe.model_copy(update={"capacity_factor": None,
+                                                                                  "num_experts": 64})
+    assert imbalance_of(moe, None, ep=1, pairs_per_gpu=1000) == 1.0
+    assert imbalance_of(moe, 1.7, ep=8, pairs_per_gpu=1000) == 1.7
+    eight = imbalance_of(moe, None, ep=8, pairs_per_gpu=4096)
+    by_hand = 1 + expected_maximum(8) * ((EXPERT_SPREAD_AUX_LOSS ** 2 * (64 - 8) / (8 * 63)) + 1 / 4096) ** 0.5
+    assert eight == pytest.approx(by_hand)
+    assert imbalance_of(moe, None, ep=64, pairs_per_gpu=4096) > eight > imbalance_of(moe, None, ep=8,
+                                                                                    pairs_per_gpu=65536)
+    assert imbalance_of(moe.model_copy(update={"balanced_by_bias": True}), None, ep=8, pairs_per_gpu=4096) < eight
+    assert expected_maximum(2) == pytest.approx(0.5642, abs=0.03)  # E[max of 2 normals] = 1/sqrt(pi); Blom: 0.589
 
-    plan = estimate(str(EX / "hf" / "mixtral-8x7b-v0.1.json"), gpus=32, gpu="h100-80gb", tp=1, pp=4,
-                    ep=8, micro_batch_size=1, global_batch_size=128, seq_len=4096, zero_stage=1, recompute="none",
-                    moe_imbalance=1.0, engine="megatron")
-    published = 438.0
-    assert plan.prediction.fits
-    assert abs(plan.prediction.tflops_per_gpu / published - 1) <= 0.15, plan.prediction.tflops_per_gpu
+
+def test_dispatchers_move_what_each_sends(tiny) -> None:
+    """alltoall: one copy per chosen expert; allgather: every token over the group, whatever the top-k; flex
+    (DeepEP): once per other node a token's experts lie on, so across nodes it moves fewer bytes than alltoall
+    when top-k experts share nodes, and node-limited routing (DeepSeek-V3's topk_group) caps the nodes."""
+    moe = next(layer for layer in tiny.layers if layer.moe).moe.model_copy(update={"num_experts": 256, "top_k": 8,
+                                                                                  "hidden_size": 7168})
+    kw = dict(received=8 * 4096.0, tokens=4096.0, ep=64, etp=1, gpus_per_node=8, hw=H100, dtype_bytes=2)
+    a2a, flex = dispatch_time(moe, "alltoall", **kw), dispatch_time(moe, "flex", **kw)
+    assert a2a == pytest.approx(comm.all_to_all_time(8 * 4096 * 7168 * 2, 64, stride=1, gpus_per_node=8, hw=H100))
+    assert flex < a2a
+    remote, nodes = remote_nodes(moe, 64, 8)
+    assert nodes == 8 and 7 * (1 - 0.96) < remote < 7 * 8 / 8  # 8 experts over 8 nodes: most of them touched
+    limited = moe.model_copy(update={"routing_groups": 8, "groups_per_token": 4})
+    assert remote_nodes(limited, 64, 8)[0] == pytest.approx(4 * 7 / 8)
+    assert dispatch_time(limited, "flex", **kw) < flex
+    gathered = dispatch_time(moe, "allgather", **kw)
+    assert gathered == pytest.approx(comm.all_gather_time(4096 * 64 * 7168 * 2, 64, comm.group_link(H100, 64, 1, 8),
+                                                          H100))
+    assert dispatch_time(moe, "alltoall", **{**kw, "ep": 1}) == 0.0
+
+
+def test_an_all_to_all_pays_one_network_latency_not_one_per_peer() -> None:
+    """NCCL's all-to-all is one group call with every peer's send in flight: the latency of a tiny all-to-all
+    does not grow with the peers."""
+    small = [comm.all_to_all_time(1024, n, stride=1, gpus_per_node=8, hw=H100) for n in (16, 128)]
+    assert small[1] == pytest.approx(small[0], rel=0.05)
+    assert small[1] < 4 * H100.inter_node_latency_s
+
+
+def test_overlapped_all_to_alls_hide_behind_compute(tiny) -> None:
+    layer = next(layer for layer in tiny.layers if layer.moe)
+    common = dict(b=4, seq_len=SEQ, tp=1, etp=1, ep=4, sequence_parallel=False, recompute="none", imbalance=1.0,
+                  gpus_per_node=2, hw=H100, dtype="bf16", dtype_bytes=2)
+    plain = expert_cost(layer, **common)
+    hidden = expert_cost(layer, **common, overlap=True, hide_s=1.0)
+    total = plain.traffic.a2a_fwd_s + plain.traffic.a2a_bwd_s
+    assert hidden.traffic.a2a_fwd_s + hidden.traffic.a2a_bwd_s == pytest.approx(H100.overlap_penalty * total)
+    none = expert_cost(layer, **common, overlap=True, hide_s=0.0)
+    assert none.traffic.a2a_fwd_s + none.traffic.a2a_bwd_s < total + 1e-12

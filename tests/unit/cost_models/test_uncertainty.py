@@ -103,5 +103,7 @@ def test_an_engine_is_applied_to_a_calibrated_profile_for_its_schedule_only() ->
     cpu = load_hardware("cpu")
     megatron = ENGINES["megatron"].on(cpu)
     assert megatron.gemm_efficiency(1e9) == cpu.gemm_efficiency(1e9)   # the calibration timed the kernels itself
-    assert megatron.comm_overlap == 0.0                                 # Megatron reduces gradients after backward
+    assert megatron.grad_reduce_overlap == 1.0                          # --overlap-grad-reduce, NeMo's default
+    assert megatron.comm_overlap == cpu.comm_overlap                    # as far as the calibrated machine hides it
+    assert ENGINES["deepspeed"].on(cpu).grad_reduce_overlap == 0.0      # DeepSpeed reduces after the backward
     assert replace(ENGINES["megatron"], compute=2.0).on(A100).gemm_efficiency(1e12) == 1.0  # capped at the peak

@@ -22,6 +22,7 @@ from autopar.export import EXPORTERS, export
 from autopar.export.megatron import megatron_split
 from helpers.exports import (
     BLOCKS,
+    GPT,
     SPECS,
     TARGETS,
     assert_warnings,
@@ -232,13 +233,17 @@ def test_cli_prints_or_writes_and_warns_on_stderr(plans, tmp_path):
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout)["model"]["pipeline_model_parallel_size"] == 4
     assert result.stderr.startswith("warning: ") and "GPipe" in result.stderr
-    out = tmp_path / "run" / "nemo.yaml"
-    result = runner.invoke(app, ["export", str(path), "--to", "nemo", "-o", str(out)])
-    assert result.exit_code == 0 and str(out) in result.stdout
-    # NeMo runs Megatron-Core: the header's prediction is the plan priced for the megatron engine
+    # without its model the header keeps the plan's own prediction, and stderr says how to price it for NeMo
+    assert "under the autopar engine" in result.stdout and "nemo runs megatron: to price it for megatron, pass " \
+        "--model FILE" in result.stderr
+    out = tmp_path / "nemo.yaml"
+    result = runner.invoke(app, ["export", str(path), "--to", "nemo", "-o", str(out), "--model", GPT])
+    assert result.exit_code == 0 and str(out) in result.stdout and "to price it" not in result.stderr
+    # NeMo runs Megatron-Core: with the model named, the header's prediction is the plan priced for megatron
     from autopar.commands.export import for_engine
+    from autopar.models import PlanModel
 
-    repriced = for_engine(plans["gpipe_fp16"], "megatron")
+    repriced = for_engine(plans["gpipe_fp16"], "megatron", PlanModel(plans["gpipe_fp16"], path, GPT))
     assert repriced.prediction.engine == "megatron" and plans["gpipe_fp16"].prediction.engine == "autopar"
     assert repriced.prediction.step_time_s != plans["gpipe_fp16"].prediction.step_time_s
     assert out.read_text() == export(repriced, "nemo").text and "under the megatron engine" in out.read_text()

@@ -34,6 +34,12 @@ CHANGES = {
     "cp_comm": ("gpt", {**BASE, "pp": 1, "cp": 2}, {"cp_comm": "ring"}),
     "ep": ("moe", {**BASE, "pp": 1, "tp": 1}, {"ep": 2}),
     "etp": ("moe", {**BASE, "pp": 1, "ep": 2}, {"etp": 1}),
+    "moe_dispatcher": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_dispatcher": "flex"}),
+    "moe_overlap": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_overlap": True}),
+    "overlap_grad_reduce": ("gpt", BASE, {"overlap_grad_reduce": False}),
+    "overlap_param_gather": ("gpt", BASE, {"overlap_param_gather": True}),
+    "tp_comm_overlap": ("gpt", {**BASE, "sequence_parallel": True}, {"tp_comm_overlap": True}),
+    "recompute_modules": ("gpt", {**BASE, "recompute": "selective"}, {"recompute_modules": ("core_attn", "mlp")}),
 }
 MODELS = {"gpt": (EX / "gpt.py", GPT), "moe": (EX / "moe.py", MOE)}
 

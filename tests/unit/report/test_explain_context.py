@@ -49,7 +49,7 @@ def test_cp_groups_are_megatron_cores():
 
 def test_explain_shows_the_groups_and_the_traffic_per_layer(saved, llama):  # noqa: F811
     plan, path = saved
-    result = runner.invoke(app, ["explain", str(path)])
+    result = runner.invoke(app, ["explain", str(path), "--trust-plan-model"])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert_nothing_cut(out)
@@ -101,10 +101,14 @@ def test_a_pipelined_cp_plan_reads_at_80_columns(tmp_path):
                             tp=2, pp=2, cp=4, micro_batch_size=1, global_batch_size=4, recompute="full", zero_stage=3)
     path = tmp_path / "plan.json"
     plan.save(path)
-    result = runner.invoke(app, ["explain", str(path)])
+    result = runner.invoke(app, ["explain", str(path), "--trust-plan-model"])
     assert result.exit_code == 0, result.output
     assert_nothing_cut(result.stdout)
     assert "cp\ncomm" not in result.stdout and re.search(r"tp\s+cp\s+pp", result.stdout)
+    untrusted = runner.invoke(app, ["explain", str(path)])  # without the model: the plan's figures, and how
+    assert untrusted.exit_code == 0, untrusted.output
+    assert_nothing_cut(untrusted.stdout)
+    assert "per layer figures need the plan's model: pass --model FILE" in " ".join(untrusted.stdout.split())
 
 
 @pytest.mark.parametrize("engine", [pytest.param("deepspeed", marks=pytest.mark.slow), "megatron"])
@@ -118,7 +122,7 @@ def test_explain_compares_the_exchanges_as_two_estimates_of_the_plans_engine(eng
     ring = autopar.estimate(LLAMA, cp_comm="ring", **common)
     path = tmp_path / "plan.json"
     gather.save(path)
-    result = runner.invoke(app, ["explain", str(path)])
+    result = runner.invoke(app, ["explain", str(path), "--trust-plan-model"])
     assert result.exit_code == 0, result.output
     flat = " ".join(result.stdout.split())
     want = 100 * (ring.prediction.step_time_s / gather.prediction.step_time_s - 1)

@@ -198,7 +198,7 @@ def test_plot_caps_the_drawn_microbatches(plans: dict) -> None:
 @pytest.mark.parametrize("args,expected", [
     (["plot", "missing.json"], "plan file not found: missing.json"),
     (["explain", "missing.json"], "plan file not found: missing.json"),
-    (["plot", "{plan}", "-o", "{tmp}/plan.jpg"], "use a .png, .svg or .pdf"),
+    (["plot", "{plan}", "-o", "{tmp}/plan.jpg"], "must be a .png, .svg or .pdf file"),
     (["plot", "{bad}"], "invalid plan"),
 ])
 def test_bad_plot_and_explain_input_is_one_line(plans: dict, tmp_path: Path, args: list[str], expected: str) -> None:

@@ -89,7 +89,8 @@ def _tokens(tmp_path: Path, count: int, dtype: str = "uint16") -> Path:
     (["--checkpoint-dir", "{tmp}/ck", "--resume", "--steps", "2"], "is already at step 2; ask for more --steps"),
     (["--data", "{tmp}/missing.bin"], "data file not found"),
     (["--data", "{tmp}/odd.bin", "--data-dtype", "uint32"], "not a whole number of uint32 tokens"),
-    (["--data", "{tmp}/short.bin"], "fewer than one sample of seq_len 16"),
+    (["--data", "{tmp}/short.bin"], "holds 10 tokens, fewer than one global batch (8 samples of seq_len 16 = 128 "
+                                     "tokens)"),
     (["--weights", "{tmp}/nothing.safetensors"], "weights not found"),
 ])
 def test_bad_options_fail_before_torchrun_in_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
@@ -145,7 +146,7 @@ def test_token_data_needs_a_model_of_token_ids(tmp_path: Path) -> None:
     raw = {**plan("gpt", dp=2), "model": {"source": source, "overrides": overrides, "seq_len": 16, "dtype": "fp32"},
            "layers": [{"name": layer.name, "stage": 0, "tp": 1} for layer in profile.layers]}
     with pytest.raises(AutoparError, match="--data feeds token ids to a model with one input; this model takes 2"):
-        preflight(parse_run_plan(raw), source, RunOptions(data=str(_tokens(tmp_path, 100))))
+        preflight(parse_run_plan(raw), source, RunOptions(data=str(_tokens(tmp_path, 8 * 16))))
 
 
 def test_each_data_parallel_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
@@ -211,3 +212,20 @@ def test_every_option_reaches_the_ranks() -> None:
     assert (args.steps, args.lr, args.json, args.data, args.data_dtype, args.checkpoint_dir, args.save_every,
             args.resume, args.weights, args.verbose, args.model_layers, args.model) == \
         (7, 0.5, True, "t.bin", "uint32", "ck", 3, True, None, True, "layers.json", "m.py")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"moe_dispatcher": "flex"}, "the plan sets moe_dispatcher flex, but autopar's runtime dispatches experts' tokens"),
+    ({"tp_comm_overlap": True}, "the plan sets tp_comm_overlap True, but autopar's runtime does not overlap"),
+    ({"overlap_grad_reduce": False}, "the plan sets overlap_grad_reduce False, but autopar's runtime reduces"),
+    ({"recompute_modules": ["core_attn", "mlp"]}, "the plan sets recompute_modules core_attn,mlp, but autopar's"),
+])
+def test_a_setting_the_runtime_runs_one_way_only_is_refused_before_torchrun(tmp_path: Path, setting: dict,
+                                                                             message: str) -> None:
+    """A plan made for another engine (Megatron-Core's DeepEP dispatcher, TE's tensor-parallel overlap, ...) is
+    refused in one line naming the setting and what the runtime does instead (autopar/runtime/settings.py)."""
+    spec = plan("gpt", dp=2)
+    spec["parallelism"].update(setting)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(spec))
+    _one_line_error(runner.invoke(app, ["launch", str(path), GPT]), message)

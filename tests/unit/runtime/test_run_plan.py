@@ -130,7 +130,8 @@ def test_launch_dry_run_prints_torchrun_command(tmp_path: Path) -> None:
     assert "--checkpoint-dir ck --save-every 2 --resume" in result.output
     result = CliRunner().invoke(app, ["launch", str(path), "--nnodes", "2", "--trust-plan-model"])
     assert result.exit_code == 0 and "--nproc-per-node=4 --nnodes=2 --rdzv-backend=c10d" in result.output
-    assert "--model examples/gpt.py" in result.output  # the plan's model, named in the command it prints
+    # the plan's model, named in the command it prints: its relative source is the plan file's folder's
+    assert f"--model {tmp_path / 'examples' / 'gpt.py'} " in result.output
 
 
 def test_launch_errors_are_one_line(tmp_path: Path) -> None:
