@@ -36,6 +36,12 @@ as the plan does (Megatron-Core's ep × etp × edp); the model's experts as ``--
 ``--moe-layer-freq`` (a pattern such as ``([0]*1+[1]*60)`` when some layers are dense),
 ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the alltoall dispatcher and
 grouped GEMMs. validate_args checks that ep divides the experts.
+
+Launch-only decisions (export/overlap.py): ``--moe-token-dispatcher-type`` (flex with
+``--moe-flex-dispatcher-backend deepep``), ``--overlap-moe-expert-parallel-comm``, ``--overlap-grad-reduce``,
+``--overlap-param-gather`` (with the distributed optimizer or Megatron-FSDP), ``--tp-comm-overlap`` (with sequence
+parallelism) and ``--recompute-modules`` (with ``--recompute-granularity selective``); the plan's None overlaps are
+its engine's defaults (the Megatron engine's: both on, as NeMo's recipes run; Megatron-LM's own are off).
 """
 from __future__ import annotations
 
@@ -56,6 +62,8 @@ from autopar.export.common import (
     unexpressed,
 )
 from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
+from autopar.export.overlap import READS as OVERLAP_READS
+from autopar.export.overlap import core_comm
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
@@ -69,7 +77,7 @@ VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: p
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm"}) | OVERLAP_READS
 
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -142,6 +150,8 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
         args.append(("--recompute-granularity", recompute.granularity))
     if recompute.method is not None:
         args += [("--recompute-method", recompute.method), ("--recompute-num-layers", recompute.num_layers)]
+    comm = core_comm(plan, TARGET, warnings, sequence_parallel)
+    args += [(_flag(name), value) for name, value in {**comm.model, **comm.ddp}.items() if value is not False]
     args += _data_parallel_args(par.zero_stage)
     dtype = precision(plan)
     if dtype != "fp32":
@@ -162,9 +172,21 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     if (par.tp > 1 or par.cp > 1) and par.zero_stage < 2:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append("MEGATRON_ARGS=(")
-    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
+    lines += [f"    {flag}" + _words(value) for flag, value in args]
     lines.append(")")
     return Export("megatron", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _flag(field: str) -> str:
+    """A Megatron-Core config field's Megatron-LM flag (ArgumentGroupFactory: dashes for underscores)."""
+    return "--" + field.replace("_", "-")
+
+
+def _words(value: object) -> str:
+    """A flag's value as shell words: none for a bare flag (None or True), one per item of a list."""
+    if value is None or value is True:
+        return ""
+    return "".join(f" {shlex.quote(str(v))}" for v in (value if isinstance(value, list) else [value]))
 
 
 def megatron_offload(plan: Plan, target: str, warnings: list[str]) -> dict[str, object]:

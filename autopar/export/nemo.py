@@ -14,11 +14,13 @@ own (Llama 3 8B's recipe sets context_parallel_size 2):
   uneven first / last stages (``num_layers_in_first_pipeline_stage`` / ``..._last_...``; other cuts get the nearest
   such split, warned), recomputation (``recompute_granularity`` / ``recompute_method`` / ``recompute_num_layers``, as
   Megatron-LM), activation offload (``cpu_offloading``: not with pipelining or recomputation, warned), the experts
-  (export/experts.py) and ``seq_length``;
+  (export/experts.py), ``seq_length`` and the launch-only decisions (export/overlap.py: ``moe_token_dispatcher_type``,
+  ``overlap_moe_expert_parallel_comm``, ``tp_comm_overlap``, ``recompute_modules``);
 - ``train``: ``micro_batch_size``, ``global_batch_size`` (micro-batches per step = global / (micro × dp));
 - ``ddp`` and ``optimizer``: ZeRO-1 the distributed optimizer, ZeRO-2/3 Megatron-FSDP
   (``data_parallel_sharding_strategy`` optim_grads / optim_grads_params), ZeRO-0 neither;
-  ``ddp.grad_reduce_in_fp32`` the plan's gradient reduction;
+  ``ddp.grad_reduce_in_fp32`` the plan's gradient reduction, ``ddp.overlap_grad_reduce`` / ``overlap_param_gather``
+  the plan's overlaps (None: its engine's default);
 - ``dataset.seq_length`` and ``mixed_precision`` (Megatron-Bridge's recipe name: ``bf16_mixed``, ``fp16_mixed``).
 """
 from __future__ import annotations
@@ -41,6 +43,8 @@ from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
 from autopar.export.megatron import CP_COMM_TYPES, megatron_offload, megatron_pipeline
 from autopar.export.nemo_yaml import VERSION as VERSION_2_4
 from autopar.export.nemo_yaml import export_yaml
+from autopar.export.overlap import READS as OVERLAP_READS
+from autopar.export.overlap import core_comm
 from autopar.plan import Plan
 
 TARGET = "Megatron-Bridge"
@@ -50,7 +54,10 @@ VERSIONS = {"bridge": "Megatron-Bridge 0.3.1 (ConfigContainer: process_config_wi
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm"})
+                   "etp", "cp", "cp_comm"}) | OVERLAP_READS
+# NeMo 2.4's YAML passes TransformerConfig fields through (the dispatcher, the experts' overlap, the recomputed
+# modules); its data-parallel and userbuffers overlaps are its own optimizer's and trainer's settings, not written.
+READS_2_4 = READS - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
 _DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
             "cp": "context_parallel_size", "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
 _SHARDING = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
@@ -58,7 +65,7 @@ _MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}
 
 
 def export(plan: Plan, dialect: str = "bridge") -> Export:
-    warnings = unexpressed(plan, TARGET if dialect == "bridge" else "NeMo", READS)
+    warnings = unexpressed(plan, TARGET if dialect == "bridge" else "NeMo", READS if dialect == "bridge" else READS_2_4)
     if dialect == "2.4":
         return export_yaml(plan, warnings)
     par = plan.parallelism
@@ -85,6 +92,8 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
     if par.offload_activations:
         model.update(megatron_offload(plan, TARGET, warnings))
     model.update(megatron_core_moe(plan, TARGET, warnings))
+    comm = core_comm(plan, TARGET, warnings, sequence_parallel)
+    model.update(comm.model)
     dtype = precision(plan)
     zero = par.zero_stage
     sections = {
@@ -93,7 +102,7 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
         "dataset": {"seq_length": plan.model.seq_len},
         "ddp": {"use_distributed_optimizer": zero >= 1, "use_megatron_fsdp": zero >= 2,
                 "data_parallel_sharding_strategy": _SHARDING[zero],
-                "grad_reduce_in_fp32": fp32_grads(plan) or dtype == "fp32"},
+                "grad_reduce_in_fp32": fp32_grads(plan) or dtype == "fp32", **comm.ddp},
         "optimizer": {"use_distributed_optimizer": zero >= 1},
         "mixed_precision": _MIXED_PRECISION[dtype],
     }

@@ -22,7 +22,10 @@ world / (tp × pp × cp).
 Mixture of experts: ``expert_model_parallel_size`` and the experts as the TransformerConfig fields NeMo passes
 through from the model config (``num_moe_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``,
 ``moe_layer_freq``, ... : export/experts.py); the experts' tensor-parallel degree is the model's tp in this
-form, so a plan with etp 1 under tp > 1 is warned.
+form, so a plan with etp 1 under tp > 1 is warned. The dispatcher, the experts' overlap
+(``overlap_moe_expert_parallel_comm``) and selective recomputation's ``recompute_modules`` are TransformerConfig fields
+too (export/overlap.py); the data-parallel and tensor-parallel overlaps are not written (warned when the plan sets
+them).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from autopar.export.common import (
 )
 from autopar.export.experts import megatron_core_moe, moe_sequence_parallel
 from autopar.export.megatron import CP_COMM_TYPES, megatron_offload, megatron_pipeline
+from autopar.export.overlap import core_model
 from autopar.plan import Plan
 
 TARGET = "NeMo"
@@ -73,6 +77,7 @@ def export_yaml(plan: Plan, warnings: list[str]) -> Export:
         "virtual_pipeline_model_parallel_size": layout.virtual if layout.virtual > 1 else None,
         "sequence_parallel": sequence_parallel,
         "encoder_seq_length": plan.model.seq_len, **megatron_core_moe(plan, TARGET, warnings),
+        **core_model(plan, TARGET, warnings),
     }
     if par.cp > 1:
         model["cp_comm_type"] = CP_COMM_TYPES[par.cp_comm]

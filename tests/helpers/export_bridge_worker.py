@@ -101,7 +101,13 @@ def read(job: dict) -> dict:
             "global": train.global_batch_size, "microbatches": train.global_batch_size // (train.micro_batch_size * dp),
             "sp": m.sequence_parallel, "vp": m.virtual_pipeline_model_parallel_size or 1,
             "cut": _cut(m, job["layers"]), "recompute": _recompute(m, job["layers"]),
-            "offload": bool(m.cpu_offloading)}
+            "offload": bool(m.cpu_offloading),
+            "launch": {"moe_token_dispatcher_type": m.moe_token_dispatcher_type,
+                       "moe_flex_dispatcher_backend": m.moe_flex_dispatcher_backend,
+                       "overlap_moe_expert_parallel_comm": m.overlap_moe_expert_parallel_comm,
+                       "tp_comm_overlap": m.tp_comm_overlap, "recompute_modules": m.recompute_modules,
+                       "overlap_grad_reduce": cfg.ddp.overlap_grad_reduce,
+                       "overlap_param_gather": cfg.ddp.overlap_param_gather}}
 
 
 out = {}

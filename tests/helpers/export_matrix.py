@@ -4,9 +4,12 @@ Each reader returns the values the framework parsed ({tp, pp, dp, cp, ep, micro,
 cut, recompute, offload}, the keys it has), each compared with the plan's by ``differences``: a value that differs
 must be named in one of the export's warnings. Readers that need a framework skip, saying it "is not installed",
 where it is missing (tests/conftest.py fails such a skip under CI=true). Stubs, each named where it is used: none
-for Megatron-LM, DeepSpeed, Lightning, torchtitan 0.3, BioNeMo (its vendored pydantic classes) and SageMaker;
-torchtitan 0.2.2's PipelineStage (it needs a process group) and Megatron-Bridge's transformer_engine import and
-recipes package __init__ (tests/helpers/export_bridge_worker.py)."""
+for Megatron-LM, DeepSpeed, Lightning, torchtitan 0.3, BioNeMo (its vendored pydantic classes) and SageMaker (SDK 3's
+Compute / Torchrun, not ModelTrainer itself, which resolves an IAM role over the network);
+torchtitan 0.2.2's PipelineStage (it needs a process group), SDK 2's estimator session (a stand-in: no AWS call) and
+Megatron-Bridge's transformer_engine import and recipes package __init__ (tests/helpers/export_bridge_worker.py).
+Frameworks that share a package name with another version, or need stubs, run in a worker process of their own
+(tests/helpers/export_*_worker.py), with their folder first on the path where AUTOPAR_<NAME> names one."""
 from __future__ import annotations
 
 import json
@@ -110,21 +113,37 @@ def titan_0_2_folder() -> str:
     return folder
 
 
-def sagemaker_2_folder() -> str:
-    folder = os.environ.get("AUTOPAR_SAGEMAKER_2", "")
-    if not (Path(folder) / "sagemaker" / "pytorch").exists():
-        pytest.skip("the SageMaker Python SDK 2 is not installed: pip install --target DIR 'sagemaker>=2.257,<3' and "
-                    "set AUTOPAR_SAGEMAKER_2=DIR")
-    return folder
+def sagemaker_folder(major: int) -> str:
+    """Where SDK ``major`` of the SageMaker Python SDK is: the folder AUTOPAR_SAGEMAKER_<major> names, or "" for this
+    Python's own (SDK 2 has sagemaker.pytorch, SDK 3 sagemaker.train; the two share a package name)."""
+    import importlib.util
+
+    marker = {2: "pytorch", 3: "train"}[major]
+    folder = os.environ.get(f"AUTOPAR_SAGEMAKER_{major}", "")
+    if folder and (Path(folder) / "sagemaker" / marker).exists():
+        return folder
+    spec = importlib.util.find_spec("sagemaker")
+    if spec is not None and spec.origin and (Path(spec.origin).parent / marker).exists():
+        return ""
+    pin = "'sagemaker>=2.257,<3'" if major == 2 else "sagemaker==3.27.0"
+    pytest.skip(f"the SageMaker Python SDK {major} is not installed: pip install --target DIR {pin} and set "
+                f"AUTOPAR_SAGEMAKER_{major}=DIR")
 
 
-def bridge_available() -> None:
-    """Megatron-Bridge is looked up, not imported (its import needs the worker's stubs)."""
+def bridge_folder() -> str:
+    """Megatron-Bridge and hydra-core (its config merge) are looked up, not imported (the import needs the worker's
+    stubs): in this Python, or in the folder AUTOPAR_MEGATRON_BRIDGE names (installed there without dependencies:
+    hydra-core pins an older omegaconf than Lightning's)."""
     import importlib.util
 
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    folder = os.environ.get("AUTOPAR_MEGATRON_BRIDGE", "")
+    if folder and (Path(folder) / "megatron" / "bridge").exists() and (Path(folder) / "hydra").exists():
+        return folder
     if importlib.util.find_spec("megatron.bridge") is None or importlib.util.find_spec("hydra") is None:
-        pytest.skip("Megatron-Bridge is not installed (pip install --no-deps megatron-bridge==0.3.1 'hydra-core>1.3,<=1.3.2')")
+        pytest.skip("Megatron-Bridge is not installed: pip install --no-deps --target DIR megatron-bridge==0.3.1 "
+                    "hydra-core==1.3.2 antlr4-python3-runtime==4.9.3 and set AUTOPAR_MEGATRON_BRIDGE=DIR")
+    return ""
 
 
 BIONEMO = DATA / "bionemo_llm_2.4.5"

@@ -206,11 +206,16 @@ def test_deepspeed_config_and_engine_dtype_check(all_plans, name, monkeypatch):
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     plan = all_plans[name]
     par, result = plan.parallelism, export(plan, "deepspeed")
-    dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data") if par.pp > 1 else par.dp
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: plan.world_size)
+    if par.pp > 1:  # a PipelineModule's topology is the mpu
+        dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data")
+        mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    else:  # AutoTP or plain ZeRO: no mpu, the batch checked against the world (tp ranks counted)
+        mpu = None
     cfg = ds_config.DeepSpeedConfig(json.loads(result.text), mpu=mpu)
+    counted = par.tp if mpu is None else 1
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-        (par.global_batch_size, par.micro_batch_size, par.num_microbatches)
+        (par.global_batch_size * counted, par.micro_batch_size, par.num_microbatches)
     assert cfg.zero_optimization_stage == (min(par.zero_stage, 1) if par.pp > 1 else par.zero_stage)
     assert cfg.bfloat16_config.enabled == (plan.model.dtype == "bf16")
     assert cfg.activation_checkpointing_config.cpu_checkpointing == par.offload_activations

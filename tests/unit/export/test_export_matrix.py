@@ -21,13 +21,13 @@ from autopar.plan import Plan
 from helpers.export_matrix import (
     BIONEMO,
     SHAPES,
-    bridge_available,
+    bridge_folder,
     differences,
     matrix_plans,
     planned,
     plans_text,
     run_worker,
-    sagemaker_2_folder,
+    sagemaker_folder,
     titan_0_2_folder,
 )
 from helpers.exports import megatron_validated, titan_0_3_config
@@ -212,34 +212,15 @@ def test_torchtitan_0_3_and_its_split(plans, name, tmp_path, monkeypatch):
     assert sum(x.numel() for part in parts for x in part.parameters()) == sum(x.numel() for x in model.parameters())
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_sagemaker_sdk_3(plans, name):
-    """SDK 3's own pydantic Compute and Torchrun (with SMP), what ModelTrainer(compute=, distributed=) takes (building
-    ModelTrainer itself resolves an IAM role over the network: not here)."""
-    pytest.importorskip("sagemaker.train", reason="the SageMaker Python SDK 3 is not installed (pip install 'sagemaker>=3')")
-    from sagemaker.core.training.configs import Compute
-    from sagemaker.train.distributed import Torchrun
-
-    plan = plans[name]
-    job = json.loads(export(plan, "sagemaker").text)["model_trainer"]
-    compute, distributed = Compute(**job["compute"]), Torchrun(**job["distributed"])
-    smp, hp = distributed.smp, job["hyperparameters"]
-    tp, cp = smp.tensor_parallel_degree or 1, smp.context_parallel_degree or 1
-    assert smp.hybrid_shard_degree is None or cp <= smp.hybrid_shard_degree  # SMP's documented rule
-    world = compute.instance_count * distributed.process_count_per_node
-    _check(plan, "sagemaker", {"tp": tp, "cp": cp, "pp": 1, "ep": smp.expert_parallel_degree or 1,
-                               "dp": world // (tp * cp), "micro": hp["micro_batch_size"], "global": hp["global_batch_size"],
-                               "microbatches": hp["accumulation_steps"], "offload": bool(smp.sm_activation_offloading)})
-
-
 # -- in a process of their own -------------------------------------------------------------------------------------
 
 def test_megatron_bridge(plans):
     """Megatron-Bridge's ConfigContainer, the file merged by its own process_config_with_overrides, then validate()."""
-    bridge_available()
+    folder = bridge_folder()
     jobs = {n: {"text": t, "world": plans[n].world_size, "layers": num_blocks(plans[n])}
             for n, t in plans_text(plans, "nemo").items()}
-    for name, parsed in run_worker("export_bridge_worker", jobs).items():
+    for name, parsed in run_worker("export_bridge_worker", jobs, folder).items():
+        parsed.pop("launch", None)
         _check(plans[name], "nemo", parsed)
 
 
@@ -258,9 +239,17 @@ def test_torchtitan_0_2_and_its_split(plans):
             assert sum(s["parameters"] for s in stages) == total and all(s["parameters"] for s in stages)
 
 
+def test_sagemaker_sdk_3(plans):
+    jobs = {n: {"text": export(p, "sagemaker").text} for n, p in plans.items()}
+    for name, parsed in run_worker("export_sagemaker_3_worker", jobs, sagemaker_folder(3)).items():
+        shard = parsed.pop("hybrid_shard", None)
+        assert shard is None or parsed["cp"] <= shard, name  # SMP's documented rule
+        _check(plans[name], "sagemaker", parsed)
+
+
 @pytest.mark.parametrize("spec", ["sagemaker@2", "sagemaker@smp1"])
 def test_sagemaker_sdk_2(plans, spec):
-    folder = sagemaker_2_folder()
+    folder = sagemaker_folder(2)
     jobs = {n: {"text": export(p, spec).text, "world": p.world_size} for n, p in plans.items()
             if not (spec == "sagemaker@smp1" and p.cluster.hardware.startswith("h"))}  # smp v1: no p5 (refused)
     for name, parsed in run_worker("export_sagemaker_2_worker", jobs, folder).items():
