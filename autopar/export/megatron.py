@@ -41,7 +41,7 @@ Launch-only decisions (export/overlap.py): ``--moe-token-dispatcher-type`` (flex
 ``--moe-flex-dispatcher-backend deepep``), ``--overlap-moe-expert-parallel-comm``, ``--overlap-grad-reduce``,
 ``--overlap-param-gather`` (with the distributed optimizer or Megatron-FSDP), ``--tp-comm-overlap`` (with sequence
 parallelism) and ``--recompute-modules`` (with ``--recompute-granularity selective``); the plan's None overlaps are
-its engine's defaults (the Megatron engine's: both on, as NeMo's recipes run; Megatron-LM's own are off).
+the Megatron engine's defaults (both on, as NeMo's recipes run; Megatron-LM's own flags are off).
 """
 from __future__ import annotations
 

@@ -20,7 +20,10 @@ own (Llama 3 8B's recipe sets context_parallel_size 2):
 - ``ddp`` and ``optimizer``: ZeRO-1 the distributed optimizer, ZeRO-2/3 Megatron-FSDP
   (``data_parallel_sharding_strategy`` optim_grads / optim_grads_params), ZeRO-0 neither;
   ``ddp.grad_reduce_in_fp32`` the plan's gradient reduction, ``ddp.overlap_grad_reduce`` / ``overlap_param_gather``
-  the plan's overlaps (None: its engine's default);
+  the plan's overlaps (None: the Megatron engine's default, on);
+- ``comm_overlap`` (the CommOverlapConfig most recipes set, whose setup overwrites model's and ddp's overlaps with
+  its own defaults where a key is None): the same overlaps again. A recipe without one (None) cannot take the
+  section (OmegaConf makes it a plain dict): the header says to delete it there;
 - ``dataset.seq_length`` and ``mixed_precision`` (Megatron-Bridge's recipe name: ``bf16_mixed``, ``fp16_mixed``).
 """
 from __future__ import annotations
@@ -106,11 +109,17 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
         "optimizer": {"use_distributed_optimizer": zero >= 1},
         "mixed_precision": _MIXED_PRECISION[dtype],
     }
+    # A recipe's CommOverlapConfig sets these on model and ddp at setup (its own defaults where a key is None): the
+    # plan's values go there too.
+    sections["comm_overlap"] = {"tp_comm_overlap": bool(comm.model.get("tp_comm_overlap", False)),
+                                "overlap_moe_expert_parallel_comm": bool(
+                                    comm.model.get("overlap_moe_expert_parallel_comm", False)), **comm.ddp}
     if zero >= 2:  # Megatron-FSDP checkpoints in its own format
         sections["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     lines = header(plan, VERSIONS[dialect], warnings)
     lines[1:1] = ["# merge into a Megatron-Bridge recipe's ConfigContainer: process_config_with_overrides(cfg, "
                   "config_filepath=THIS_FILE) (the recipe scripts' --config-file); data parallelism = world / "
-                  "(tp × pp × cp)"]
+                  "(tp × pp × cp); for a recipe without comm_overlap (None), delete that section: model and ddp "
+                  "carry the same settings"]
     body = yaml.safe_dump(sections, sort_keys=False, default_flow_style=False)
     return Export("nemo", "\n".join(lines) + "\n" + body, tuple(warnings), VERSIONS[dialect])

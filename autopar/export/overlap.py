@@ -6,9 +6,11 @@ experts, export/experts.py):
 - ``overlap_moe_expert_parallel_comm`` (TransformerConfig): only with ep > 1, the alltoall or flex dispatcher, bf16 /
   fp16, no full recomputation and, under pipelining, a virtual pipeline; otherwise exported off, with the reason.
 - ``overlap_grad_reduce`` / ``overlap_param_gather`` (DistributedDataParallelConfig; Megatron-LM
-  --overlap-grad-reduce / --overlap-param-gather). A plan's None is its engine's default (cost_models/engines.py:
-  what the prediction priced). validate_args: param gather needs the distributed optimizer or Megatron-FSDP (ZeRO
-  >= 1) and grad-reduce overlap; without them it is exported off, warned (ZeRO-0 has no parameter gather to hide).
+  --overlap-grad-reduce / --overlap-param-gather). A plan's None is the default of the engine that runs the export,
+  Megatron-Core as NeMo's and Megatron-Bridge's recipes set it (cost_models/engines.py: both on; Megatron-LM's own
+  flags default off), the engine `autopar export` prices these targets with. validate_args: param gather needs
+  grad-reduce overlap (without it, exported off, warned) and the distributed optimizer or Megatron-FSDP (ZeRO >= 1;
+  ZeRO-0 has no parameter gather to hide).
 - ``tp_comm_overlap`` (ModelParallelConfig, Transformer Engine's userbuffers): validate_args asserts sequence
   parallelism, which Megatron turns off at tp 1; otherwise exported off, warned.
 - ``recompute_modules`` (TransformerConfig): what selective recomputation re-runs, with granularity selective only
@@ -34,12 +36,11 @@ class CoreComm:
     ddp: dict[str, object] = field(default_factory=dict)
 
 
-def engine_overlaps(plan: Plan) -> tuple[bool, bool]:
-    """(overlap_grad_reduce, overlap_param_gather) as the plan was priced: its own, else its engine's default."""
-    par, engine = plan.parallelism, ENGINES.get(plan.prediction.engine)
-    grad = par.overlap_grad_reduce if par.overlap_grad_reduce is not None else bool(engine and engine.dp_overlap > 0)
-    gather = par.overlap_param_gather if par.overlap_param_gather is not None else bool(
-        engine and engine.param_gather_overlap)
+def engine_overlaps(plan: Plan, engine: str = "megatron") -> tuple[bool, bool]:
+    """(overlap_grad_reduce, overlap_param_gather) to run: the plan's, else ``engine``'s default."""
+    par, runs = plan.parallelism, ENGINES[engine]
+    grad = par.overlap_grad_reduce if par.overlap_grad_reduce is not None else runs.dp_overlap > 0
+    gather = par.overlap_param_gather if par.overlap_param_gather is not None else runs.param_gather_overlap
     return grad, gather
 
 

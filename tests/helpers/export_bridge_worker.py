@@ -1,11 +1,15 @@
-"""Megatron-Bridge's own ConfigContainer over `autopar export --to nemo` files: stdin {name: {text, world, layers}},
-stdout one JSON line {name: parsed values or {"error": message}}. A process of its own because of two named stubs:
+"""Megatron-Bridge's own ConfigContainer over `autopar export --to nemo` files (a recipe's base, _pretrain_common, with
+the CommOverlapConfig most model recipes set; the file merged by process_config_with_overrides, then
+runtime_config_update, as pretrain() starts): stdin {name: {text, world, layers}},
+stdout one JSON line {name: parsed values or {"error": message}}. A process of its own because of three named stubs:
 
 - ``transformer_engine``: Megatron-Bridge imports it unconditionally (its LoRA layers), and it does not install
   without CUDA; it is stubbed after Megatron-Core is imported (Megatron-Core detects its absence and runs without).
 - ``megatron.bridge.recipes``' ``__init__``: it imports every model family's recipes, the vision ones needing
   megatron-energon; the package is registered without it, and ``recipes.common`` (the base every recipe starts from,
   ``_pretrain_common``) imported as itself.
+- ``torch.cuda.get_device_properties``: an A100's (there is no GPU here), which validate() asks under the flex
+  dispatcher.
 """
 import importlib.abc
 import importlib.machinery
@@ -22,6 +26,7 @@ import megatron.core.datasets.gpt_dataset  # noqa: E402,F401
 import megatron.core.distributed  # noqa: E402,F401
 import megatron.core.models.gpt  # noqa: E402,F401
 import megatron.core.optimizer  # noqa: E402,F401
+import torch  # noqa: E402
 
 
 class _Anything(type):
@@ -63,7 +68,12 @@ recipes.__path__ = [os.path.join(megatron.bridge.__path__[0], "recipes")]
 sys.modules["megatron.bridge.recipes"] = recipes
 from megatron.bridge.models import GPTModelProvider  # noqa: E402
 from megatron.bridge.recipes.common import _pretrain_common  # noqa: E402
+from megatron.bridge.training.comm_overlap import CommOverlapConfig  # noqa: E402
+from megatron.bridge.training.config import runtime_config_update  # noqa: E402
 from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides  # noqa: E402
+
+# No GPU here: validate() asks the flex dispatcher's GPU its architecture (DeepEP runs on Ampere, Hopper, B200/B300).
+torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(major=8, name="NVIDIA A100-SXM4-80GB")
 
 
 def _cut(model, layers: int) -> list[int]:
@@ -89,11 +99,12 @@ def read(job: dict) -> dict:
     cfg.model = GPTModelProvider(num_layers=job["layers"], hidden_size=128, num_attention_heads=4, seq_length=256,
                                  vocab_size=512, add_bias_linear=False)
     cfg.tokenizer.tokenizer_type, cfg.tokenizer.vocab_size = "NullTokenizer", 512
+    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)  # as most model recipes set it (llama3_8b_...)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(job["text"])
     process_config_with_overrides(cfg, config_filepath=f.name)
     os.environ.update(WORLD_SIZE=str(job["world"]), RANK="0", LOCAL_RANK="0")
-    cfg.validate()
+    runtime_config_update(cfg)  # what pretrain() runs first: mixed precision, comm_overlap's setup, then validate()
     m, train = cfg.model, cfg.train
     dp = cfg.data_parallel_size
     return {"tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size, "dp": dp,

@@ -220,7 +220,9 @@ def test_deepspeed_autoep_validates_and_groups_as_the_plan(plans, name, monkeypa
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     plan = plans[name]
     par, cfg_json = plan.parallelism, json.loads(export(plan, "deepspeed").text)
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: par.dp)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: plan.world_size)
+    # deepspeed.initialize's mpu: a PipelineModule's topology under pipelining, none under AutoTP or plain ZeRO
+    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: par.dp) if par.pp > 1 else None
     autoep = ds_config.DeepSpeedConfig(cfg_json, mpu=mpu).expert_parallel_config
     tp = cfg_json.get("tensor_parallel", {}).get("autotp_size", 1)
     assert autoep.enabled and autoep.autoep_size == par.ep

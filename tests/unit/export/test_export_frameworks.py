@@ -310,10 +310,10 @@ def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
             assert titan_0_2_parsed[name][section][key] == value, (section, key)
 
 
-@pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@smp1"])
+@pytest.mark.parametrize("spec", ["sagemaker@2", "sagemaker@smp1"])
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
-    """SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
+    """The SDK 2 dialects (SDK 3's ModelTrainer, the default, is read in test_export_matrix.py). SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
     which runs the smp parameter validator and the p5 check that fit() runs (no AWS call: a stand-in
     session). SDK 3.x has no estimator: smp v2 parameters go through its pydantic Torchrun / SMP models,
     smp v1 parameters through the validator SDK 3 keeps."""
@@ -329,10 +329,10 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
         job = PyTorch(entry_point="train.py", role="arn:aws:iam::111111111111:role/autopar", framework_version="2.3.0",
                       py_version="py311", sagemaker_session=session, **estimator)
         launch = job._pytorch_distribution_configuration(job.distribution)
-        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker")
+        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker@2")
         assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@smp1")
         assert job.instance_count * 8 == plan.world_size
-    elif spec == "sagemaker":
+    elif spec == "sagemaker@2":
         Torchrun, SMP = v3
         Torchrun(process_count_per_node=8, smp=SMP(**params))
     validate_mp_config(params)

@@ -18,12 +18,11 @@ GPT = dict(overrides={"n_layer": "4", "n_embd": "128", "n_head": "4"}, seq_len=2
 MOE = dict(overrides={"n_layer": "2", "dim": "64", "n_head": "4", "n_kv_head": "2", "n_experts": "4",
                       "expert_hidden": "96", "vocab_size": "512"}, seq_len=256)
 BASE = dict(gpus=8, tp=2, pp=1, micro_batch_size=1, global_batch_size=16, zero_stage=1, recompute="none")
-# name → (model, choices, engine, what Megatron must read back, a phrase each warning the export must give contains)
+# name → (model, choices, what Megatron must read back, a phrase each warning the export must give contains)
 CASES = {
     "flex_overlapped": ("moe", {**BASE, "ep": 2, "sequence_parallel": True, "recompute": "selective",
                                 "recompute_modules": ("core_attn", "moe_act"), "moe_dispatcher": "flex",
                                 "moe_overlap": True, "tp_comm_overlap": True, "overlap_param_gather": True},
-                        "autopar",
                         {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep",
                          "overlap_moe_expert_parallel_comm": True, "tp_comm_overlap": True,
                          "recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"],
@@ -32,23 +31,22 @@ CASES = {
                         ["cannot pad experts to a capacity"]),
     "allgather_cannot_overlap": ("moe", {**BASE, "ep": 2, "sequence_parallel": True, "moe_dispatcher": "allgather",
                                          "moe_overlap": True},
-                                 "autopar",
                                  {"moe_token_dispatcher_type": "allgather", "overlap_moe_expert_parallel_comm": False,
                                   "moe_pad_expert_input_to_capacity": True},
                                  ["with the allgather dispatcher"]),
-    "megatron_engine_defaults": ("gpt", BASE, "megatron",  # NeMo's recipes' overlaps, Megatron-LM's are off
+    "megatron_engine_defaults": ("gpt", BASE,  # None: NeMo's recipes' overlaps on (Megatron-LM's flags are off)
                                  {"overlap_grad_reduce": True, "overlap_param_gather": True, "tp_comm_overlap": False,
                                   "recompute_granularity": None},
                                  []),
     "param_gather_needs_grad_overlap": ("gpt", {**BASE, "overlap_grad_reduce": False, "overlap_param_gather": True},
-                                        "autopar", {"overlap_grad_reduce": False, "overlap_param_gather": False},
+                                        {"overlap_grad_reduce": False, "overlap_param_gather": False},
                                         ["needs --overlap-grad-reduce"]),
-    "zero0_has_no_gather": ("gpt", {**BASE, "zero_stage": 0}, "megatron",
+    "zero0_has_no_gather": ("gpt", {**BASE, "zero_stage": 0},
                             {"overlap_grad_reduce": True, "overlap_param_gather": False,
                              "use_distributed_optimizer": False}, []),
-    "tp_overlap_needs_sp": ("gpt", {**BASE, "tp_comm_overlap": True}, "autopar", {"tp_comm_overlap": False},
+    "tp_overlap_needs_sp": ("gpt", {**BASE, "tp_comm_overlap": True}, {"tp_comm_overlap": False},
                             ["only with sequence parallelism"]),
-    "selective_default_modules": ("gpt", {**BASE, "recompute": "selective"}, "autopar",
+    "selective_default_modules": ("gpt", {**BASE, "recompute": "selective"},
                                   {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}, []),
 }
 
@@ -57,9 +55,9 @@ CASES = {
 def plans() -> dict:
     models = {"gpt": (EX / "gpt.py", GPT), "moe": (EX / "moe.py", MOE)}
     out = {}
-    for name, (model, choices, engine, _, _) in CASES.items():
+    for name, (model, choices, _, _) in CASES.items():
         source, shape = models[model]
-        out[name] = autopar.estimate(str(source), gpu="a100-80gb", engine=engine, **shape, **choices)
+        out[name] = autopar.estimate(str(source), gpu="a100-80gb", **shape, **choices)
     return out
 
 
@@ -123,5 +121,5 @@ def test_megatron_bridge_reads_back_the_launch_settings(plans):
     parsed = run_worker("export_bridge_worker", jobs, bridge_folder())
     for name in names:
         assert "error" not in parsed[name], parsed[name]["error"]
-        launch, want = parsed[name]["launch"], CASES[name][3]
+        launch, want = parsed[name]["launch"], CASES[name][2]
         assert {k: launch[k] for k in want if k in launch} == {k: v for k, v in want.items() if k in launch}, name
