@@ -19,6 +19,10 @@ class DoesNotFit(AutoparError):
     """Valid configurations exist but none fits in memory; the message names the smallest change that would."""
 
 
+class Stopped(AutoparError):
+    """Ctrl-C stopped the work before it had a result to keep (the CLI exits 130, as a shell does after SIGINT)."""
+
+
 class ModelNotNamed(AutoparError):
     """A plan's figure needs its model, and the user named none: a plan's ``model.source`` is code, run only when
     the user names the model (MODEL) or trusts the plan (--trust-plan-model). The message says how."""

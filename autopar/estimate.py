@@ -41,7 +41,7 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
         given["attention_kernel"] = attention_kernel(profile, given.get("attention_kernel", default("attention_kernel")))
         cfg = make_config(gpus, global_batch_size=batch, gpus_per_node=gpus_per_node, **given)
         result = CostModel(profile, hw).evaluate(cfg)
-        spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, 0.0)
+        spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, None)
     except ConfigError as err:
         raise AutoparError(str(err)) from err
     return plan_of(profile, result, hw, gpus_per_node=gpus_per_node, hardware_name=hardware_name, engine=engine,

@@ -29,6 +29,8 @@ def load_profile(source: str | Path | ModelProfile, *, overrides: Mapping[str, s
         path = Path(source)
         if path.suffix == ".json" and path.exists() and is_saved_profile(path):
             profile = ModelProfile.load(path)
+            if any(profile.overrides.get(key) != value for key, value in (overrides or {}).items()):
+                raise AutoparError(_set_on_saved(path, profile, overrides))
         else:
             from autopar.capture import capture_model  # imports torch: only when a model must be traced
 
@@ -46,6 +48,14 @@ def is_saved_profile(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):  # ValueError: not JSON, or not text
         return False
     return isinstance(raw, dict) and "layers" in raw and "capture" in raw
+
+
+def _set_on_saved(path: Path, profile: ModelProfile, overrides: Mapping[str, str]) -> str:
+    """--set changes how a model is built, which a saved profile already fixed: say so rather than ignore it."""
+    given = " ".join(f"--set {k}={v}" for k, v in overrides.items())
+    traced = ", ".join(f"{k}={v}" for k, v in profile.overrides.items()) or "its defaults"
+    return (f"{given}: {path} is a saved profile, already traced ({profile.name} with {traced}); trace the model "
+            f"again with it (autopar trace {profile.source or 'MODEL'} {given} -o {path}) or drop --set")
 
 
 def plan_source(spec: RunPlan, plan_path: str | Path | None) -> str:

@@ -69,6 +69,9 @@ class _ParallelismRules(_Frozen):
         for name in _WHOLE_CHOICES:  # pydantic's Literal[0, 1, 2, 3] takes true and 1.0 even when strict
             if isinstance(raw, dict) and name in raw and type(raw[name]) is not int:
                 raise ValueError(f"{name}: a whole number, not {json.dumps(raw[name])[:40]}")
+        for name in _TUPLE_CHOICES:  # JSON writes a tuple as an array; strict validation wants the tuple
+            if isinstance(raw, dict) and isinstance(raw.get(name), list):
+                raw = {**raw, name: tuple(raw[name])}
         if isinstance(raw, dict) and not raw.get("global_batch_size"):
             try:
                 raw = {**raw, "global_batch_size": raw["micro_batch_size"] * raw["dp"] * raw["num_microbatches"]}
@@ -96,6 +99,7 @@ class _ParallelismRules(_Frozen):
 _PLAN_KEYS = [d.name for d in declarations(ParallelConfig) if d.declared.plan]
 _WHOLE_CHOICES = [d.name for d in declarations(ParallelConfig) if d.declared.plan and d.choices
                   and all(type(c) is int for c in d.choices)]  # zero_stage
+_TUPLE_CHOICES = [d.name for d in declarations(ParallelConfig) if d.declared.plan and d.element_choices]
 Parallelism = create_model(  # type: ignore[call-overload]
     "Parallelism", __base__=_ParallelismRules, __module__=__name__,
     __doc__="Degrees and schedule, one key per decision cost_models/config.py declares. gpus = tp × cp × pp × dp; "
@@ -274,6 +278,11 @@ class SolverInfo(_Frozen):
     choices: int = Field(description="outer choices (degrees, batch split, ZeRO, SP, schedule) enumerated")
     solves: int = Field(description="CP-SAT solves run (the rest were pruned by their lower bound)")
     rank: int = Field(default=1, description="1 for the best plan, k for the k-th best of --top-k")
+    stopped: Literal["", "time limit", "Ctrl-C"] = Field(
+        default="", description="why the search stopped before it finished ('' when it did): the plan is the best "
+                                "found by then, FEASIBLE with its proven gap")
+    time_limit_s: float | None = Field(default=None, description="--time-limit: the whole solve's wall-clock budget")
+    elapsed_s: float | None = Field(default=None, description="the whole solve's wall clock (tracing, search, regret)")
 
 
 class RunPlan(_Frozen):

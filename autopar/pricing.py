@@ -92,6 +92,18 @@ def parallelism_of(cfg: ParallelConfig, precision: str) -> Parallelism:
     return Parallelism(**{**values, "precision": precision, "global_batch_size": cfg.global_batch_size})
 
 
+THIN_MARGIN = 0.05  # of a GPU's memory: less left than the allocator's fragmentation alone varies by
+
+
+def thin_margin(peak: float, capacity: float) -> str:
+    """The note on a plan that fits with less than THIN_MARGIN of the GPU's memory to spare."""
+    return (f"thin memory margin: the peak is {peak / GIB:.1f} of {capacity / GIB:.1f} GiB per GPU "
+            f"({(capacity - peak) / GIB:.2f} GiB left, under {THIN_MARGIN:.0%}), less than a prediction of memory is "
+            "sure to (fragmentation alone: 5% assumed, 15% measured on average, docs/predictions.md); check it with "
+            "`autopar validate` before a long run, or leave room: a --hardware profile with a larger "
+            "memory_reserve_gib")
+
+
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
             hardware_name: str, solver: SolverInfo | None = None, engine: str = DEFAULT_ENGINE,
             uncertainty: Uncertainty | None = None) -> Plan:
@@ -116,6 +128,8 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         notes.append(f"does not fit: stage {worst.stage} needs {worst.memory.total / GIB:.1f} GiB per GPU but "
                      f"{hw.name} has {hw.memory_bytes / GIB:.1f} GiB; raise --tp or --pp, use --recompute full, "
                      "a higher --zero-stage or a smaller --micro-batch-size")
+    elif hw.memory_bytes - est.peak_memory_bytes < THIN_MARGIN * hw.memory_bytes:
+        notes.append(thin_margin(est.peak_memory_bytes, hw.memory_bytes))
     prediction = Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
         peak_memory_gib=est.peak_memory_bytes / GIB, memory_capacity_gib=hw.memory_bytes / GIB, fits=est.fits,

@@ -2,7 +2,9 @@
 scales, and how the plan changes with the context length (context parallelism takes over as it grows).
 
 The model is captured once per sequence length; every count is solved from that ModelProfile. A count where
-nothing fits is a row with the solver's reason, not an abort. Scaling efficiency is tokens/s per GPU relative
+nothing fits is a row with the solver's reason, not an abort. ``time_limit_s`` is each solve's wall clock. Ctrl-C
+stops the solve that is running (its best plan so far is its row) and the sweep with the rows it has; a second
+aborts. Scaling efficiency is tokens/s per GPU relative
 to the smallest count that has a plan at the same sequence length (1.0 there; linear scaling keeps it at 1.0).
 The tables and the figure are autopar/report/sweep.py's and plot.py's.
 """
@@ -12,8 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration
+from autopar.errors import AutoparError, DoesNotFit, NoValidConfiguration, Stopped
 from autopar.plan import Plan
+from autopar.search.budget import Stop
 from cost_models.hardware import DEFAULT_HARDWARE
 
 
@@ -63,13 +66,14 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
           hardware_file: str | Path | None = None, global_batch_size: int | None = None,
           seq_len: int | Sequence[int] | None = None, time_limit_s: float = 60.0, threads: int | None = None,
           overrides: Mapping[str, str] | None = None, dtype: str = "bf16",
-          progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
+          progress: Callable[[int, int], None] | None = None, stop: Stop | None = None) -> list[SweepRow]:
     """Solve MODEL for every count at every sequence length (``seq_len``: one, several, or None for the model's).
     Counts that are not whole nodes are rejected up front (bad input); a count where no plan fits becomes a row
-    with the reason."""
+    with the reason. ``stop``: the Ctrl-C request the caller reads afterwards (set: the rows stop where it came)."""
     from autopar.models import load_profile
     from autopar.pricing import priced_hardware
-    from autopar.search import solve
+    from autopar.search import Budget, solve
+    from autopar.search.budget import catch_ctrl_c
 
     if not gpu_counts:
         raise AutoparError("--gpus: give at least one GPU count")
@@ -79,22 +83,30 @@ def sweep(model: str | Path, gpu_counts: Sequence[int], *, gpus_per_node: int = 
                                "use multiples of --gpus-per-node above one node")
     priced_hardware(gpu, hardware_file, dtype=dtype)  # a profile that cannot price this dtype fails here, once
     lengths = [seq_len] if seq_len is None or isinstance(seq_len, int) else sorted(set(seq_len))
-    rows = []
+    rows: list[SweepRow] = []
+    stop = stop or Stop()
     for length in lengths:
         profile = load_profile(model, overrides=overrides, seq_len=length, dtype=dtype)  # captured once per length
-        for n in sorted(gpu_counts):
-            if progress is not None:
-                progress(n, profile.seq_len)
-            row = dict(seq_len=profile.seq_len)
-            try:
-                plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
-                             global_batch_size=global_batch_size, time_limit_s=time_limit_s, threads=threads,
-                             regret=False)  # the sweep compares counts: no corner solves
-                rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
-            except NoValidConfiguration as err:
-                rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
-            except DoesNotFit as err:
-                rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
+        with catch_ctrl_c(stop):
+            for n in sorted(gpu_counts):
+                if stop.reason:
+                    return with_efficiency(rows)
+                if progress is not None:
+                    progress(n, profile.seq_len)
+                row = dict(seq_len=profile.seq_len)
+                try:
+                    plan = solve(profile, gpus=n, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware_file,
+                                 global_batch_size=global_batch_size, threads=threads, budget=Budget(time_limit_s, stop=stop),
+                                 regret=False)  # the sweep compares counts: no corner solves
+                    rows.append(SweepRow(n, plan, **row))  # type: ignore[arg-type]
+                except NoValidConfiguration as err:
+                    rows.append(SweepRow(n, None, reason=str(err), status=NO_SPLIT, **row))  # type: ignore[arg-type]
+                except DoesNotFit as err:
+                    rows.append(SweepRow(n, None, reason=str(err), status=DOES_NOT_FIT, **row))  # type: ignore[arg-type]
+                except Stopped:
+                    return with_efficiency(rows)
+        if stop.reason:
+            break
     return with_efficiency(rows)
 
 

@@ -1,6 +1,6 @@
 """Capture: trace a model on the meta device and measure it, layer by layer, into a ModelProfile.
 
-    profile = capture_model("examples/gpt.py", {"n_layer": "48"}, seq_len=2048, dtype="bf16")
+    profile = capture_model("examples/gpt.py", {"n_layer": "48", "block_size": "2048"}, seq_len=2048, dtype="bf16")
 
 No weight is ever allocated. Identical repeated blocks are traced three times (first, middle, last)
 and expanded, so a 128-layer model costs about as much to capture as a 4-layer one.
@@ -20,6 +20,7 @@ from autopar.capture.layer_profile import assign_params, head_index, layer_profi
 from autopar.capture.layers import layer_units, signature
 from autopar.capture.loader import load_spec
 from autopar.capture.measure import measure
+from autopar.capture.positions import check_positions
 from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_copies
 from autopar.capture.spec import ModelSpec
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
@@ -54,6 +55,7 @@ def capture_graph(source: str, overrides: dict[str, str] | None = None, batch_si
     torch_dtype = DTYPES[dtype]
     start = time.perf_counter()
     model = build_on_meta(spec, torch_dtype)
+    check_positions(spec, model, seq)
     units = layer_units(model)
     block_stacks = {path.rpartition(".")[0] for path, _, is_block in units if is_block}
     stacks = [s for s in find_stacks(model) if s.path in block_stacks]

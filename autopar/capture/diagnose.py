@@ -55,6 +55,13 @@ def failure_message(spec: ModelSpec, error: BaseException, what: str) -> str:
     return f"{where or spec.source}: {what}{settings} failed: {kind}: {first_line(error)}"
 
 
+def exit_message(spec: ModelSpec, error: SystemExit, what: str, instead: str) -> str:
+    """The user's code called sys.exit while autopar ran it: it would end autopar silently (exit 0, no output)."""
+    where = user_frame(error, spec.source)
+    return f"{where or spec.source}: {what} called sys.exit({error.code}) instead of returning; {instead} " \
+           "(raise an exception to report a problem)"
+
+
 def node_failure_message(spec: ModelSpec, node: torch.fx.Node | None, error: BaseException) -> str:
     """An op of the traced graph failed while capture measured it: the user's line it was traced from."""
     where = _frame_in_stack(node.meta.get("stack_trace") or "", spec.source) if node is not None else ""

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autopar.capture.diagnose import first_line
+from autopar.capture.positions import LENGTH_KEYS, length_settings
 from autopar.capture.spec import ModelSpec, convert_value
 from autopar.errors import AutoparError
 from autopar.files import read_json
@@ -76,8 +77,10 @@ def load_hf(path: Path, overrides: dict[str, str]) -> ModelSpec:
         return HFModel(model, task.inputs)
 
     defaults = {"seq_len": task.fixed_seq or max(task.min_seq, default_seq_len(config))}
+    text = getattr(config, "text_config", None) or config
     return ModelSpec(hf_name(raw, path), str(path), build, make_inputs, _LOSSES[kind], dict(overrides), defaults,
-                     fixed_seq_len=task.fixed_seq, min_seq_len=task.min_seq)
+                     fixed_seq_len=task.fixed_seq, min_seq_len=task.min_seq,
+                     lengths=length_settings({key: getattr(text, key, None) for key in LENGTH_KEYS}))
 
 
 def _read_config(path: Path, overrides: dict[str, str]) -> dict[str, Any]:

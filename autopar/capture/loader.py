@@ -12,11 +12,12 @@ import inspect
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from autopar.capture.hf import load_hf
+from autopar.capture.positions import length_settings
 from autopar.capture.spec import ModelSpec, convert_value
 from autopar.errors import AutoparError
 
@@ -60,7 +61,7 @@ def _load_python(path: Path, overrides: dict[str, str]) -> ModelSpec:
     code = getattr(inputs_fn, "__code__", None)
     inputs_at = f"{path}:{code.co_firstlineno}" if code is not None else str(path)
     return ModelSpec(path.stem, str(path), lambda: build(**kwargs), make_inputs, loss, kwargs, defaults,
-                     inputs_at=inputs_at)
+                     inputs_at=inputs_at, lengths=length_settings(full_kwargs))
 
 
 def _import_file(path: Path) -> Any:
@@ -74,6 +75,9 @@ def _import_file(path: Path) -> Any:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise AutoparError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except SystemExit as e:  # a script's top-level code: it would end autopar without a word
+        raise AutoparError(f"importing {path} called sys.exit({e.code}): a model file defines build_model and "
+                           "example_inputs; put a script's own code under `if __name__ == \"__main__\":`") from None
     except Exception as e:  # the user's module-level code failed
         raise AutoparError(f"importing {path} failed: {type(e).__name__}: {e}") from None
     return module
@@ -102,6 +106,12 @@ def _typed_overrides(build: Callable, overrides: dict[str, str], path: Path) -> 
 
 def _default_loss(output: Any, *inputs: torch.Tensor) -> torch.Tensor:
     """Without a loss_fn: the mean of the (first) output tensor — a scalar output is its own mean.
-    Branch-free, so that torch.fx.symbolic_trace can trace it too."""
-    out = output[0] if isinstance(output, (tuple, list)) else output
+    Branch-free on tensors (the checks look at Python types only), so that torch.fx.symbolic_trace can trace it."""
+    out = output[0] if isinstance(output, (tuple, list)) and output else output
+    if isinstance(out, (Mapping, tuple, list, str, int, float)) or out is None:
+        what = f"a dict (keys: {', '.join(map(str, list(out)[:4]))})" if isinstance(out, Mapping) else \
+            ("None" if out is None else f"a {type(out).__name__}")
+        raise AutoparError(f"the model's forward returns {what}, not a tensor: without a loss_fn autopar trains on "
+                           "the mean of the output tensor (or of a tuple's first item); return the logits tensor, or "
+                           "add loss_fn(output, *inputs) returning a scalar tensor to the model file")
     return out.float().mean()

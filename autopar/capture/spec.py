@@ -27,6 +27,8 @@ class ModelSpec:
     fixed_seq_len: int | None = None  # a vision model's patch count: --seq-len cannot change it
     min_seq_len: int = 1              # a vision-language prompt must hold its image placeholders
     inputs_at: str = ""               # 'file:line' of example_inputs, for errors about what it returns
+    # the settings that may size a position table (positions.py), by name: block_size, max_position_embeddings, …
+    lengths: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def convert_value(key: str, raw: str, kind: Any) -> Any:

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from autopar.capture.diagnose import failure_message, is_tracing_limit, untraceable_message
+from autopar.capture.diagnose import exit_message, failure_message, is_tracing_limit, untraceable_message
 from autopar.capture.spec import ModelSpec
 from autopar.errors import AutoparError
 
@@ -65,6 +65,8 @@ def build_on_meta(spec: ModelSpec, dtype: torch.dtype) -> nn.Module:
             raise
         except Exception as e:
             raise AutoparError(failure_message(spec, e, "build_model")) from None
+        except SystemExit as e:
+            raise AutoparError(exit_message(spec, e, "build_model", "return the torch.nn.Module")) from None
     if not isinstance(model, nn.Module):
         raise AutoparError(f"build_model in {spec.source} returned {type(model).__name__}, not a torch.nn.Module")
     return model.train()
@@ -76,6 +78,8 @@ def meta_inputs(spec: ModelSpec, batch_size: int, seq_len: int, dtype: torch.dty
             inputs = spec.example_inputs(batch_size, seq_len)
         except Exception as e:
             raise AutoparError(failure_message(spec, e, f"example_inputs({batch_size}, {seq_len})")) from None
+        except SystemExit as e:
+            raise AutoparError(exit_message(spec, e, "example_inputs", "return a tuple of tensors")) from None
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise AutoparError(f"example_inputs in {spec.source} must return a tuple of tensors "
                            f"(got {type(inputs).__name__})")
@@ -111,6 +115,8 @@ def trace_model(model: nn.Module, spec: ModelSpec, seq_len: int, dtype: torch.dt
     try:
         with quiet_torch_logs():
             return _export(wrapper, inputs)
+    except SystemExit as e:
+        raise AutoparError(exit_message(spec, e, "the forward", "return its output")) from None
     except Exception as export_error:  # fall back, keep the first error for the message
         _check_runs(wrapper, spec, inputs)
         try:
@@ -125,6 +131,8 @@ def _check_runs(wrapper: TrainingForward, spec: ModelSpec, inputs: tuple) -> Non
     try:
         with default_dtype(inputs[0].dtype if inputs[0].is_floating_point() else torch.get_default_dtype()):
             wrapper(*inputs)
+    except AutoparError as e:  # autopar's own check of what the forward returned
+        raise AutoparError(f"{spec.source}: {e}") from None
     except Exception as e:
         if not is_tracing_limit(e):
             raise AutoparError(failure_message(spec, e, "the forward")) from None

@@ -5,12 +5,20 @@ like every other error autopar reports."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 USAGE_ERROR = 2
+INTERRUPTED = 130  # Ctrl-C stopped the work: 128 + SIGINT, what a shell reports for it (docs/commands.md)
+_started = [time.monotonic()]  # when the command line started (AutoparGroup.main sets it)
+
+
+def started() -> float:
+    """When this command line started (time.monotonic): a command's --time-limit counts from here."""
+    return _started[0]
 
 
 class OptionError(typer.BadParameter):
@@ -25,10 +33,10 @@ class OptionError(typer.BadParameter):
         return self.message
 
 
-def fail(message: str) -> typer.Exit:
-    """Print a one-line error to stderr; the caller raises the returned Exit (exit code 2)."""
+def fail(message: str, code: int = USAGE_ERROR) -> typer.Exit:
+    """Print a one-line error to stderr; the caller raises the returned Exit (exit code 2 unless ``code``)."""
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(USAGE_ERROR)
+    return typer.Exit(code)
 
 
 def usage_pieces(command: Any, ctx: Any) -> list[str]:
@@ -62,6 +70,7 @@ class AutoparGroup(TyperGroup):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        _started[0] = time.monotonic()
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as err:  # click's usage errors (typer's own copy of click)
@@ -76,6 +85,15 @@ class AutoparGroup(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: Any) -> Any:
+        """A command's run; Ctrl-C outside a search (which stops cleanly: autopar/search/budget.py), or a second one
+        inside it, ends the command with one line and exit 130 (typer would exit 130 without a word)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("error: stopped by Ctrl-C", err=True)
+            raise typer.Exit(INTERRUPTED) from None
 
 
 def one_line(err: Exception) -> str:

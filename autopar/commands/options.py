@@ -107,7 +107,11 @@ ENGINE = typer.Option(metavar="|".join(ENGINES), callback=one_of("--engine", tup
                            "megatron, torchtitan or deepspeed")
 
 # -- the search ---------------------------------------------------------------------------------------------
-TIME_LIMIT = typer.Option(metavar="SECONDS", callback=_positive_seconds, help="seconds the search may take")
+TIME_LIMIT = typer.Option(metavar="SECONDS", callback=_positive_seconds,
+                          help="wall-clock seconds for the whole solve: tracing, bounds, every CP-SAT solve and the "
+                               "regret's corner searches; at the limit the best plan so far is reported (FEASIBLE, "
+                               "with its proven gap). Only tracing and the search's first plan run past it, and the "
+                               "plan then says by how much")
 THREADS = typer.Option(callback=at_least(1), metavar="K", help="CP-SAT workers per inner solve (default: its full portfolio of 8, whatever the cores)")
 
 # -- output ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.commands import options
-from autopar.commands.base import fail
+from autopar.commands.base import INTERRUPTED, fail
 from autopar.errors import AutoparError
 from autopar.files import IMAGE_FORMATS
 
@@ -32,9 +32,12 @@ def sweep_command(
     json_: Annotated[bool, options.JSON] = False,
 ) -> None:
     """Solve MODEL for each of --gpus GPU counts and --seq-len sequence lengths: the best plan's degrees, throughput
-    and scaling efficiency, and how the plan changes with the context (--time-limit is per solve)."""
+    and scaling efficiency, and how the plan changes with the context (--time-limit is each solve's wall clock).
+    Ctrl-C stops the solve that is running (its best plan so far is its row) and prints the rows so far, exit
+    status 130; a second Ctrl-C aborts."""
     from autopar.report.progress import activity
     from autopar.report.sweep import print_sweep
+    from autopar.search.budget import Stop
     from autopar.sweep import parse_gpus, parse_seq_lens, sweep
 
     try:
@@ -42,6 +45,7 @@ def sweep_command(
         lengths = parse_seq_lens(seq_len) if seq_len is not None else None
         total = len(counts) * (len(lengths) if lengths else 1)
         solved: list[int] = []
+        stop = Stop()
         overrides = None
         if set_:
             from autopar.profile import parse_set
@@ -54,7 +58,7 @@ def sweep_command(
 
             rows = sweep(model, counts, gpus_per_node=gpus_per_node, gpu=gpu, hardware_file=hardware,
                          global_batch_size=global_batch_size, seq_len=lengths, time_limit_s=time_limit, threads=threads,
-                         overrides=overrides, dtype=dtype, progress=progress)
+                         overrides=overrides, dtype=dtype, progress=progress, stop=stop)
     except AutoparError as err:
         raise fail(str(err))
     if json_:
@@ -69,3 +73,6 @@ def sweep_command(
         except (AutoparError, OSError) as err:
             raise fail(str(err))
         typer.echo(f"figure written to {output}", err=json_)
+    if stop.reason:
+        typer.echo(f"stopped by {stop.reason}: {len(rows)} of {total} solves done", err=True)
+        raise typer.Exit(INTERRUPTED)

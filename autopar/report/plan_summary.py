@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autopar.plan import Parallelism, Plan, RunPlan
+from autopar.plan import Parallelism, Plan, RunPlan, SolverInfo
 from autopar.report.tables import console as wide_console
 from autopar.report.tables import numbers, table, text
 from autopar.report.uncertainty import range_text, regret_text
@@ -126,6 +126,15 @@ def bottleneck(plan: Plan) -> tuple[str, float]:
     return name, parts[name] / plan.prediction.step_time_s
 
 
+def stopped_text(s: SolverInfo) -> str:
+    """Why the search stopped before it finished: ', stopped by Ctrl-C' or ', stopped at --time-limit 20 s'."""
+    if s.stopped == "Ctrl-C":
+        return ", stopped by Ctrl-C"
+    if s.stopped:
+        return f", stopped at --time-limit {s.time_limit_s:g} s" if s.time_limit_s is not None else ", stopped at its time limit"
+    return ""
+
+
 def print_solved(plans: list[Plan], console: Console | None = None) -> None:
     console = console or wide_console()
     best = plans[0]
@@ -139,8 +148,8 @@ def print_solved(plans: list[Plan], console: Console | None = None) -> None:
     s = best.solver
     if s is not None:
         gap = "proven optimal" if s.status == "OPTIMAL" else f"gap {100 * s.gap:.2f}% to the bound {s.bound_s:.4g} s"
-        console.print(f"solver: [bold]{s.status}[/] ({gap}) in {s.wall_s:.2f} s — {s.choices:,} outer choices, "
-                      f"{s.solves} CP-SAT solves")
+        console.print(f"solver: [bold]{s.status}[/] ({gap}) in {s.wall_s:.2f} s{stopped_text(s)} — "
+                      f"{s.choices:,} outer choices, {s.solves} CP-SAT solves")
     if len(plans) > 1:
         ranked = table(f"top {len(plans)} plans")
         numbers(ranked, "rank")

@@ -2,10 +2,13 @@
 search's progress, the step being measured, the calibration's benchmarks. Every layout fits 80 columns:
 short fixed columns first, the free text last (it wraps rather than being cut).
 
-On a terminal the display is live; elsewhere (a pipe, a log, a test) rich draws nothing until the end.
+On a terminal the display is live; elsewhere (a pipe, a log, a test) rich draws nothing until the end, so the
+search writes a plain line instead when it finds its first plan and when a better one follows (at most one a
+LOG_EVERY_S): a log shows that the search has a plan to keep, which Ctrl-C would then report.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -14,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Column
 
 BAR_WIDTH = 12
+LOG_EVERY_S = 5.0  # off a terminal: the least seconds between two lines of the search's progress
 
 
 def _free_text(template: str) -> TextColumn:
@@ -28,12 +32,22 @@ def search_progress(first: str, searching: str, console: Console | None = None
     choices visited, the best step time so far and the time spent. Yields the search's progress callback."""
     columns = (SpinnerColumn(), TimeElapsedColumn(), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
                _free_text("{task.description} {task.fields[best]}"))
-    with Progress(*columns, console=console or Console(stderr=True), transient=True) as bar:
+    console = console or Console(stderr=True)
+    logged: list[tuple[float, float]] = []  # (when, best) of the lines written off a terminal
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(first, total=None, best="")
 
         def show(visited: int, total: int, best: float | None) -> None:
             bar.update(task, description=searching, completed=visited, total=total,
                        best=f"(best {best:.4g} s per step)" if best is not None else "")
+            if best is None or console.is_terminal:
+                return
+            now = time.monotonic()
+            if not logged or (best < logged[-1][1] and now - logged[-1][0] >= LOG_EVERY_S):
+                console.print(f"{searching}: {'a better' if logged else 'a first'} plan, {best:.4g} s per step "
+                              f"({visited:,} of {total:,} choices settled)", markup=False, highlight=False,
+                              soft_wrap=True)  # one line a log can be searched for
+                logged.append((now, best))
 
         yield show
 

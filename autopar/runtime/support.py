@@ -8,7 +8,8 @@ own code and are searched in full.
 
 The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp), ``tp`` (no replicated
 projection feeds the sharded heads directly: autopar.runtime.train.model_layers), ``sequence_parallel``
-(a Hugging Face model reads the sequence length from its sharded embeddings), ``cp`` (one token-id input, a
+(a Hugging Face model reads the sequence length from its sharded embeddings; every layer has a
+tensor-parallel pattern), ``cp`` (one token-id input, a
 ``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp) and ``ep``
 (the MoE modules follow the expert contract: autopar.runtime.ep).
 """
@@ -90,6 +91,18 @@ def _tensor(profile: Any, loaded: Any, model: Any) -> None:
 
 def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
     check_source(profile.source)
+    check_sequence_shards(profile.layers)
+
+
+def check_sequence_shards(layers: Any) -> None:
+    """Sequence parallelism hands every layer a shard of the sequence; a layer without a tensor-parallel pattern
+    (a convolution stem, a layer of its own kind) runs whole on each tp rank and cannot take one (what the
+    launcher refuses: autopar.runtime.train)."""
+    whole = [layer.name for layer in layers if not layer.tp.plan]
+    if whole:
+        more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
+        raise AutoparError(f"layer {whole[0]}{more} has no tensor-parallel pattern: it runs whole on each tp rank "
+                           "and cannot take sequence shards")
 
 
 def _context(profile: Any, loaded: Any, model: Any) -> None:

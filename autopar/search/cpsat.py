@@ -18,6 +18,7 @@ import math
 
 from ortools.sat.python import cp_model
 
+from autopar.search.budget import Stop
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
 from autopar.search.cuts import Cut, canonical, interchangeable_chunks, segments, starts
 from cost_models import CostModel, ParallelConfig
@@ -251,7 +252,9 @@ class InnerModel:
             self.model.add(var == sum(1 for i in held if tab.is_block[i] and layers[i].block_id == j and
                                       (cfg.layer_degree(i), cfg.layer_mode(i, "block")) == opt))
 
-    def solve(self, time_limit_s: float, threads: int) -> InnerResult:
+    def solve(self, time_limit_s: float, threads: int, stop: Stop | None = None) -> InnerResult:
+        """Solve within ``time_limit_s``; ``stop``: a request (Ctrl-C) that ends the solve at once, with its
+        best solution and bound so far."""
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = threads
@@ -259,7 +262,7 @@ class InnerModel:
         # one presolve pass: these models are small and already tight; further passes cost more than they save
         # (Mixtral-8x22B on 256 H100: 9.2 → 6.6 CPU seconds over its 121 solves, the same optimum)
         solver.parameters.max_presolve_iterations = 1
-        status = solver.solve(self.model)
+        status = (stop or Stop()).solve(solver, self.model)
         name, wall = solver.status_name(status), solver.wall_time
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return InnerResult(name, None, float("inf") if status == cp_model.INFEASIBLE else 0.0, wall_s=wall)
@@ -292,10 +295,11 @@ class InnerModel:
 def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...], time_limit_s: float,
                 threads: int, hint: tuple[int, ...] | None = None, upper_bound_s: float | None = None,
                 degrees: list[int] | None = None, fix: ParallelConfig | None = None,
-                slowest_s: float = 0.0) -> InnerResult:
+                slowest_s: float = 0.0, stop: Stop | None = None) -> InnerResult:
     """Solve one outer choice. ``degrees``: the tensor-parallel degrees blocks may choose (default: only
     cfg.tp); ``fix``: a configuration whose cuts and per-layer options the solution must take; ``slowest_s``: a
-    lower bound on the slowest device of every plan that fits (InnerModel.slowest_at_least)."""
+    lower bound on the slowest device of every plan that fits (InnerModel.slowest_at_least); ``stop``: a stop
+    request that ends the solve early (budget.Stop)."""
     inner = InnerModel(cost, cfg, modes, degrees)
     if fix is not None:
         inner.fix(fix)
@@ -307,4 +311,4 @@ def solve_inner(cost: CostModel, cfg: ParallelConfig, *, modes: tuple[str, ...],
         inner.bound(upper_bound_s)
     if slowest_s > 0:
         inner.slowest_at_least(slowest_s)
-    return inner.solve(time_limit_s, threads)
+    return inner.solve(time_limit_s, threads, stop)

@@ -7,6 +7,12 @@ quickly. Every inner solution is evaluated by the cost model and checked against
 (guard.py). The reported bound of the whole search is the least of the open choices' bounds and the
 inner solves' own bounds: when every inner solve is OPTIMAL and the pruning completes, status is OPTIMAL
 and the gap is zero.
+
+The search stops early when its budget (budget.py) is spent or Ctrl-C asks it to: between any two steps of
+the branch and bound, inside the queue's refinement of bounds, and inside a running CP-SAT solve. It then
+reports its best plan as FEASIBLE with the least bound of what it left open (every key in the queue is a
+valid lower bound), so the gap stays proven. Only for the time limit, a search that must find a plan
+(``must_find``) goes on until its first one.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Callable, Iterator
 from autopar.errors import NoValidConfiguration
 from autopar.profile import ModelProfile
 from autopar.search.bound import LowerBound
+from autopar.search.budget import Budget
 from autopar.search.cpsat import CP_SAT_WORKERS, MODES, InnerResult, block_degrees, solve_inner
 from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
@@ -43,22 +50,26 @@ class Candidate:
 @dataclasses.dataclass
 class SearchResult:
     best: list[Candidate]           # up to top_k, best first
-    status: str                     # OPTIMAL | FEASIBLE | INFEASIBLE
+    status: str                     # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN (stopped before any plan)
     bound_s: float
     wall_s: float
     choices: int                    # outer choices enumerated
     solved: int                     # inner CP-SAT solves run
+    stopped: str = ""               # why it stopped before finishing: budget.TIME_LIMIT or budget.CTRL_C
+    first_plan_s: float | None = None  # seconds from the budget's start to the first plan that fits
 
 
 GREEDY_MAX_CHOICES = 1000  # outer choices, at most, in the Megatron-style first pass (a count, not a time:
 # the search stays deterministic)
 
 
-def _greedy_incumbent(cost: CostModel, queue: "_Queue", modes: tuple[str, ...], bound: LowerBound) -> Candidate | None:
+def _greedy_incumbent(state: "_Search", queue: "_Queue") -> Candidate | None:
     """The best Megatron-style plan (even split, one recomputation mode for every block) over the outer
     choices in lower-bound order, stopping at the first whose bound cannot beat it: a real plan, and an
     upper bound that lets CP-SAT prove most choices no better, fast. The choices it looks at go back into
-    the queue."""
+    the queue. Once it has a plan (``state.found``), a stop request or the budget's end stops it too (the
+    queue's pop asks the search)."""
+    cost, modes, bound = state.cost, state.modes, state.lower_bound
     best: Candidate | None = None
     seen = []
     while len(seen) < GREEDY_MAX_CHOICES and (item := queue.pop()) is not None:
@@ -78,6 +89,7 @@ def _greedy_incumbent(cost: CostModel, queue: "_Queue", modes: tuple[str, ...], 
             if est.fits and (best is None or est.step_time_s < best.estimate.step_time_s):
                 best = Candidate(cfg, plan, est, InnerResult("FEASIBLE", est.step_time_s, 0.0, counts,
                                                             plan.layer_recompute or per_layer))
+                state.found_plan()
             if est.fits:
                 break
     for item in seen:
@@ -122,16 +134,43 @@ class _Search:
     modes: tuple[str, ...]
     lower_bound: LowerBound
     top_k: int
+    budget: Budget
+    must_find: bool = True          # on the time limit, go on until the first plan
     best: list[Candidate] = dataclasses.field(default_factory=list)
     solved: int = 0
     all_optimal: bool = True
     bound: float = math.inf
     fits_without_offload: set[ParallelConfig] = dataclasses.field(default_factory=set)
+    stopped: str = ""
+    first_plan_s: float | None = None
+    found: bool = False             # a plan exists (kept in ``best``, or still the greedy pass's own)
+
+    def should_stop(self) -> bool:
+        """Ctrl-C, or the budget spent (once there is a plan, unless none is needed)."""
+        budget = self.budget
+        return budget.interrupted or (budget.spent() and (self.found or not self.must_find))
+
+    def stop(self, bound: float) -> None:
+        """Stop early: what is left open has lower bound ``bound``."""
+        self.stopped = self.budget.reason()
+        self.all_optimal = False
+        self.bound = min(self.bound, bound)
+
+    def solve_limit(self, cap: float) -> float:
+        """Seconds for one CP-SAT solve: ``cap``, at most what is left (a search still without a plan gets
+        ``cap`` even past the limit)."""
+        left = self.budget.remaining()
+        return min(cap, left) if left > 0 or self.best else cap
 
     def kth(self) -> float | None:
         return self.best[self.top_k - 1].estimate.step_time_s if len(self.best) >= self.top_k else None
 
+    def found_plan(self) -> None:
+        if not self.found:
+            self.found, self.first_plan_s = True, self.budget.elapsed()
+
     def add(self, candidate: Candidate) -> None:
+        self.found_plan()
         if not candidate.choice.offload_activations:
             self.fits_without_offload.add(candidate.choice)
         self.best.append(candidate)
@@ -153,7 +192,7 @@ class _Search:
         cost = self.cost
         inner = solve_inner(cost, cfg, modes=self.modes, time_limit_s=time_limit_s, threads=threads,
                             upper_bound_s=self.kth(), hint=stage_layer_counts(cost.model.layers, cfg.chunks),
-                            degrees=degrees, slowest_s=self.lower_bound.slowest(cfg))
+                            degrees=degrees, slowest_s=self.lower_bound.slowest(cfg), stop=self.budget.stop)
         self.solved += 1
         if inner.status not in ("OPTIMAL", "INFEASIBLE"):
             self.all_optimal = False
@@ -189,12 +228,16 @@ def _frozen_heap() -> Iterator[None]:
 def search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
            pins: Pins = Pins(), allow_cross_node_tp: bool = False, top_k: int = 1, time_limit_s: float = 60.0,
            threads: int | None = None, per_layer_tp: bool = True,
-           progress: Callable[[int, int, float | None], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int, float | None], None] | None = None, budget: Budget | None = None,
+           must_find: bool = True) -> SearchResult:
     """``progress(visited, total, best step time)`` is called after each outer choice is settled; ``threads``:
-    CP-SAT's workers per inner solve (None: cpsat.CP_SAT_WORKERS)."""
+    CP-SAT's workers per inner solve (None: cpsat.CP_SAT_WORKERS). ``budget``: the wall clock and stop request
+    it runs under (default: ``time_limit_s`` from now); ``must_find``: past the limit, go on until a first plan
+    (else stop with none: status UNKNOWN, its bound still valid)."""
+    budget = budget or Budget(time_limit_s)
     with _frozen_heap():
         return _search(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
-                       allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, time_limit_s=time_limit_s,
+                       allow_cross_node_tp=allow_cross_node_tp, top_k=top_k, budget=budget, must_find=must_find,
                        threads=threads or CP_SAT_WORKERS, per_layer_tp=per_layer_tp, progress=progress)
 
 
@@ -207,14 +250,22 @@ class _Queue:
     that are solved come in the order of their strong bounds: among near-tied choices the one most likely
     best is solved first, and its step closes the others without a solve. A deferred family of choices
     (space.context_families) enters with one bound on all of them and is enumerated when it reaches the
-    front."""
+    front. ``stop``: asked before every step; when it says so, ``pop`` returns None with ``stopped`` set (the heap
+    keeps every open choice, so ``least`` still bounds them all) and building the queue raises _Stopped."""
 
     FAMILY, COARSE, CHEAP, KNAPSACK, QUICK, STRONG = range(6)  # what an entry's bound is
+    CHECK_EVERY = 256  # choices entered between two asks of ``stop`` while the queue is built
 
     def __init__(self, bound: LowerBound, choices: Iterator[ParallelConfig],
-                 families: list[tuple[float, Callable[[], Iterator[ParallelConfig]]]] = ()):  # type: ignore[assignment]
+                 families: list[tuple[float, Callable[[], Iterator[ParallelConfig]]]] = (),  # type: ignore[assignment]
+                 stop: Callable[[], bool] = lambda: False):
         self.bound = bound
-        self.heap: list[tuple] = [(bound.coarse(cfg), n, self.COARSE, cfg) for n, cfg in enumerate(choices)]
+        self.stop, self.stopped = stop, False
+        self.heap: list[tuple] = []
+        for n, cfg in enumerate(choices):
+            if n % self.CHECK_EVERY == 0 and stop():
+                raise _Stopped
+            self.heap.append((bound.coarse(cfg), n, self.COARSE, cfg))
         self.total = len(self.heap)
         self.heap += [(lb, self.total + k, self.FAMILY, expand) for k, (lb, expand) in enumerate(families)
                       if lb < math.inf]
@@ -225,6 +276,9 @@ class _Queue:
         """The choice of least quick bound (``strong``: of least strong bound), with that bound (None: no
         choice left that can fit)."""
         while self.heap:
+            if self.stop():
+                self.stopped = True
+                return None
             lb, n, kind, item = heapq.heappop(self.heap)
             if kind == self.STRONG or (kind == self.QUICK and not strong):
                 return lb, n, item
@@ -252,31 +306,41 @@ class _Queue:
         return self.heap[0][0] if self.heap else math.inf
 
 
+class _Stopped(Exception):
+    """The search was asked to stop before its queue was built."""
+
+
 def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
-            pins: Pins, allow_cross_node_tp: bool, top_k: int, time_limit_s: float, threads: int,
+            pins: Pins, allow_cross_node_tp: bool, top_k: int, budget: Budget, must_find: bool, threads: int,
             per_layer_tp: bool, progress: Callable[[int, int, float | None], None] | None) -> SearchResult:
     start = time.perf_counter()
     cost = CostModel(profile, hw)
     modes = (pins.recompute,) if pins.recompute else MODES
-    state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k)
+    state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k, budget, must_find)
     space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                  allow_cross_node_tp=allow_cross_node_tp)
     families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch_size),  # type: ignore[arg-type]
                  partial(outer_choices, profile, family=family, **space))
                 for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                                allow_cross_node_tp=allow_cross_node_tp)]
-    queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, **space), families)  # type: ignore[arg-type]
+    try:
+        queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, **space), families,  # type: ignore[arg-type]
+                       stop=state.should_stop)
+    except _Stopped:
+        state.stop(0.0)
+        return _result(state, 0, time.perf_counter() - start)
     if not queue.heap:
         raise NoValidConfiguration(explain_no_configuration(
             profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
             allow_cross_node_tp=allow_cross_node_tp))
-    greedy = _greedy_incumbent(cost, queue, modes, state.lower_bound) if top_k == 1 else None
+    greedy = _greedy_incumbent(state, queue) if top_k == 1 else None
     first = None
     if greedy is not None:  # refine the incumbent's own choice first: its non-uniform optimum prunes the rest
         state.add(greedy)
         first = greedy.choice
-        state.solve(first, state.lower_bound(first), time_limit_s / 10, threads,
-                    block_degrees(cost, first, gpus_per_node) if per_layer_tp else None)
+        if not state.should_stop():
+            state.solve(first, state.lower_bound(first), state.solve_limit(budget.seconds / 10), threads,
+                        block_degrees(cost, first, gpus_per_node) if per_layer_tp else None)
     visited = 0
     while (item := queue.pop(strong=True)) is not None:
         lb, _, cfg = item
@@ -289,18 +353,23 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
             break
         if cfg is first or state.skip(cfg, pins):
             continue
-        remaining = time_limit_s - (time.perf_counter() - start)
-        if remaining <= 0:
-            state.all_optimal = False
-            state.bound = min(state.bound, lb)
+        if state.should_stop():
+            state.stop(lb)
             break
-        state.solve(cfg, lb, min(remaining, max(1.0, time_limit_s / 10)), threads,
+        state.solve(cfg, lb, state.solve_limit(max(1.0, budget.seconds / 10)), threads,
                     block_degrees(cost, cfg, gpus_per_node) if per_layer_tp else None)
+    if queue.stopped:
+        state.stop(queue.least())
+    elif state.best and state.should_stop() and not state.all_optimal and not state.stopped:
+        state.stopped = budget.reason()  # its last CP-SAT solve was cut short
     return _result(state, queue.total, time.perf_counter() - start)
 
 
 def _result(state: _Search, choices: int, wall: float) -> SearchResult:
     if not state.best:
+        if state.stopped:  # stopped before any plan: what was left open is bounded, not proven empty
+            return SearchResult([], "UNKNOWN", state.bound, wall, choices, state.solved, state.stopped)
         return SearchResult([], "INFEASIBLE", math.inf, wall, choices, state.solved)
     bound = min(state.bound, state.best[0].estimate.step_time_s)
-    return SearchResult(state.best, "OPTIMAL" if state.all_optimal else "FEASIBLE", bound, wall, choices, state.solved)
+    return SearchResult(state.best, "OPTIMAL" if state.all_optimal else "FEASIBLE", bound, wall, choices, state.solved,
+                        state.stopped, state.first_plan_s)

@@ -6,7 +6,7 @@ ZeRO-3 where there is data parallelism, activation offload, 1F1B): the least mem
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from autopar.errors import DoesNotFit, NoValidConfiguration
@@ -40,13 +40,27 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
         except ConfigError:
             continue
         if best is None or est.peak_memory_bytes < best[0]:
-            best = (est.peak_memory_bytes, f"tp {cfg.tp}{f' cp {cfg.cp}' if cfg.cp > 1 else ''} pp {cfg.pp} dp {cfg.dp}")
+            best = (est.peak_memory_bytes, f"tp {cfg.tp}{f' cp {cfg.cp}' if cfg.cp > 1 else ''} pp {cfg.pp} dp {cfg.dp}"
+                                           f"{f' ep {cfg.ep}' if cfg.ep > 1 else ''}")
     return best
 
 
+@dataclass(frozen=True)
+class Elsewhere:
+    """Another way to plan the same model when the search was held to what autopar's runtime runs: ``option``
+    (``--engine megatron``), its hardware pricing, the pins the user gave, and what the runtime left out."""
+
+    option: str
+    hw: HardwareProfile
+    pins: Pins
+    left_out: str
+
+
 def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int,
-                       global_batch_size: int, pins: Pins) -> NoReturn:
-    """Raise DoesNotFit naming the smallest change that would fit (or NoValidConfiguration: nothing is valid)."""
+                       global_batch_size: int, pins: Pins, elsewhere: Elsewhere | None = None) -> NoReturn:
+    """Raise DoesNotFit naming the smallest change that would fit (or NoValidConfiguration: nothing is valid):
+    the GPU count, a smaller batch and, where the runtime held the search back (``elsewhere``), the engine that
+    would run the model on the fewest GPUs."""
     cost = CostModel(profile, hw)  # one for every count and batch tried: they share most layer costs
     here = least_memory(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                         cost=cost)
@@ -55,12 +69,10 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
                                                             global_batch_size=global_batch_size, pins=pins))
     need, where = here
     fixes = [f"at least {need / GIB:.1f} GiB per GPU ({where})"]
-    for more in (gpus * 2 ** i for i in range(1, 8)):
-        found = least_memory(profile, hw, gpus=more, gpus_per_node=gpus_per_node,
-                             global_batch_size=max(global_batch_size, more), pins=replace(pins, dp=None), cost=cost)
-        if found is not None and found[0] <= hw.memory_bytes:
-            fixes.append(f"{more} GPUs")
-            break
+    more = fewest_gpus(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size,
+                       pins=pins, cost=cost, counts=range(1, GROWTH_STEPS + 1))
+    if more:
+        fixes.append(f"{more[0]} GPUs")
     for smaller in (global_batch_size // 2 ** i for i in range(1, 12)):
         if smaller < 1:
             break
@@ -69,8 +81,41 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
         if found is not None and found[0] <= hw.memory_bytes:
             fixes.append(f"global batch {smaller}")
             break
-    raise DoesNotFit(f"no plan fits: the most memory-frugal plan needs {need / GIB:.1f} GiB per GPU but {hw.name} "
-                     f"has {hw.memory_bytes / GIB:.1f} GiB; it would fit with " + " or ".join(fixes))
+    text = (f"no plan fits: the most memory-frugal plan needs {need / GIB:.1f} GiB per GPU but {hw.name} has "
+            f"{hw.memory_bytes / GIB:.1f} GiB; it would fit with " + " or ".join(fixes))
+    if not more:
+        text += f"; no GPU count up to {gpus << GROWTH_STEPS} fits"
+    if elsewhere is not None:
+        text += _elsewhere_text(profile, elsewhere, gpus=gpus, gpus_per_node=gpus_per_node,
+                                global_batch_size=global_batch_size)
+    raise DoesNotFit(text)
+
+
+GROWTH_STEPS = 7  # GPU counts tried: this one doubled up to 2**7 times
+
+
+def fewest_gpus(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int,
+                pins: Pins, cost: CostModel, counts: range) -> tuple[int, float, str] | None:
+    """(GPUs, bytes per GPU, configuration) at the first of ``gpus`` × 2**i (i in ``counts``) where the most
+    frugal plan fits (the batch grown to one sample per GPU at least, dp left free), or None."""
+    for more in (gpus * 2 ** i for i in counts):
+        found = least_memory(profile, hw, gpus=more, gpus_per_node=gpus_per_node,
+                             global_batch_size=max(global_batch_size, more), pins=replace(pins, dp=None), cost=cost)
+        if found is not None and found[0] <= hw.memory_bytes:
+            return more, found[0], found[1]
+    return None
+
+
+def _elsewhere_text(profile: ModelProfile, other: Elsewhere, *, gpus: int, gpus_per_node: int,
+                    global_batch_size: int) -> str:
+    """'; --engine megatron fits on 256 GPUs (…)': where the search left features out for autopar's runtime."""
+    found = fewest_gpus(profile, other.hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size,
+                        pins=other.pins, cost=CostModel(profile, other.hw), counts=range(0, GROWTH_STEPS + 1))
+    if found is None:
+        return ""
+    count, need, where = found
+    return (f"; autopar's runtime cannot run {other.left_out} on this model, and with them {other.option} fits on "
+            f"{count} GPUs ({need / GIB:.1f} GiB per GPU: {where})")
 
 
 def _pins_text(pins: Pins) -> str:

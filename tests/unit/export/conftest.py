@@ -9,6 +9,7 @@ import pytest
 
 from autopar.plan import Plan
 from helpers.exports import BLOCKS, GPT, MEGATRON_LM, as_fp16, estimate_plan, relayer, restage
+from helpers.frameworks import require
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def plans(profile) -> dict[str, Plan]:
 @pytest.fixture(scope="module")
 def megatron_arguments():
     """Megatron-LM's arguments module (core_v0.16.1, vendored) over the installed megatron-core."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     sys.path.insert(0, str(MEGATRON_LM))
     try:
         with warnings.catch_warnings():

@@ -36,6 +36,7 @@ from helpers.exports import (
     titan_overrides,
     with_dialects,
 )
+from helpers.frameworks import require
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +192,7 @@ def test_megatron_validates_the_moe_arguments(plans, name, megatron_arguments, m
 def test_nemo_model_keys_reach_megatron_core(plans):
     """NeMo passes a model key to Megatron-Core when TransformerConfig has a field of that name
     (MegatronBaseModel.build_transformer_config); every expert key the export writes is one."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     from dataclasses import fields
 
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -19,6 +19,7 @@ from cost_models.context import traffic_bytes
 from helpers.builders import LLAMA
 from helpers.builders import LLAMA_SEQ as SEQ
 from helpers.builders import LLAMA_SHAPE as SHAPE
+from helpers.frameworks import require
 from helpers.screen import assert_nothing_cut
 
 runner = CliRunner()
@@ -36,7 +37,7 @@ def saved(llama, tmp_path_factory) -> tuple[Plan, Path]:  # noqa: F811
 
 
 def test_cp_groups_are_megatron_cores():
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     from megatron.core.parallel_state import RankGenerator
 
     for tp, cp, dp, pp in [(2, 2, 2, 2), (1, 4, 2, 1), (4, 2, 1, 2)]:

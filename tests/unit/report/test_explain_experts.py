@@ -12,6 +12,7 @@ from autopar.cli import app
 from autopar.plan import Plan
 from autopar.ranks import expert_groups
 from helpers.exports import moe_plans
+from helpers.frameworks import require
 
 runner = CliRunner()
 
@@ -66,7 +67,7 @@ def test_expert_groups_partition_each_stage_in_megatron_order() -> None:
 def test_expert_groups_are_megatron_cores(tp: int, dp: int, pp: int, ep: int, etp: int) -> None:
     """Megatron-Core's own expert rank generator (order tp-cp-ep-dp-pp over etp, ep, edp, pp) gives the same
     groups."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     from megatron.core.parallel_state import RankGenerator
 
     gen = RankGenerator(tp=etp, ep=ep, dp=tp * dp // (ep * etp), pp=pp, cp=1, order="tp-cp-ep-dp-pp")

@@ -81,7 +81,7 @@ def test_deterministic_and_pinnable() -> None:
 
     first = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb")
     again = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb")
-    strip = {"solver": {"wall_s"}}
+    strip = {"solver": {"wall_s", "elapsed_s"}}
     assert first.model_dump(exclude=strip) == again.model_dump(exclude=strip)
     pinned = solve("examples/gpt.py", gpus=16, overrides=GPT_SMALL, seq_len=512, global_batch_size=64, gpu="a100-40gb",
                    pins=Pins(tp=2, pp=2, recompute="full"))
@@ -105,7 +105,7 @@ def test_infeasible_names_the_fix() -> None:
     from autopar.search import solve
 
     with pytest.raises(AutoparError) as err:
-        solve("examples/gpt.py", gpus=2, overrides={"n_layer": "48", "n_embd": "8192", "n_head": "64"},
+        solve("examples/gpt.py", gpus=2, overrides={"n_layer": "48", "n_embd": "8192", "n_head": "64", "block_size": "2048"},
               seq_len=2048, global_batch_size=8, gpu="a100-80gb")
     message = str(err.value)
     assert message.startswith("no plan fits") and "GPUs" in message and "\n" not in message
