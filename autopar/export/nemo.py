@@ -111,9 +111,10 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
     }
     # A recipe's CommOverlapConfig sets these on model and ddp at setup (its own defaults where a key is None): the
     # plan's values go there too.
-    sections["comm_overlap"] = {"tp_comm_overlap": bool(comm.model.get("tp_comm_overlap", False)),
-                                "overlap_moe_expert_parallel_comm": bool(
-                                    comm.model.get("overlap_moe_expert_parallel_comm", False)), **comm.ddp}
+    overlaps: dict[str, Any] = {"tp_comm_overlap": bool(comm.model.get("tp_comm_overlap", False)), **comm.ddp}
+    if plan.model.experts is not None:
+        overlaps["overlap_moe_expert_parallel_comm"] = bool(comm.model.get("overlap_moe_expert_parallel_comm", False))
+    sections["comm_overlap"] = overlaps
     if zero >= 2:  # Megatron-FSDP checkpoints in its own format
         sections["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     lines = header(plan, VERSIONS[dialect], warnings)

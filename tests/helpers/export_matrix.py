@@ -26,6 +26,7 @@ from autopar.export.common import block_indices
 from autopar.plan import Plan
 from helpers import DATA, ROOT
 from helpers.exports import MIXTRAL, MOE, MOE_SEQ, as_fp16, estimate_plan, relayer, restage
+from helpers.frameworks import require
 
 # Shape → what it exercises. MoE, cp, uneven cuts and per-layer recomputation are among them.
 SHAPES = {"dense_zero3": "ZeRO-3, full recomputation", "tp_pp_sp_interleaved": "tp·pp·SP, interleaved (v=2)",
@@ -136,7 +137,7 @@ def bridge_folder() -> str:
     hydra-core pins an older omegaconf than Lightning's)."""
     import importlib.util
 
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     folder = os.environ.get("AUTOPAR_MEGATRON_BRIDGE", "")
     if folder and (Path(folder) / "megatron" / "bridge").exists() and (Path(folder) / "hydra").exists():
         return folder

@@ -11,6 +11,7 @@ import autopar
 from autopar.export import export
 from helpers import EX
 from helpers.exports import megatron_command_line
+from helpers.frameworks import require
 
 pytestmark = pytest.mark.slow  # each plan is estimated from a captured model; Megatron's parser imports torch
 
@@ -91,7 +92,7 @@ def test_flex_is_deepep_in_the_flags(plans):
 def test_bridge_keys_are_megatron_core_fields(plans):
     """Megatron-Bridge's model section is Megatron-Core's TransformerConfig, its ddp section
     DistributedDataParallelConfig: every launch key the export writes is a field there, with the plan's value."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     from dataclasses import fields
 
     import yaml

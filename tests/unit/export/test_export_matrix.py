@@ -31,6 +31,7 @@ from helpers.export_matrix import (
     titan_0_2_folder,
 )
 from helpers.exports import megatron_validated, titan_0_3_config
+from helpers.frameworks import require
 
 pytestmark = pytest.mark.slow  # each reader imports its framework, several seconds of CPU
 NAMES = list(SHAPES)
@@ -82,7 +83,7 @@ def test_nemo_2_4_yaml_builds_its_transformer_config(plans, name):
     """NeMo 2.4.1 does not install on CPU: the YAML's trainer rule (accumulate_grad_batches 1) and the
     TransformerConfig that NeMo's build_transformer_config makes of the model keys (activations_checkpoint_* renamed
     recompute_*, as it does) are checked against megatron-core."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install megatron-core)")
+    require("megatron.core", "megatron-core")
     from dataclasses import fields
 
     import torch
