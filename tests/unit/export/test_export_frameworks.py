@@ -77,7 +77,9 @@ def test_version_selects_the_dialect(plans):
     plan = plans["interleaved"]
     assert export(plan, "torchtitan@0.2.2").text == export(plan, "torchtitan@0.2").text
     assert export(plan, "torchtitan").text == export(plan, "torchtitan@0.3.0").text
-    assert export(plan, "sagemaker@v1").text == export(plan, "sagemaker@1").text != export(plan, "sagemaker").text
+    assert export(plan, "sagemaker@3.27").text == export(plan, "sagemaker").text != export(plan, "sagemaker@2").text
+    assert export(plan, "sagemaker@v2").text == export(plan, "sagemaker@2.257").text != export(plan, "sagemaker@smp1").text
+    assert export(plan, "nemo@bridge").text == export(plan, "nemo").text != export(plan, "nemo@2.4.1").text
     assert export(plan, "megatron@core_v0.16.1").text == export(plan, "megatron").text
     with pytest.raises(AutoparError, match="choose one of torchtitan@0.3, torchtitan@0.2"):
         export(plan, "torchtitan@0.1")
@@ -87,14 +89,17 @@ def test_version_selects_the_dialect(plans):
 
 def test_sagemaker_placement_and_smp_v2_for_h100(all_plans):
     for name in PARSER_PLANS[:-1]:
-        assert smp_parameters(all_plans[name], "sagemaker@v1")[1]["placement_strategy"] in ("spread", "cluster")
-    estimator, params = smp_parameters(all_plans["h100_zero3"])
+        assert smp_parameters(all_plans[name], "sagemaker@smp1")[1]["placement_strategy"] in ("spread", "cluster")
+    trainer, params = smp_parameters(all_plans["h100_zero3"])  # SDK 3: ModelTrainer's compute and distributed
+    assert trainer["compute"] == {"instance_type": "ml.p5.48xlarge", "instance_count": 2}
+    assert trainer["distributed"] == {"process_count_per_node": 8, "smp": params}
+    estimator, params = smp_parameters(all_plans["h100_zero3"], "sagemaker@2")
     assert estimator["instance_type"] == "ml.p5.48xlarge"
     distribution = estimator["distribution"]
     assert distribution["torch_distributed"] == {"enabled": True} and "mpi" not in distribution
     assert params == {"tensor_parallel_degree": 2, "hybrid_shard_degree": 8}
     with pytest.raises(AutoparError, match="smp v1 does not run on ml.p5.48xlarge"):
-        export(all_plans["h100_zero3"], "sagemaker@v1")
+        export(all_plans["h100_zero3"], "sagemaker@smp1")
 
 
 def test_torchtitan_0_3_overrides(all_plans):
@@ -141,13 +146,10 @@ def test_deepspeed_pipeline_topology_counts_tensor_parallelism(all_plans):
 def test_nemo_accumulates_in_training_step_bionemo_in_the_trainer(all_plans):
     for name in PARSER_PLANS:
         plan = all_plans[name]
-        nemo = yaml.safe_load(export(plan, "nemo").text)
-        assert nemo["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
-        bionemo = yaml.safe_load(export(plan, "bionemo").text)
-        assert bionemo["trainer"]["accumulate_grad_batches"] == plan.parallelism.num_microbatches
-        assert {k: v for k, v in nemo["model"].items()} == bionemo["model"]
-        modules = plan.parallelism.recompute_modules
-        assert nemo["model"].get("recompute_modules") == (list(modules) if modules is not None else None)
+        legacy = yaml.safe_load(export(plan, "nemo@2.4").text)
+        assert legacy["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
+        bionemo = yaml.safe_load(export(plan, "bionemo").text)["parallel_config"]  # BioNeMo infers the global batch
+        assert bionemo["accumulate_grad_batches"] == plan.parallelism.num_microbatches
 
 
 def _mixed_precision(text: str) -> dict[str, str] | None:
@@ -211,11 +213,16 @@ def test_deepspeed_config_and_engine_dtype_check(all_plans, name, monkeypatch):
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     plan = all_plans[name]
     par, result = plan.parallelism, export(plan, "deepspeed")
-    dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data") if par.pp > 1 else par.dp
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: plan.world_size)
+    if par.pp > 1:  # a PipelineModule's topology is the mpu
+        dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data")
+        mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    else:  # AutoTP or plain ZeRO: no mpu, the batch checked against the world (tp ranks counted)
+        mpu = None
     cfg = ds_config.DeepSpeedConfig(json.loads(result.text), mpu=mpu)
+    counted = par.tp if mpu is None else 1
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-        (par.global_batch_size, par.micro_batch_size, par.num_microbatches)
+        (par.global_batch_size * counted, par.micro_batch_size, par.num_microbatches)
     assert cfg.zero_optimization_stage == (min(par.zero_stage, 1) if par.pp > 1 else par.zero_stage)
     assert cfg.bfloat16_config.enabled == (plan.model.dtype == "bf16")
     assert cfg.activation_checkpointing_config.cpu_checkpointing == par.offload_activations
@@ -310,10 +317,10 @@ def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
             assert titan_0_2_parsed[name][section][key] == value, (section, key)
 
 
-@pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@v1"])
+@pytest.mark.parametrize("spec", ["sagemaker@2", "sagemaker@smp1"])
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
-    """SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
+    """The SDK 2 dialects (SDK 3's ModelTrainer, the default, is read in test_export_matrix.py). SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
     which runs the smp parameter validator and the p5 check that fit() runs (no AWS call: a stand-in
     session). SDK 3.x has no estimator: smp v2 parameters go through its pydantic Torchrun / SMP models,
     smp v1 parameters through the validator SDK 3 keeps."""
@@ -321,7 +328,7 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
 
     PyTorch, v3, validate_mp_config = sagemaker_sdk()
     plan = all_plans[name]
-    if spec == "sagemaker@v1" and name == "h100_zero3":
+    if spec == "sagemaker@smp1" and name == "h100_zero3":
         pytest.skip("smp v1 does not run on p5 instances: the export refuses (test_sagemaker_placement_and_smp_v2_for_h100)")
     estimator, params = smp_parameters(plan, spec)
     if PyTorch is not None:
@@ -329,10 +336,10 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
         job = PyTorch(entry_point="train.py", role="arn:aws:iam::111111111111:role/autopar", framework_version="2.3.0",
                       py_version="py311", sagemaker_session=session, **estimator)
         launch = job._pytorch_distribution_configuration(job.distribution)
-        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker")
-        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@v1")
+        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker@2")
+        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@smp1")
         assert job.instance_count * 8 == plan.world_size
-    elif spec == "sagemaker":
+    elif spec == "sagemaker@2":
         Torchrun, SMP = v3
         Torchrun(process_count_per_node=8, smp=SMP(**params))
     validate_mp_config(params)
