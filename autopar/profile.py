@@ -20,8 +20,9 @@ from cost_models.model import Dtype
 
 LayerKind = Literal["embedding", "block", "norm", "head", "other"]
 # sequence_parallel: a norm of a token's whole vector (sharded on the sequence under SP); head_norm: a norm of
-# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP
-TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm"]
+# each head's vector between a column→row pair (Qwen3's q_norm), which sees only its rank's heads under TP;
+# projection_norm: a norm of a column-parallel projection's whole output (OLMo-2's q_norm), its statistics over tp
+TPStyle = Literal["colwise", "rowwise", "sequence_parallel", "head_norm", "projection_norm"]
 
 
 MAX_PROFILE_BYTES = 256 * 2**20  # a profile is a few KiB per distinct layer; past this a file is not one
@@ -58,11 +59,55 @@ class TPPattern(_Frozen):
     shared_feeders: list[str] = Field(
         default=[], description="replicated linears whose output reaches the sharded heads besides through a "
         "column-parallel linear (DeepSeek's latent KV projection: its rotary key all heads share)")
+    shared_columns: dict[str, list[int]] = Field(
+        default={}, description="shared feeder -> [start, stop) of its output features that reach the heads directly "
+        "(under TP their gradient is summed over the ranks' heads: autopar.runtime.latent)")
+    shared_bytes_per_sample: int = Field(
+        default=0, description="bytes of those features per sample: the all-reduce of their gradient, backward")
 
     def allows(self, tp: int) -> bool:
         if tp == 1:
             return True
         return bool(self.plan) and all(d % tp == 0 for d in self.divisors)
+
+
+class PartProfile(_Frozen):
+    """One part of a layer that Megatron-Core's ``--recompute-modules`` can recompute apart (core_attn, layernorm,
+    mlp, moe, moe_act, shared_experts, mla_up_proj), measured from the same trace as the layer: what its nodes save
+    and compute in one forward, per sample and fixed (a routed expert's activation, MoEProfile.expert_act: per
+    token-expert pair, nothing fixed). Bytes count storages, each once (saved-tensor hooks, autopar/capture/parts.py):
+
+    - ``saved``: what the part's own ops save for backward, its inputs included where they save them;
+    - ``input``: its activation inputs, which a checkpoint of the part keeps to re-run it;
+    - ``freed``: what recomputing it under a normal checkpoint frees: the tensors it makes and saves that no op after
+      it saves too (Megatron-Core's ``tensor_parallel.checkpoint``: core_attn, mlp, moe, shared_experts);
+    - ``output``: its outputs that ops after it save (the next linear's input): only an output-discarding checkpoint
+      frees them too (``CheckpointWithoutOutput``: layernorm, moe_act, mla_up_proj);
+    - ``unfused``: what its ops and outputs keep beyond its inputs and outputs, which one fused kernel keeps.
+
+    ``mlp_act`` (a dense MLP's activation: the element-wise ops between its two GEMMs) is measured beside them for
+    the ``unfused`` bytes an engine's fused activation does not keep; it is no module of --recompute-modules."""
+
+    saved_bytes_per_sample: float = 0.0
+    saved_bytes_fixed: float = 0.0
+    input_bytes_per_sample: float = 0.0
+    input_bytes_fixed: float = 0.0
+    freed_bytes_per_sample: float = 0.0
+    freed_bytes_fixed: float = 0.0
+    output_bytes_per_sample: float = 0.0
+    output_bytes_fixed: float = 0.0
+    fwd_flops_per_sample: float = Field(default=0.0, description="forward (matmul) FLOPs")
+    fwd_flops_fixed: float = 0.0
+    fwd_memory_bytes_per_sample: float = Field(default=0.0, description="memory-bound bytes of its forward")
+    fwd_memory_bytes_fixed: float = 0.0
+    held_bytes_per_sample: float = Field(
+        default=0.0, description="its inputs that no op saves: a checkpoint of it keeps them (freed does not "
+                                 "count them)")
+    held_bytes_fixed: float = 0.0
+    unfused_bytes_per_sample: float = Field(
+        default=0.0, description="what its traced ops keep beyond one fused kernel's input and output (an eager "
+                                 "RMSNorm's fp32 copy, an eager SwiGLU's silu output)")
+    unfused_bytes_fixed: float = 0.0
 
 
 class MoEProfile(_Frozen):
@@ -97,6 +142,9 @@ class MoEProfile(_Frozen):
     balanced_by_bias: bool = Field(
         default=False, description="the router balances by a learned per-expert bias (DeepSeek-V3's auxiliary-"
                                    "loss-free balancing) rather than by an auxiliary loss alone")
+    expert_act: PartProfile | None = Field(
+        default=None, description="one routed expert's activation (the element-wise ops between its two GEMMs), per "
+                                  "token-expert pair: what Megatron-Core's moe_act recomputation re-runs")
     module: str = Field(description="the MoE module, relative to the layer (e.g. 'mlp')")
     experts_module: str = Field(description="its routed experts, relative to the layer (e.g. 'mlp.experts')")
 
@@ -132,6 +180,9 @@ class LayerProfile(_Frozen):
     cut_bytes_fixed: int = 0
     tp: TPPattern = TPPattern()
     moe: MoEProfile | None = Field(default=None, description="set on mixture-of-experts layers only")
+    parts: dict[str, PartProfile] = Field(
+        default_factory=dict, description="the parts Megatron-Core's --recompute-modules names (core_attn, "
+        "layernorm, mlp, moe, shared_experts, mla_up_proj) that the layer has, measured (empty: captured before)")
     attention_causal: bool = Field(
         default=False, description="its fused attention is causal (SDPA is_causal): a flash kernel computes only "
                                    "the unmasked half of the S×S the FLOP count holds")

@@ -7,12 +7,13 @@ Each job is solved under the megatron engine on H100 80GB (8 per node, BF16) and
 job is priced by ``autopar.estimate`` under the same model, so the two predicted step times compare like for like.
 The published plans and their sources:
 
-- Qwen3-30B-A3B, 8 and 256 H100, seq 4096: EP8, TP1, PP1 per node, as Megatron-LM's MoE recipe for the model
-  (examples/moe recipes, 32 H100, GBS 256 = 8 sequences per GPU; kept at 8 per GPU on 256, 64 per GPU on 8 as
+- Qwen3-30B-A3B, 8 and 256 H100, seq 4096: EP8, TP1, PP1, no recomputation, the flex dispatcher, as Megatron-LM's
+  MoE recipe for the model (32 H100, GBS 256 = 8 sequences per GPU; kept at 8 per GPU on 256, 64 per GPU on 8 as
   Megatron-Bridge's 16-GPU card runs 64);
-- Qwen3-235B-A22B, 256 H100: TP2, PP8, VP4, EP32, GBS 2048 (Megatron-LM's recipe and Megatron-Bridge's card);
-- DeepSeek-V3, 1024 H100: TP2, PP8, VP4, EP64, GBS 8192, recompute of mla_up_proj and mlp (Megatron-Bridge's
-  model verification card);
+- Qwen3-235B-A22B, 256 H100: TP2, PP8, VP4, EP32, GBS 2048, recompute of moe_act and layernorm, the flex
+  dispatcher with the all-to-all overlapped (Megatron-LM's MoE recipe);
+- DeepSeek-V3, 1024 H100: TP2, PP8, VP4, EP64, GBS 8192, recompute of mla_up_proj and mlp, the flex dispatcher
+  (Megatron-Bridge's model verification card);
 - Mixtral 8x22B, 128 H100: TP2, PP4, VP14, CP2, EP8, SP, GBS 512 (NeMo 2's recipe
   nemo/collections/llm/recipes/mixtral_8x22b.py, trainer defaults on 16 nodes).
 The runs behind the first three are in tests/helpers/published_moe_runs.py with their sources.
@@ -32,17 +33,19 @@ from autopar.errors import AutoparError  # noqa: E402
 from autopar.models import load_profile  # noqa: E402
 
 HF = ROOT / "examples" / "hf"
+Q30 = dict(tp=1, pp=1, ep=8, etp=1, zero_stage=1, recompute="none", moe_dispatcher="flex")
 JOBS = [  # (name, model, gpus, global batch, the published plan's decisions)
-    ("Qwen3-30B-A3B on 8 H100", "qwen3-30b-a3b", 8, 512, dict(tp=1, pp=1, ep=8, etp=1, zero_stage=1)),
-    ("Qwen3-30B-A3B on 256 H100", "qwen3-30b-a3b", 256, 2048, dict(tp=1, pp=1, ep=8, etp=1, zero_stage=1)),
+    ("Qwen3-30B-A3B on 8 H100", "qwen3-30b-a3b", 8, 512, Q30),
+    ("Qwen3-30B-A3B on 256 H100", "qwen3-30b-a3b", 256, 2048, Q30),
     ("Qwen3-235B-A22B on 256 H100", "qwen3-235b-a22b", 256, 2048,
-     dict(tp=2, pp=8, virtual_stages=4, ep=32, etp=1, zero_stage=1, sequence_parallel=True, schedule="interleaved")),
+     dict(tp=2, pp=8, virtual_stages=4, ep=32, etp=1, zero_stage=1, sequence_parallel=True, schedule="interleaved",
+          recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_dispatcher="flex", moe_overlap=True)),
     ("DeepSeek-V3 on 1024 H100", "deepseek-v3", 1024, 8192,
      dict(tp=2, pp=8, virtual_stages=4, ep=64, etp=1, zero_stage=1, sequence_parallel=True, schedule="interleaved",
-          recompute="selective", recompute_modules=("mla_up_proj", "mlp"))),
+          recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_dispatcher="flex")),
     ("Mixtral 8x22B on 128 H100", "mixtral-8x22b-v0.1", 128, 512,
      dict(tp=2, pp=4, virtual_stages=14, cp=2, ep=8, etp=1, zero_stage=1, sequence_parallel=True,
-          schedule="interleaved")),
+          schedule="interleaved", recompute="none")),
 ]
 COMMON = dict(gpu="h100-80gb", engine="megatron", gpus_per_node=8)
 

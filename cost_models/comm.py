@@ -211,14 +211,20 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
     all-reduces its output in forward (SP: reduce-scatters it, and all-gathers its gradient in backward);
     a vocab-parallel LM head all-reduces its input gradient in backward (SP: all-gathers its input in
     forward and reduce-scatters the gradient), plus the parallel cross-entropy's three small all-reduces
-    (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``)."""
+    (max, sum of exp, target logit: fp32 per token) in forward (Megatron ``vocab_parallel_cross_entropy``).
+    A norm over a column-parallel projection (OLMo-2's q/k norms: ``projection_norm``) all-reduces its statistics
+    (fp32 per token) each way; a replicated projection feeding the heads directly (DeepSeek's rotary key) all-reduces
+    the gradient of those features in backward."""
     kind = tp_comm_kind(layer, tp)
     if kind == "pairs":
         nbytes = input_bytes(layer, b)
         one = (all_gather_time(nbytes, tp, link, hw) + reduce_scatter_time(nbytes, tp, link, hw)
                if sequence_parallel else all_reduce_time(nbytes, tp, link, hw))
         n = len(layer.tp.pairs)
-        return n * one, n * one
+        stats = projection_norms(layer) * all_reduce_time(4 * b * seq_len, tp, link, hw)
+        shared = all_reduce_time(layer.tp.shared_bytes_per_sample * b, tp, link, hw) \
+            if layer.tp.shared_bytes_per_sample else 0.0
+        return n * one + stats, n * one + stats + shared
     if kind == "embedding":
         nbytes = cut_bytes(layer, b)
         if sequence_parallel:
@@ -231,6 +237,11 @@ def tp_layer_comm(layer: LayerLike, *, b: int, seq_len: int, tp: int, link: Link
             return loss + all_gather_time(nbytes, tp, link, hw), reduce_scatter_time(nbytes, tp, link, hw)
         return loss, all_reduce_time(nbytes, tp, link, hw)
     return 0.0, 0.0
+
+
+def projection_norms(layer: LayerLike) -> int:
+    """Norms over a column-parallel projection's whole output, whose statistics are summed over tp."""
+    return sum(1 for style in layer.tp.plan.values() if style == "projection_norm")
 
 
 # Transformer Engine's userbuffers overlap splits a GEMM and its tensor-parallel collective into chunks and pipelines

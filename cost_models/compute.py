@@ -10,14 +10,15 @@ Assumptions, each stated where it is used:
 - backward = 2 × forward (a matmul's backward is two matmuls of the same size, an elementwise op's
   backward reads the output grad and writes the input grad) — Narayanan et al. 2021 §5.1 — unless
   calibration measured a kernel's own ratio (hardware.KernelCosts: heavy element-wise kernels, attention);
-- recomputation re-runs the forward (full: the whole layer; selective: only the attention core);
+- recomputation re-runs the forward (full: the whole layer; selective: the attention core, or the parts named by
+  Megatron-Core's --recompute-modules, recompute.py);
 - tensor parallelism divides matmul FLOPs by tp; memory-bound traffic divides by tp except, without
   sequence parallelism, one norm + one residual add per column→row pair, which every tp rank repeats.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from cost_models.hardware import HardwareProfile
 from cost_models.model import (
@@ -33,6 +34,7 @@ from cost_models.model import (
     is_tp_sharded,
     unfused_attention_traffic_per_score,
 )
+from cost_models.recompute import modules_of, recomputed_work
 
 # Per column→row pair, the ops outside the pair act on the layer's input width: a norm (read x,
 # write y: 2 passes) and a residual add (read 2, write 1: 3 passes). Megatron-style pre-norm block.
@@ -160,12 +162,14 @@ def attention_core_times(layer: LayerLike, *, b: float, seq_len: int, tp: int, h
 
 def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_parallel: bool,
                   recompute: str, hw: HardwareProfile, dtype: str, attention_kernel: str = "fused",
-                  attention_dropout: bool = False) -> LayerCompute:
+                  attention_dropout: bool = False, modules: Sequence[str] | None = None) -> LayerCompute:
     """Forward and backward compute time of ``layer`` for a micro-batch of ``b`` samples on one GPU.
 
     ``recompute`` is the layer's own mode (step.py applies the model-wide mode to blocks only, as
     Megatron checkpoints transformer layers): "full" adds one forward to the backward; "selective"
-    adds the attention core's FLOPs (Korthikanti et al. 2022, "selective activation recomputation").
+    adds the forward of what its ``modules`` name (recompute.py; None: the attention core's FLOPs, Korthikanti et
+    al. 2022, "selective activation recomputation"), the measured parts' at the layer's GEMM efficiency and their
+    memory-bound bytes at the layer's mix of kernels.
     An unfused attention kernel adds the S×S score traffic (model.unfused_attention_traffic_per_score),
     split by tp with the heads; capture traces the fused kernel, which never writes the scores."""
     split = tp if is_tp_sharded(layer, tp) else 1
@@ -190,6 +194,11 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
         bwd += fwd
         executed += counted
     elif recompute == "selective":
-        bwd += (t_attention if attention else gemm_time(core, per_token, rows, hw, dtype)) + t_scores
-        executed += core
+        if "core_attn" in modules_of(modules):
+            bwd += (t_attention if attention else gemm_time(core, per_token, rows, hw, dtype)) + t_scores
+            executed += core
+        flops, nbytes = recomputed_work(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel)
+        if flops or nbytes:
+            bwd += gemm_time(flops, per_token, rows, hw, dtype) + memory_time(nbytes, hw, heavy_mix(layer, b))
+            executed += flops
     return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed)

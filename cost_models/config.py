@@ -34,6 +34,7 @@ from cost_models.memory import accumulates_unsharded
 from cost_models.model import ModelLike, is_tp_sharded
 from cost_models.partition import chunk_blocks, interleaved_balance
 from cost_models.precision import PRECISIONS, Precision, default_precision
+from cost_models.recompute import check_modules
 from cost_models.rules import (
     Degrees,
     check_batch,
@@ -119,6 +120,10 @@ class ParallelConfig:
     moe_overlap: bool = decision(False, help="hide the experts' all-to-alls behind another micro-batch's compute "
                                              "(Megatron-Core --overlap-moe-expert-parallel-comm)",
                                  records=(EXPERTS,), searched=False)
+    moe_grouped_gemm: bool | None = decision(
+        None, help="run each GPU's routed experts as one grouped GEMM per projection (Megatron-Core "
+                   "--moe-grouped-gemm, torchtitan's grouped experts), not a loop of per-expert GEMMs; default: the "
+                   "engine's", records=(EXPERTS,), searched=False)
     # The engine's overlap of communication with compute (None: the engine's default, cost_models/engines.py).
     overlap_grad_reduce: bool | None = decision(
         None, help="reduce gradients during the backward (Megatron-Core --overlap-grad-reduce; default: the "
@@ -245,6 +250,7 @@ class ParallelConfig:
             self._validate_layer_degrees(model)
         experts, ffn = model_experts(model)
         check_experts(experts, self.degrees, expert_ffn=ffn)
+        check_modules(model, self.recompute_modules)
         if self.tp > 1:
             for layer in model.layers:
                 if layer.tp.pairs and not is_tp_sharded(layer, self.tp):

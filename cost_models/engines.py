@@ -53,6 +53,7 @@ class Engine:
     attention: str = "flash2"      # the fused attention kernel it runs (hardware.HardwareProfile.flash_attention)
     param_gather_overlap: bool = False  # ZeRO-1/2's gather of the updated parameters hidden (overlap_param_gather)
     grouped_experts: bool = False  # a MoE layer's experts as one grouped GEMM (experts._expert_kernels)
+    fused_elementwise: bool = False  # fused norms and gated activation (recompute.unfused_bytes)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -65,7 +66,7 @@ class Engine:
                        zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
                        autocast=self.autocast or hw.autocast, attention_kernel=self.attention, fp8_library=self.fp8_library,
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
-                       grouped_experts=self.grouped_experts,
+                       grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -91,8 +92,12 @@ ENGINES: dict[str, Engine] = {
     "megatron": Engine(
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
+        fused_elementwise=True,
         fp8_library=TRANSFORMER_ENGINE,
         sources={
+            "fused_elementwise": "Megatron-Core's layer spec with Transformer Engine: the norms fused into "
+                                 "TELayerNormColumnParallelLinear / TENorm (input and rstd kept), SwiGLU as "
+                                 "bias_swiglu_impl (its input kept, its output the next linear's input)",
             "grouped_experts": "Megatron-Core's TEGroupedMLP (--moe-grouped-gemm, set by NeMo's MoE recipes): every "
                                "local expert in one grouped GEMM",
             "attention": "Megatron-Core runs attention through Transformer Engine's DotProductAttention, whose "

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Sequence
 
 from cost_models import comm
-from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_times
+from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_time, memory_times
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
 from cost_models.model import LayerLike, autocast_ratio, heavy_mix, input_bytes
+from cost_models.recompute import modules_of, without_routed
 
 # How unevenly a dropless router spreads one micro-batch's tokens over the experts: the relative standard deviation
 # of an expert's share (per micro-batch) beyond counting noise. An assumption, stated here and in the prediction's
@@ -106,6 +107,10 @@ class DenseView:
                                                  - per_sample * moe.expert_saved_bytes_per_token))
         if getattr(layer, "autocast_saved_bytes_per_sample", None) is not None:  # autocast's share, as the layer's
             self.autocast_saved_bytes_per_sample = round(self.saved_bytes_per_sample * autocast_ratio(layer))
+        parts = dict(getattr(layer, "parts", None) or {})
+        if "moe" in parts:  # the MoE module's part without its routed experts (expert_cost recomputes those)
+            parts["moe"] = without_routed(parts["moe"], pairs_per_sample=per_sample, moe=moe)
+        self.parts = parts
         self.moe = None
 
     def __getattr__(self, name: str) -> Any:
@@ -115,12 +120,14 @@ class DenseView:
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
                 dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
-                hide_s: float = 0.0) -> LayerCost:
+                hide_s: float = 0.0, modules: Sequence[str] | None = None) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
     reach the experts (dispatch_time); ``overlap``: the all-to-alls hide behind another micro-batch's compute,
-    ``hide_s`` of it (the layer's dense forward and backward)."""
+    ``hide_s`` of it (the layer's dense forward and backward). Selective recomputation with ``modules``
+    (recompute.py) naming moe re-runs the experts as full recomputation does (Megatron-Core checkpoints the whole
+    MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute)."""
     moe = layer.moe  # type: ignore[attr-defined]
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
@@ -140,18 +147,42 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
                                       sequence_parallel=sequence_parallel, gpus_per_node=gpus_per_node, hw=hw)
     a2a_fwd, a2a_bwd = 2 * a2a, 2 * a2a
     kept, remat = saved, 0.0
-    if recompute == "full":  # the layer keeps its input only (the dense part's); backward re-runs the experts
+    chosen = modules_of(modules) if recompute == "selective" else ()
+    if recompute == "full" or "moe" in chosen:  # the layer keeps its input only (the dense part's); backward re-runs the experts
         bwd += fwd
         executed += routed * cf
         a2a_bwd += a2a_fwd
         tp_bwd += tp_fwd
         kept, remat = 0.0, saved
+    elif "moe_act" in chosen and (hw.grouped_experts or moe.expert_act is not None):
+        remat, t_act = activation_recompute(moe, received=received, etp=etp, hw=hw, dtype_bytes=dtype_bytes)
+        remat = min(saved, remat * (autocast_ratio(layer) if autocast else 1.0))
+        kept, bwd = saved - remat, bwd + t_act
     if overlap:
         a2a_fwd, a2a_bwd = _overlapped(a2a_fwd, a2a_bwd, hide_s + fwd + bwd, hw)
     params = moe.num_experts * moe.expert_params / (ep * etp)
     return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
                      Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
                      Held(kept_bytes=kept, remat_bytes=remat, params_per_gpu=params, expert_params_per_gpu=params))
+
+
+def activation_recompute(moe: Any, *, received: float, etp: int, hw: HardwareProfile,
+                         dtype_bytes: int) -> tuple[float, float]:
+    """(bytes freed, forward seconds re-run) when the busiest GPU's routed experts recompute their activation
+    (Megatron-Core's moe_act: ``CheckpointWithoutOutput`` around the activation of the grouped MLP, its output
+    discarded once the down projection has consumed it), per pair the GPU receives. A grouped path's fused SwiGLU
+    keeps its input (the checkpoint's) and frees its output, ffn/etp wide for each of etp gathered pairs, and
+    re-runs two ffn-wide reads and one write (as _expert_kernels prices it); a loop of per-expert modules frees
+    what the measured activation (MoEProfile.expert_act) saves beyond its inputs and its output, and re-runs its
+    bytes."""
+    act = moe.expert_act
+    if hw.grouped_experts:
+        freed = received * dtype_bytes * moe.expert_ffn_size
+        moved = received * dtype_bytes * 3 * moe.expert_ffn_size / etp
+    else:
+        freed = received * (act.freed_bytes_per_sample + act.output_bytes_per_sample - act.held_bytes_per_sample)
+        moved = received * act.fwd_memory_bytes_per_sample
+    return freed, memory_times(moved, hw)[0]
 
 
 # Rows of one GEMM tile (CUTLASS / cuBLAS Hopper kernels tile M by 128): a grouped GEMM pads each expert's rows to it.
@@ -176,11 +207,34 @@ def _expert_kernels(moe: Any, *, received: float, etp: int, local_experts: float
         t_gemm = gemm_time(flops, per_token, max(1, round(rows_each)), hw, dtype)
         pack = 4 * received * moe.hidden_size * dtype_bytes if ep > 1 else 0.0  # pack and unpack: read + write each
         return t_gemm, received * moe.expert_memory_bytes_per_token + pack
-    padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
-    t_gemm = gemm_time(flops, per_token, max(1, round(received * etp)), hw, dtype) * padded / max(rows_each, 1e-9)
+    t_gemm = grouped_gemm_time(moe, rows_each=rows_each, local_experts=local_experts, etp=etp, hw=hw, dtype=dtype,
+                               dtype_bytes=dtype_bytes)
     width = moe.expert_ffn_size / etp
     memory = received * dtype_bytes * (4 * moe.hidden_size + 3 * width + 2 * moe.hidden_size)
     return t_gemm, memory
+
+
+def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: int, hw: HardwareProfile,
+                      dtype: str, dtype_bytes: int) -> float:
+    """Forward seconds of the routed experts' GEMMs run as grouped GEMMs (one kernel per projection over every
+    local expert): each projection at the profile's large-GEMM efficiency (its table's top: the kernel's tiles
+    come from all local experts' rows, so the GPU fills however small one expert is), on rows padded per expert
+    to whole tiles, and never faster than its operands' traffic through HBM (each expert's weight read once, the
+    rows' input read and output written). The projections are the expert's own shapes: gate and up fused
+    (hidden → 2·ffn/etp) and down (ffn/etp → hidden) when the expert is gated (its FLOPs per token are three
+    hidden × ffn products), else up and down. Per-token FLOPs, the dense layers' proxy for GEMM size, would
+    price a small expert like a small dense model's layer, whose few rows and narrow K do starve the GPU."""
+    h, f = moe.hidden_size, moe.expert_ffn_size / etp
+    gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
+    shapes = ((h, 2 * f), (f, h)) if gated else ((h, f), (f, h))
+    padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
+    rate = hw.peak(dtype) * max(e for _, e in hw.gemm_efficiency.points)
+    total = 0.0
+    for k, n in shapes:
+        flops = 2.0 * padded * k * n * local_experts
+        nbytes = dtype_bytes * local_experts * (rows_each * (k + n) + k * n)
+        total += max(flops / rate, memory_time(nbytes, hw))
+    return total
 
 
 def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile) -> float:

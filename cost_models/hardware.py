@@ -215,6 +215,10 @@ class HardwareProfile:
     # The engine runs a MoE layer's routed experts as one grouped GEMM (not a loop of per-expert GEMMs); set by
     # cost_models.engines.
     grouped_experts: bool = False
+    # The engine runs a block's norms and gated activation as fused kernels that keep only their input and output
+    # (Transformer Engine's LayerNorm/RMSNorm, Megatron-Core's bias_swiglu), not the traced eager ops' copies; set
+    # by cost_models.engines (recompute.unfused_bytes).
+    fused_elementwise: bool = False
 
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""

@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from cost_models.comm import tp_comm_kind
+from cost_models.comm import projection_norms, tp_comm_kind
 from cost_models.hardware import HardwareProfile
 from cost_models.model import LayerLike, is_tp_sharded
 
@@ -25,9 +25,9 @@ def tp_collectives(layer: LayerLike, tp: int, sequence_parallel: bool) -> tuple[
     input gradient, plus the parallel cross-entropy's three small all-reduces (SP: and gathers its input)."""
     kind = tp_comm_kind(layer, tp)
     sp = 1 if sequence_parallel else 0
-    if kind == "pairs":
-        n = len(layer.tp.pairs) * (1 + sp)
-        return n, n
+    if kind == "pairs":  # and a projection norm's statistics, one all-reduce each way; the shared rotary key's
+        n = len(layer.tp.pairs) * (1 + sp) + projection_norms(layer)
+        return n, n + (1 if layer.tp.shared_bytes_per_sample else 0)
     if kind == "embedding":
         return 1, sp
     if kind == "head":

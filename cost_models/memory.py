@@ -12,7 +12,8 @@ Sources:
   holds in full: per column→row pair the norm's input and the pair's input (Korthikanti et al. 2022,
   Eq. 2: the 10·sbh of 34·sbh that tp does not divide, dropout masks aside); with SP all of it is split.
 - Recomputation (Chen et al. 2016; Korthikanti 2022): "full" keeps only each layer's input and
-  rematerialises one layer at a time in backward; "selective" drops the attention kernel's own saves.
+  rematerialises one layer at a time in backward; "selective" drops the attention kernel's own saves, or what
+  the parts named by Megatron-Core's --recompute-modules save beyond their inputs (recompute.py).
 - Micro-batches in flight (Narayanan et al. 2021): GPipe holds all m; 1F1B stage s of p holds
   min(p − s, m); interleaved 1F1B holds Megatron's warm-up count + 1 model-chunk micro-batches.
 - Offload (SageMaker "activation offloading", same page): kept activations go to host memory; the GPU
@@ -21,17 +22,20 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from cost_models.model import (
     LayerLike,
     attention_core_saved_bytes_per_sample,
     attention_scores_per_sample,
+    autocast_ratio,
     input_bytes,
     is_tp_sharded,
     saved_bytes,
     unfused_attention_saved_per_score,
 )
 from cost_models.precision import Precision
+from cost_models.recompute import core_freed_bytes, freed_bytes, largest_freed_bytes, modules_of, unfused_bytes
 
 
 @dataclass(frozen=True)
@@ -104,35 +108,71 @@ def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype
 
 def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                           seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
-                          attention_dropout: bool = False, autocast: bool = False) -> float:
+                          attention_dropout: bool = False, autocast: bool = False,
+                          modules: Sequence[str] | None = None, fused: bool = False) -> float:
     """Bytes one micro-batch of ``layer`` keeps on one GPU from its forward until its backward.
 
     ``recompute`` is this layer's mode. Full recomputation keeps the layer's input (split by tp under
-    SP, as Megatron does); it never keeps more than the layer would save without recomputation. ``autocast``: the
-    forward runs under torch.autocast with fp32 weights (saved_bytes), its input (the residual stream) in fp32."""
+    SP, as Megatron does); it never keeps more than the layer would save without recomputation. Selective
+    recomputation drops what its ``modules`` (recompute.py; None: the attention core) save beyond their inputs.
+    ``autocast``: the forward runs under torch.autocast with fp32 weights (saved_bytes), its input (the residual
+    stream) in fp32. ``fused`` (hardware.fused_elementwise): the engine's fused norms and gated activation keep
+    less than the traced eager ops (recompute.unfused_bytes)."""
     scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
                                 attention_kernel=attention_kernel, attention_dropout=attention_dropout)
     saved = tp_saved_bytes(layer, b, tp, sequence_parallel, autocast) + scores
+    if fused:
+        saved = max(0.0, saved - unfused_bytes(layer, b=b, tp=tp, sequence_parallel=sequence_parallel))
     if recompute == "full":
         widen = 4 / dtype_bytes if autocast else 1
         kept = input_bytes(layer, b) * widen / (tp if sequence_parallel and tp > 1 else 1)
         return min(saved, kept)
     if recompute == "selective":
-        split = tp if is_tp_sharded(layer, tp) else 1
-        core = attention_core_saved_bytes_per_sample(layer, seq_len, dtype_bytes) * b / split
-        return max(0.0, saved - core - scores)
+        dropped = core_recomputed_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes, scores=scores,
+                                        modules=modules)
+        dropped += freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel, fused=fused) * \
+            (autocast_ratio(layer) if autocast else 1.0)
+        return max(0.0, saved - dropped)
     return saved
+
+
+def core_recomputed_bytes(layer: LayerLike, *, b: float, tp: int, seq_len: int, dtype_bytes: int, scores: float,
+                          modules: Sequence[str] | None) -> float:
+    """What recomputing the attention core drops, when ``modules`` name it: an unfused kernel's ``scores`` and what
+    the core alone saves, as capture measured it (recompute.core_freed_bytes: a fused kernel's log-sum-exp, and its
+    output only where no op after it keeps that storage; Korthikanti et al. 2022's selective recomputation keeps
+    the 34·sbh and frees the 5·as²b); a layer captured before parts were measured: the kernel's output and
+    log-sum-exp (model.attention_core_saved_bytes_per_sample)."""
+    if "core_attn" not in modules_of(modules):
+        return 0.0
+    split = tp if is_tp_sharded(layer, tp) else 1
+    measured = core_freed_bytes(layer, b=b)
+    if measured is None:
+        measured = attention_core_saved_bytes_per_sample(layer, seq_len, dtype_bytes) * b
+    return measured / split + scores
 
 
 def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                      seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
-                     attention_dropout: bool = False, autocast: bool = False) -> float:
-    """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch)."""
+                     attention_dropout: bool = False, autocast: bool = False,
+                     modules: Sequence[str] | None = None, fused: bool = False) -> float:
+    """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch): all it dropped under full
+    recomputation; under selective, the largest one recomputed module's (each is re-run and released in turn)."""
     if recompute == "none":
         return 0.0
     kw = dict(b=b, tp=tp, sequence_parallel=sequence_parallel, seq_len=seq_len, dtype_bytes=dtype_bytes,
-              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast)
-    return kept_activation_bytes(layer, recompute="none", **kw) - kept_activation_bytes(layer, recompute=recompute, **kw)
+              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast, fused=fused)
+    dropped = kept_activation_bytes(layer, recompute="none", **kw) - \
+        kept_activation_bytes(layer, recompute=recompute, modules=modules, **kw)
+    if recompute != "selective":
+        return dropped
+    scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
+                                attention_kernel=attention_kernel, attention_dropout=attention_dropout)
+    core = core_recomputed_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes, scores=scores,
+                                 modules=modules)
+    part = largest_freed_bytes(layer, modules, b=b, tp=tp, sequence_parallel=sequence_parallel, fused=fused) * \
+        (autocast_ratio(layer) if autocast else 1.0)
+    return min(dropped, max(core, part))
 
 
 def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedule: str,

@@ -41,6 +41,7 @@ from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, inpu
 from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import pipeline_time
 from cost_models.precision import Precision
+from cost_models.recompute import core_mode, repeated_collectives
 from cost_models.step_work import layer_step_work, zero3_buffer_bytes
 
 
@@ -69,11 +70,12 @@ class CostModel:
     def layer_cost(self, layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
                    cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None,
-                   autocast: bool = False, tp_overlap: bool = False, fp8: str | None = None) -> LayerCost:
+                   autocast: bool = False, tp_overlap: bool = False,
+                   modules: tuple[str, ...] | None = None, fp8: str | None = None) -> LayerCost:
         """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
         group: it runs 1/cp of every sample's tokens, context.py); ``autocast``: run under torch.autocast with fp32
-        weights (its activations as capture measured them that way); ``fp8``: its linears in FP8 under that recipe
-        (fp8.py)."""
+        weights (its activations as capture measured them that way); ``modules``: what selective recomputation
+        re-runs (recompute.py); ``fp8``: its linears in FP8 under that recipe (fp8.py)."""
         mode = recompute if layer.kind == "block" else "none"
         gpn = gpus_per_node or self.hw.domain_gpus
         attn = (attention_kernel, attention_dropout)
@@ -81,17 +83,18 @@ class CostModel:
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
                tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast, tp_overlap,
-               fp8)
+               modules if mode == "selective" else None, fp8)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
                                                        sequence_parallel, mode, tp_link, attn, context, autocast,
-                                                       tp_overlap, fp8)
+                                                       tp_overlap, modules, fp8)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
                     attn: tuple[str, bool], context: tuple = (), autocast: bool = False,
-                    tp_overlap: bool = False, fp8: str | None = None) -> LayerCost:
+                    tp_overlap: bool = False, modules: tuple[str, ...] | None = None,
+                    fp8: str | None = None) -> LayerCost:
         """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
         every per-token figure and 1/cp of the attention (context.py)."""
@@ -102,7 +105,7 @@ class CostModel:
             layer = DenseView(layer, seq)  # type: ignore[assignment]
         c = layer_compute(layer, b=share, seq_len=seq, tp=tp, sequence_parallel=sp,  # type: ignore[arg-type]
                           recompute=mode, hw=hw, dtype=self.model.dtype, attention_kernel=attn[0],
-                          attention_dropout=attn[1])
+                          attention_dropout=attn[1], modules=modules)
         if fp8 is not None:
             c = with_fp8(c, layer, b=share, seq_len=seq, tp=tp, recompute=mode, hw=hw, dtype=self.model.dtype,
                          dtype_bytes=self.dtype_bytes, name=fp8)
@@ -115,10 +118,14 @@ class CostModel:
             tp_fwd, tp_bwd = comm.tp_overlapped(tp_fwd, c.fwd_s, hw), comm.tp_overlapped(tp_bwd, c.bwd_s, hw)
         if mode == "full":
             tp_bwd += tp_fwd  # the recomputed forward repeats its all-reduces (Megatron)
+        elif mode == "selective":  # a recomputed MLP's forward repeats its pair's collective
+            tp_bwd += tp_fwd * repeated_collectives(layer, modules)
         split = tp if is_tp_sharded(layer, tp) else 1
         kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
-                  attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast)
-        exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1], recompute=mode,
+                  attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast, modules=modules,
+                  fused=hw.fused_elementwise)
+        exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1],
+                                recompute=core_mode(mode, modules),
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
                                                                  dtype=self.model.dtype),
                                 gpus_per_node=context[2], hw=hw, dtype_bytes=self.dtype_bytes) if context else None
@@ -185,7 +192,8 @@ class CostModel:
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
                             cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
-                            tp_overlap=cfg.tp_comm_overlap, fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None)
+                            tp_overlap=cfg.tp_comm_overlap, modules=cfg.recompute_modules,
+                            fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None)
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
@@ -230,9 +238,10 @@ class CostModel:
                 self._representative[layer.block_id], b=b, seq_len=self.model.seq_len,  # type: ignore[arg-type]
                 tp=cfg.tp, etp=cfg.expert_tp, ep=cfg.ep, sequence_parallel=cfg.sequence_parallel, recompute=mode,
                 imbalance=imbalance_of(moe, cfg.moe_imbalance, ep=cfg.ep, pairs_per_gpu=pairs),
-                gpus_per_node=self.domain(cfg), hw=self.hw, dtype=self.model.dtype,
+                gpus_per_node=self.domain(cfg), dtype=self.model.dtype,
+                hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
-                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s)
+                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s, modules=cfg.recompute_modules)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,

@@ -157,6 +157,8 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
                       "saved_score_bytes", "autocast_saved_bytes"):
             per_sample, fixed = split(getattr(c1, field), getattr(c2, field), batch2, cost1 is cost2)
             attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
+        attrs["saves"] = {label: split(c1.saves.get(label, 0), c2.saves.get(label, 0), batch2, cost1 is cost2)
+                          for label in c1.saves.keys() | c2.saves.keys()}
         attrs["param_bytes"] = c2.out_bytes if attrs["kind"] == "param" else 0
         attrs["aten_ops"] = c2.aten_ops
         attrs["heavy_kernel"] = c2.heavy_kernel

@@ -223,7 +223,8 @@ class HFModel(nn.Module):
         named = dict(zip(self._names, inputs))
         if positions is not None:
             named.update(position_ids=positions, attention_mask=torch.ones_like(inputs[0]))
-        with _value_checks_off(), _masks_as_at_run_time():
+        meta = any(t.is_meta for t in inputs) and not torch.compiler.is_exporting()  # the runtime's meta checks
+        with _value_checks_off(), _masks_as_at_run_time(meta), _experts_on_meta(meta):
             out = self.hf(**named)
         return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
@@ -247,24 +248,29 @@ _CHECKS_OFF = "TRANSFORMERS_DISABLE_TORCH_CHECK"
 
 
 @contextlib.contextmanager
-def _masks_as_at_run_time() -> Iterator[None]:
+def _masks_as_at_run_time(meta: bool = False) -> Iterator[None]:
     """While capture exports the model: the attention masks transformers builds when it trains. Run eagerly on
     capture's inputs (no padding, positions 0..S-1 in every sample) it builds no causal or bidirectional mask:
     SDPA runs with ``is_causal`` (and ``enable_gqa``), the flash kernel's path, and a sliding window or an image
     overlay still gets its mask. Under ``torch.export`` it cannot read the positions or the padding, so it
     builds a (batch, 1, S, S) mask that training never has, which SDPA would keep for backward (64 MiB per
-    sample at 8,192 tokens). transformers' masking_utils decides with ``is_torchdynamo_exporting`` and
-    ``find_packed_sequence_indices``; while exporting, both answer as they do at run time. Outside an export
-    (the runtime) nothing changes."""
+    sample at 8,192 tokens). transformers' masking_utils decides with ``is_torchdynamo_exporting``,
+    ``find_packed_sequence_indices`` and (reading an all-ones padding mask) ``fast_all``; while exporting, or
+    running on the meta device (``meta``: the runtime's checks, which have no values to read), they answer as
+    they do at run time. Otherwise (the runtime) nothing changes."""
     import torch.compiler
     import transformers.masking_utils as masking
 
-    if not torch.compiler.is_exporting() or not all(hasattr(masking, f) for f in _MASK_DECISIONS):
+    answers = {"is_torchdynamo_exporting": lambda: False,
+               "find_packed_sequence_indices": lambda position_ids: None}  # one sequence per sample
+    if meta:
+        answers["fast_all"] = lambda tensor: True  # autopar's inputs are never padded
+    if not (torch.compiler.is_exporting() or meta) or not all(hasattr(masking, f) for f in answers):
         yield
         return
-    saved = {f: getattr(masking, f) for f in _MASK_DECISIONS}
-    masking.is_torchdynamo_exporting = lambda: False
-    masking.find_packed_sequence_indices = lambda position_ids: None  # one sequence per sample
+    saved = {f: getattr(masking, f) for f in answers}
+    for f, fn in answers.items():
+        setattr(masking, f, fn)
     try:
         yield
     finally:
@@ -272,7 +278,23 @@ def _masks_as_at_run_time() -> Iterator[None]:
             setattr(masking, f, fn)
 
 
-_MASK_DECISIONS = ("is_torchdynamo_exporting", "find_packed_sequence_indices")
+@contextlib.contextmanager
+def _experts_on_meta(meta: bool) -> Iterator[None]:
+    """A forward on the meta device: the experts' grouped GEMM runs transformers' fallback, whose shape function
+    meta tensors take (``grouped_mm``'s own is CUDA's, bf16 only); the same GEMMs, one group per expert."""
+    try:
+        import transformers.integrations.moe as moe
+    except ImportError:  # an older transformers without its experts integration
+        moe = None
+    if not meta or moe is None or not hasattr(moe, "_can_use_grouped_mm"):
+        yield
+        return
+    saved = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = saved
 
 
 def _next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,9 @@ import torch
 from autopar.capture.attention import AttentionCore
 from autopar.capture.graph import Layer, layer_inputs
 from autopar.capture.moe import find_moe, measured
+from autopar.capture.parts import layer_parts
 from autopar.capture.tp import tp_pattern
-from autopar.profile import LayerProfile, MoEProfile, TPPattern
+from autopar.profile import LayerProfile, MoEProfile, PartProfile, TPPattern
 
 
 def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule, g: nx.DiGraph,
@@ -36,7 +37,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     cast, cast_fixed = (a - b for a, b in zip(total("autocast_saved_bytes"), total("saved_score_bytes")))
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
-    moe = None
+    moe, extra, experts = None, 0.0, {}
     if len(layer.units) == 1 and (found := find_moe(module)) is not None:
         moe, experts = measured(found, unit, g, nodes, tokens)
         # the routed experts' work at the capacity factor (a model padded to it traced that work already)
@@ -46,6 +47,10 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         cast += extra * experts["autocast_saved_bytes"]
     is_head = layer.index == head
     pattern = _pattern(layer, unit, module, gm, g, is_head, moe, cores)
+    parts = layer_parts(unit, module, g, nodes, cores, pattern, moe.module if moe else None) \
+        if len(layer.units) == 1 and unit != "<model>" else {}
+    if moe is not None and "moe" in parts and extra:  # the routed experts' share at the capacity factor, as above
+        parts["moe"] = _with_extra(parts["moe"], extra, experts)
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
     return LayerProfile(
         index=layer.index, name=layer.name, kind=_kind(unit, module, is_head), module_type=type(module).__name__,
@@ -58,8 +63,18 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
-        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe,
+        cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe, parts=parts,
         attention_causal=any(core.causal for name, core in cores.items() if name in set(nodes)))
+
+
+def _with_extra(part: PartProfile, extra: float, experts: dict[str, float]) -> PartProfile:
+    """A MoE module's part with ``extra`` more of its routed experts' work (a capacity factor the trace did not pad
+    to): their FLOPs, memory-bound bytes and saved bytes, which recomputing the module frees."""
+    return part.model_copy(update={
+        "fwd_flops_per_sample": part.fwd_flops_per_sample + extra * experts["flops"],
+        "fwd_memory_bytes_per_sample": part.fwd_memory_bytes_per_sample + extra * experts["memory_bytes"],
+        "saved_bytes_per_sample": part.saved_bytes_per_sample + extra * experts["saved_bytes"],
+        "freed_bytes_per_sample": part.freed_bytes_per_sample + extra * experts["saved_bytes"]})
 
 
 def _by_kernel(g: nx.DiGraph, nodes: list[str]) -> dict[str, tuple[float, float]]:

@@ -110,6 +110,10 @@ class NodeCost:
     saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
     autocast_saved_bytes: int = 0  # what autograd would save with fp32 weights under torch.autocast (attribute_autocast)
     aten_ops: int = 0
+    saves: dict[str, int] = dataclasses.field(default_factory=dict)  # every storage it saves, by label (attribute_saves)
+
+
+_DROPOUTS = {"dropout", "dropout_", "Dropout", "native_dropout"}
 
 
 def op_name_of(meter: "_Meter", name: str) -> str:
@@ -161,18 +165,24 @@ class _Meter(torch.fx.Interpreter):
         # every save, repeats included: (storage, bytes, element size, floating, the node, one of its inputs)
         self._saves: list[tuple[int, int, int, bool, str, bool]] = []
         self._inputs: set[int] = set()  # the storages of the running node's tensor inputs
+        self._dropout = False  # the running node is a dropout
         self._fp32: dict[str, bool] = {}  # node → its output would be fp32 under autocast (fp32 weights)
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
+        nbytes = t.untyped_storage().nbytes()
+        if self._dropout and key not in self._inputs and t.is_floating_point():
+            # dropout off CUDA saves its mask in the input's dtype (_dropout_impl); the GPU kernel a run uses
+            # (native_dropout) saves a bool mask: one byte per element
+            nbytes //= t.element_size()
         if self._current is not None and key not in self._excluded:
-            self._saves.append((key, t.untyped_storage().nbytes(), t.element_size(), t.is_floating_point(),
-                                self.current_node, key in self._inputs))
+            self._saves.append((key, nbytes, t.element_size(), t.is_floating_point(), self.current_node,
+                                key in self._inputs))
         if self._current is not None and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
-            self._current.saved_bytes += t.untyped_storage().nbytes()
-            self._packed.append((key, t.untyped_storage().nbytes(), self.current_node))
+            self._current.saved_bytes += nbytes
+            self._packed.append((key, nbytes, self.current_node))
         return t
 
     def attribute_scores(self) -> None:
@@ -182,6 +192,21 @@ class _Meter(torch.fx.Interpreter):
         for key, nbytes, consumer in self._packed:
             if self._producer.get(key) in self._scores:
                 self.costs[consumer].saved_score_bytes += nbytes
+
+    def attribute_saves(self) -> None:
+        """Every storage each node saves (repeats by other nodes included), by a label that is the same at every batch
+        size: the node that produced it, or ``<node>~<k>`` for the k-th temporary a node made and saved itself (flash
+        attention's log-sum-exp). capture/parts.py reads which ops save what a part of a layer makes."""
+        temporaries: dict[int, str] = {}
+        made: dict[str, int] = {}
+        for key, nbytes, _, _, node, _ in self._saves:
+            label = self._producer.get(key)
+            if label is None:
+                label = temporaries.get(key)
+                if label is None:
+                    label = temporaries[key] = f"{node}~{made.get(node, 0)}"
+                    made[node] = made.get(node, 0) + 1
+            self.costs[node].saves[label] = nbytes
 
     def attribute_autocast(self, half_bytes: int) -> None:
         """Each node's saved bytes as the same forward would save them with fp32 weights under torch.autocast
@@ -219,6 +244,7 @@ class _Meter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         cost = self._current = NodeCost()
         self.current_node = n.name
+        self._dropout = op_name(n) in _DROPOUTS
         self._inputs = {v.untyped_storage()._cdata for a in n.all_input_nodes
                         if isinstance(v := self.env.get(a), torch.Tensor)}
         before = self._flops.get_total_flops()
@@ -306,6 +332,7 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
         with default_dtype(dtype), meter._flops, torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
             meter.run(*args)
         meter.attribute_scores()
+        meter.attribute_saves()
         if dtype in (torch.bfloat16, torch.float16):  # mixed precision: autopar's runtime may run it under autocast
             meter.attribute_autocast(torch.finfo(dtype).bits // 8)
     except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from

@@ -16,6 +16,7 @@ from typing import Any
 import networkx as nx
 import torch.nn as nn
 
+from autopar.capture.parts import expert_activation
 from autopar.profile import MoEProfile
 
 _TOP_K = ("top_k", "num_experts_per_tok", "topk", "moe_topk", "num_selected_experts")
@@ -140,5 +141,6 @@ def measured(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str],
     profile = moe.profile.model_copy(update={
         "expert_fwd_flops_per_token": totals["flops"] / pairs,
         "expert_saved_bytes_per_token": totals["saved_bytes"] / pairs,
-        "expert_memory_bytes_per_token": totals["memory_bytes"] / pairs})
+        "expert_memory_bytes_per_token": totals["memory_bytes"] / pairs,
+        "expert_act": expert_activation(g, nodes, prefix, pairs)})
     return profile, totals

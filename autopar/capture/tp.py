@@ -48,6 +48,8 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
         return TPPattern(reason=f"{'/'.join(other)} layers are not nn.Linear; parallelize_module cannot shard them"
                          if other else "no linear layers")
     norms = _whole_vector_norms(nodes, module, unit)
+    projection_norms = _projection_norms(g, nodes, module, unit, linears, norms, cores)
+    norms -= {v for group in projection_norms.values() for v in group}
     feeds = {a: _reached(g, nodes, a, members, set(linears), norms) for a in linears}
     rows = {b for targets in feeds.values() for b in targets}
     cols = {a for a, targets in feeds.items() if targets}
@@ -72,9 +74,13 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
     for name, sub in module.named_modules():
         if name and "norm" in type(sub).__name__.lower():
             plan[name] = "head_norm" if name in per_head else "sequence_parallel"
+    plan |= {name: "projection_norm" for name in projection_norms if plan.get(name) == "sequence_parallel"
+             and any(a in cols for a in linears if linears[a] in _inputs(nodes, projection_norms[name]))}
     shared = _shared_feeders(g, nodes, [a for a in linears if a not in rows | cols], cols, cores)
     return TPPattern(pairs=pairs, plan=plan, divisors=sorted(d for d in divisors if d),
-                     shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared))
+                     shared_feeders=sorted(_rel(module_path(linears[a]), unit) for a in shared),
+                     shared_columns={_rel(module_path(linears[a]), unit): span for a, span in shared.items() if span},
+                     shared_bytes_per_sample=sum(_span_bytes(linears[a], span) for a, span in shared.items() if span))
 
 
 _VIEW_OPS = {"getitem", "slice", "view", "narrow", "select", "as_strided"}
@@ -85,7 +91,7 @@ def _op(n: torch.fx.Node) -> str:
 
 
 def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: list[str], cols: set[str],
-                    cores: dict[str, AttentionCore]) -> list[str]:
+                    cores: dict[str, AttentionCore]) -> dict[str, list[int] | None]:
     """Replicated linears whose output reaches an attention core other than through a column-parallel linear
     (DeepSeek's latent KV projection: the rotary key all heads share). Under TP each rank's heads use it, so its
     gradient is each rank's part of a sum over tp. An in-place op (``key[..., d:] = k_rot``: copy_) feeds the
@@ -98,7 +104,64 @@ def _shared_feeders(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], replicated: 
         while _op(written) in _VIEW_OPS and written.args and isinstance(written.args[0], torch.fx.Node):
             written = written.args[0]  # the tensor a slice of which is written
         inside.add_edges_from((name, u.name) for u in written.users if u.name in inside and u is not n)
-    return [a for a in replicated if any(c in inside and c in nx.descendants(inside, a) for c in cores)]
+    return {a: _direct_columns(inside, nodes[a], cores) for a in replicated
+            if any(c in inside and c in nx.descendants(inside, a) for c in cores)}
+
+
+def _span_bytes(linear: torch.fx.Node, span: list[int]) -> int:
+    """Bytes per sample of a linear's output features ``span``."""
+    val = linear.meta["val"]
+    return int(val[0].numel() // val.shape[-1] * (span[1] - span[0]) * val.element_size())
+
+
+def _direct_columns(inside: nx.DiGraph, linear: torch.fx.Node, cores: dict[str, AttentionCore]) -> list[int] | None:
+    """[start, stop) of a shared feeder's output features that reach an attention core other than through a
+    column-parallel linear, where its output is split on the features (DeepSeek: the latent KV, then the rotary
+    key); None when it cannot tell."""
+    width = linear.meta["val"].shape[-1]
+    found: list[list[int]] = []
+    for user in linear.users:
+        if _op(user) not in ("split", "split_with_sizes"):
+            return None
+        sizes, dim = user.args[1], user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+        if dim not in (-1, linear.meta["val"].dim() - 1):
+            return None
+        sizes = [sizes] * -(-width // sizes) if isinstance(sizes, int) else list(sizes)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for part in user.users:
+            if _op(part) != "getitem" or part.name not in inside:
+                return None
+            if any(c in inside and c in nx.descendants(inside, part.name) for c in cores):
+                i = part.args[1]
+                found.append([starts[i], min(starts[i] + sizes[i], width)])
+    return found[0] if len(found) == 1 else None
+
+
+def _inputs(nodes: dict[str, torch.fx.Node], group: set[str]) -> list[torch.fx.Node]:
+    return [a for v in group for a in nodes[v].all_input_nodes if a.name not in group and a.op == "call_function"]
+
+
+def _projection_norms(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str,
+                      linears: dict[str, torch.fx.Node], norms: set[str],
+                      cores: dict[str, AttentionCore]) -> dict[str, set[str]]:
+    """Norm modules (relative path -> their nodes) over a whole projection that feeds the attention (OLMo-2's and
+    Cohere's q/k norms): their input is one linear's whole output, their weight as wide, and their output reaches an
+    attention core through no other linear. Under TP the projection stays column-parallel and the norm's
+    statistics are summed over the tp ranks (autopar.runtime.tp: ``projection_norm``)."""
+    paths = {name: _rel(module_path(n), unit) for name, n in nodes.items()}
+    normed = {paths[name] for name in norms if _linear_module(module, unit, nodes[name]) not in (None, module)}
+    groups = {rel: {name for name, path in paths.items() if path == rel} for rel in normed}
+    out = {}
+    inside = nx.DiGraph(g.subgraph(set(nodes) - set(linears)))
+    for rel, group in groups.items():
+        sources = {a.name for a in _inputs(nodes, group)}
+        weight = getattr(module.get_submodule(rel), "weight", None)
+        if len(sources) != 1 or (source := sources.pop()) not in linears or weight is None or \
+                _linear_module(module, unit, linears[source]).out_features != weight.numel():
+            continue
+        if any(c in inside and any(c in nx.descendants(inside, v) for v in group if v in inside) for c in cores):
+            out[rel] = group
+    return out
 
 
 def _per_head_norms(nodes: dict[str, torch.fx.Node], module: nn.Module, unit: str) -> set[str]:

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Callable
 
 from autopar.errors import AutoparError
-from autopar.export import deepspeed, lightning, megatron, nemo, sagemaker, torchtitan
+from autopar.export import bionemo, deepspeed, lightning, megatron, nemo, sagemaker, torchtitan
 from autopar.export.common import Export
 from autopar.plan import Plan
 
@@ -49,7 +49,7 @@ def _target(name: str, module: ModuleType, versions: dict[str, str] | None = Non
 EXPORTERS: dict[str, Target] = {t.name: t for t in (
     _target("megatron", megatron),
     _target("nemo", nemo),
-    _target("bionemo", nemo, nemo.BIONEMO_VERSIONS, nemo.export_bionemo),
+    _target("bionemo", bionemo),
     _target("deepspeed", deepspeed),
     _target("lightning", lightning),
     _target("torchtitan", torchtitan),
@@ -76,7 +76,7 @@ def check_target(spec: str) -> tuple[str, str]:
     if not version:
         return name, target.default
     wanted = re.sub(r"^(core_)?v", "", version)
-    for dialect in target.versions:  # "0.2" selects on "0.2" and "0.2.2"; "v1" on "1" and "v1"
+    for dialect in target.versions:  # "0.2" selects on "0.2" and "0.2.2"; "3" on "3", "v3" and "3.27"
         key = dialect.lstrip("v")
         if wanted == key or wanted.startswith(key + "."):
             return name, dialect

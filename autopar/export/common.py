@@ -261,6 +261,7 @@ class Recompute:
     method: str | None = None          # "uniform" or "block" (full only)
     num_layers: int | None = None
     warning: str | None = None
+    modules: tuple[str, ...] | None = None  # selective only: Megatron-Core's recompute_modules (None: its default)
 
 
 def megatron_recompute(plan: Plan, target: str) -> Recompute:
@@ -271,13 +272,14 @@ def megatron_recompute(plan: Plan, target: str) -> Recompute:
     modes = {plan.layers[i].recompute for i in blocks} if blocks else {plan.parallelism.recompute}
     if modes == {"none"}:
         return Recompute(None)
+    modules = plan.parallelism.recompute_modules
     if modes == {"selective"}:
-        return Recompute("selective")
+        return Recompute("selective", modules=modules)
     if modes == {"full"}:
         return Recompute("full", "uniform", 1)
     mix = ", ".join(f"{n} {mode}" for mode, n in sorted(Counter(plan.layers[i].recompute for i in blocks).items()))
     if "full" not in modes:  # {none, selective}
-        return Recompute("selective", warning=(
+        return Recompute("selective", modules=modules, warning=(
             f"{target} applies selective recomputation to every transformer layer, but the plan recomputes "
             f"only some ({mix}); exported as selective everywhere (more recomputation than planned)"))
     # Full on some blocks: Megatron's "block" method checkpoints the first N blocks of each chunk.

@@ -2,7 +2,9 @@
 
 Batch: train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel
 size, which DeepSpeed checks at start-up; under pipeline parallelism the accumulation steps are the
-pipeline's micro-batches.
+pipeline's micro-batches. DeepSpeed takes the data-parallel size from the mpu (a PipelineModule's topology);
+with AutoTP and no pipeline there is none, and it checks against the world size: train_batch_size then counts
+each tensor-parallel rank (× tp), with a warning.
 
 Parallelism the config cannot carry: pipeline stages are built in code (``PipelineModule(layers,
 topology=PipeModelDataParallelTopology(num_pp, num_mp, num_dp))``: with ``num_stages`` alone DeepSpeed takes
@@ -62,8 +64,17 @@ def export(plan: Plan, dialect: str = "0.19") -> Export:
     if folded.warning is not None:  # DeepSpeed's sequence_parallel_size is Ulysses: heads, not the sequence, split
         warnings.append(folded.warning + " (ds_config's sequence_parallel_size is DeepSpeed-Ulysses, which splits "
                         "attention heads over an all-to-all instead: a different exchange than planned)")
+    # Without an mpu (AutoTP; a PipelineModule brings its topology's), DeepSpeedConfig checks train_batch_size against
+    # the whole world: each tensor-parallel rank counts as a data-parallel one although the ranks share their samples.
+    counted = par.tp if par.tp > 1 and par.pp == 1 else 1
+    if counted > 1:
+        warnings.append(f"DeepSpeed without an mpu (AutoTP) checks train_batch_size = micro-batch × accumulation × "
+                        f"world size, counting each of the {counted} tensor-parallel ranks, which read the same "
+                        f"samples; train_batch_size is {folded.global_batch_size * counted}, the plan's global batch "
+                        f"{folded.global_batch_size} unique samples (pass an mpu, as Megatron-DeepSpeed does, and set "
+                        f"it to {folded.global_batch_size})")
     config: dict[str, Any] = {
-        "train_batch_size": folded.global_batch_size,
+        "train_batch_size": folded.global_batch_size * counted,
         "train_micro_batch_size_per_gpu": par.micro_batch_size,
         "gradient_accumulation_steps": folded.accumulate,
     }

@@ -3,9 +3,10 @@
 Megatron-LM's flags and NeMo's model keys are Megatron-Core's ``TransformerConfig`` fields
 (megatron/core/transformer/transformer_config.py, core_v0.16.1), so the experts are described once, in those
 names: routed experts and top-k, the expert FFN width, the shared experts' total width (shared experts × their
-width), which transformer layers are MoE (``moe_layer_freq`` as a 0/1 list), the all-to-all token dispatcher
-(the cost model's dispatch and combine), grouped GEMMs, and a model with a capacity factor padded to it (the
-cost model prices capacity-padded expert work: ``moe_pad_expert_input_to_capacity``).
+width), which transformer layers are MoE (``moe_layer_freq`` as a 0/1 list), the plan's token dispatcher
+(``moe_token_dispatcher_type`` alltoall / allgather / flex; flex is DeepEP, ``moe_flex_dispatcher_backend`` deepep),
+grouped GEMMs, and a model with a capacity factor padded to it (the cost model prices capacity-padded expert work:
+``moe_pad_expert_input_to_capacity``, which DeepEP refuses: warned).
 
 Megatron-Core's MoE layer refuses to train under tensor parallelism without sequence parallelism
 (``MoELayer.forward``: "performance may degrade if MoE and tensor parallelism are enabled without also enabling
@@ -34,11 +35,20 @@ def megatron_core_moe(plan: Plan, target: str, warnings: list[str]) -> dict[str,
                         f"{layers} transformer layers; exported without a dense/MoE layer pattern (every layer MoE)")
     elif not all(experts.moe_blocks):
         fields["moe_layer_freq"] = [int(moe) for moe in experts.moe_blocks]
-    fields["moe_token_dispatcher_type"] = "alltoall"
+    dispatcher = plan.parallelism.moe_dispatcher
+    fields["moe_token_dispatcher_type"] = dispatcher
+    if dispatcher == "flex":  # DeepEP (moe_enable_deepep is deprecated in 0.16: TransformerConfig sets this backend)
+        fields["moe_flex_dispatcher_backend"] = "deepep"
     fields["moe_grouped_gemm"] = True
     if experts.capacity_factor:
         fields["moe_expert_capacity_factor"] = experts.capacity_factor
-        fields["moe_pad_expert_input_to_capacity"] = True
+        if dispatcher != "flex":
+            fields["moe_pad_expert_input_to_capacity"] = True
+        else:
+            warnings.append(f"{target}'s flex dispatcher (DeepEP) cannot pad experts to a capacity (TransformerConfig "
+                            "refuses moe_pad_expert_input_to_capacity with it); exported unpadded: tokens above "
+                            f"capacity factor {experts.capacity_factor:g} are dropped, the plan pads every expert to "
+                            "it (less expert work than planned)")
     return fields
 
 

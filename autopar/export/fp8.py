@@ -8,7 +8,10 @@ each framework's names.
   optimizer or Megatron-FSDP: cost_models/fp8.py FP8_GATHER_FROM_STAGE). Megatron has no row-scaled recipe, and its
   TransformerConfig refuses bf16 ends under delayed scaling ("Delayed scaling does not support first / last layer in
   BF16"): both warned.
-- NeMo (its Megatron GPT model config, which maps ``fp8`` / ``fp8_hybrid`` to TransformerConfig.fp8 and passes the
+- Megatron-Bridge (NeMo 2's recipes): ``mixed_precision`` names its FP8 recipe (``bf16_with_fp8_current_scaling_mixed``,
+  ``..._delayed_scaling_mixed``, ``bf16_with_mxfp8_mixed``); the bf16 ends and FP8 parameter gathers are warned with
+  the fields to set.
+- NeMo's legacy YAML (its Megatron GPT model config, which maps ``fp8`` / ``fp8_hybrid`` to TransformerConfig.fp8 and passes the
   other TransformerConfig fields through): ``fp8: true``, ``fp8_hybrid`` or ``fp8_e4m3``, ``fp8_recipe``,
   ``fp8_params`` (FP8 parameter gather), and the bf16 ends as Megatron's.
 - torchtitan 0.2 (TOML): ``[model] converters = ["quantize.linear.float8"]`` (``quantize.linear.mx`` for MXFP8) with
@@ -83,6 +86,26 @@ def nemo_fp8(plan: Plan, target: str, warnings: list[str]) -> dict[str, Any]:
                            "fp8_recipe": fields["fp8_recipe"], "fp8_params": fields.get("fp8_param", False)}
     out.update({k: v for k, v in fields.items() if k.startswith(("first_last", "num_layers_at"))})
     return out
+
+
+# Megatron-Bridge's mixed-precision recipes (megatron/bridge/training/mixed_precision.py) by the plan's FP8 recipe.
+BRIDGE_RECIPES = {"tensorwise": "with_fp8_current_scaling_mixed", "delayed": "with_fp8_delayed_scaling_mixed",
+                  "mxfp8": "with_mxfp8_mixed"}
+
+
+def bridge_mixed_precision(plan: Plan, target: str, warnings: list[str]) -> str | None:
+    """Megatron-Bridge's mixed_precision recipe name for the plan's FP8 (None without FP8). A recipe name sets its
+    own FP8 fields, so what the plan adds to them (bf16 ends, FP8 parameter gathers) is warned, naming the fields."""
+    fields = megatron_core_fp8(plan, target, warnings)
+    if not fields:
+        return None
+    name = ("fp16_" if plan.model.dtype == "fp16" else "bf16_") + BRIDGE_RECIPES[fields["fp8_recipe"]]
+    extra = {k: v for k, v in fields.items() if k.startswith(("first_last", "num_layers_at")) or k == "fp8_param"}
+    if extra:
+        shown = ", ".join(f"{'fp8_param_gather' if k == 'fp8_param' else k}={v}" for k, v in extra.items())
+        warnings.append(f"{target}'s {name} recipe is exported by name; set {shown} on its mixed_precision config "
+                        "for the plan's bf16 ends and FP8 parameter gathers")
+    return name
 
 
 def kept_in_bf16(plan: Plan) -> list[str]:

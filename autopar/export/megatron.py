@@ -17,7 +17,12 @@ expressible split nearest to it (fewest layers moved between ranks) and a warnin
 Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-layers 1`` (every layer's
 input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
 every chunk → ``--recompute-method block --recompute-num-layers k`` (which blocks of a chunk recompute
-does not matter when they are identical).
+does not matter when they are identical); selective with the plan's modules → ``--recompute-granularity selective
+--recompute-modules core_attn mlp ...`` (Megatron-Core's default, core_attn, when the plan names none).
+
+Activation offload: ``--cpu-offloading-num-layers`` (Megatron-Core's layer-level CPU offloading: all layers but the
+last); it cannot be combined with pipeline parallelism or recomputation (TransformerConfig refuses both), so such a
+plan is exported without it, warned.
 
 Data parallelism: ZeRO-1 → ``--use-distributed-optimizer``; ZeRO-2 / ZeRO-3 → Megatron-FSDP
 (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``, which
@@ -32,6 +37,12 @@ as the plan does (Megatron-Core's ep × etp × edp); the model's experts as ``--
 ``--moe-layer-freq`` (a pattern such as ``([0]*1+[1]*60)`` when some layers are dense),
 ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the alltoall dispatcher and
 grouped GEMMs. validate_args checks that ep divides the experts.
+
+Launch-only decisions (export/overlap.py): ``--moe-token-dispatcher-type`` (flex with
+``--moe-flex-dispatcher-backend deepep``), ``--overlap-moe-expert-parallel-comm``, ``--overlap-grad-reduce``,
+``--overlap-param-gather`` (with the distributed optimizer or Megatron-FSDP), ``--tp-comm-overlap`` (with sequence
+parallelism) and ``--recompute-modules`` (with ``--recompute-granularity selective``); the plan's None overlaps are
+the Megatron engine's defaults (both on, as NeMo's recipes run; Megatron-LM's own flags are off).
 
 FP8: ``--fp8-format``, ``--fp8-recipe``, ``--fp8-param-gather`` and the bf16 ends (export/fp8.py).
 """
@@ -55,6 +66,8 @@ from autopar.export.common import (
 )
 from autopar.export.experts import layer_pattern, megatron_core_moe, moe_sequence_parallel
 from autopar.export.fp8 import megatron_fp8_args
+from autopar.export.overlap import READS as OVERLAP_READS
+from autopar.export.overlap import core_comm
 from autopar.plan import Plan
 
 TARGET = "Megatron-LM"
@@ -68,7 +81,7 @@ VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: p
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"})
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"}) | OVERLAP_READS
 
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -141,14 +154,17 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
         args.append(("--recompute-granularity", recompute.granularity))
     if recompute.method is not None:
         args += [("--recompute-method", recompute.method), ("--recompute-num-layers", recompute.num_layers)]
+    comm = core_comm(plan, TARGET, warnings, sequence_parallel)
+    args += [(_flag(name), value) for name, value in {**comm.model, **comm.ddp}.items() if value is not False]
     args += _data_parallel_args(par.zero_stage)
     dtype = precision(plan)
     if dtype != "fp32":
         args.append((f"--{dtype}", None))
     args += megatron_fp8_args(plan, TARGET, warnings)
     if par.offload_activations:
-        warnings.append("Megatron-LM has no command-line flag for activation offload to host memory; exported "
-                        "without it (activations stay on the GPU: more memory than planned)")
+        offload = megatron_offload(plan, TARGET, warnings)
+        if offload:
+            args.append(("--cpu-offloading-num-layers", offload["cpu_offloading_num_layers"]))
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
         warnings.append(node_warning)
@@ -161,9 +177,42 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     if (par.tp > 1 or par.cp > 1) and par.zero_stage < 2:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append("MEGATRON_ARGS=(")
-    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(str(value))}") for flag, value in args]
+    lines += [f"    {flag}" + _words(value) for flag, value in args]
     lines.append(")")
     return Export("megatron", "\n".join(lines) + "\n", tuple(warnings), VERSIONS[dialect])
+
+
+def _flag(field: str) -> str:
+    """A Megatron-Core config field's Megatron-LM flag (ArgumentGroupFactory: dashes for underscores)."""
+    return "--" + field.replace("_", "-")
+
+
+def _words(value: object) -> str:
+    """A flag's value as shell words: none for a bare flag (None or True), one per item of a list."""
+    if value is None or value is True:
+        return ""
+    return "".join(f" {shlex.quote(str(v))}" for v in (value if isinstance(value, list) else [value]))
+
+
+def megatron_offload(plan: Plan, target: str, warnings: list[str]) -> dict[str, object]:
+    """The plan's activation offload as Megatron-Core's layer-level CPU offloading (TransformerConfig fields, whose
+    --cpu-offloading-num-layers sets cpu_offloading): every transformer layer's activations but the last layer's,
+    which Megatron-Core keeps on the GPU (it offloads fewer than num_layers). Megatron-Core refuses it with pipeline
+    parallelism and with recomputation: then {} and a warning giving that reason."""
+    layers = num_blocks(plan)
+    reason = ("pipeline parallelism" if plan.parallelism.pp > 1 else
+              "activation recomputation" if megatron_recompute(plan, target).granularity is not None else
+              "fewer than two transformer layers" if not layers or layers < 2 else None)
+    if reason is not None:
+        warnings.append(f"{target} (Megatron-Core) cannot offload activations together with {reason} "
+                        "(TransformerConfig refuses cpu_offloading with it); exported without offload (activations "
+                        "stay on the GPU: more memory than planned)")
+        return {}
+    warnings.append(f"{target} (Megatron-Core) offloads the activations of all transformer layers but the last "
+                    f"(cpu_offloading_num_layers {layers - 1} of {layers}); the plan offloads every layer's (the last "
+                    "layer's activations stay on the GPU)")
+    return {"cpu_offloading": True, "cpu_offloading_num_layers": layers - 1, "cpu_offloading_activations": True,
+            "cpu_offloading_weights": False}
 
 
 def _moe_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
@@ -190,36 +239,56 @@ def _data_parallel_args(zero_stage: int) -> list[tuple[str, object]]:
     return args
 
 
-def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
+@dataclass(frozen=True)
+class PipelineLayout:
+    """The plan's pipeline as Megatron-Core's TransformerConfig fields: layers of the first and last pipeline rank
+    (None: an even split), model chunks per rank and, for an even interleaved split, layers per chunk."""
+
+    first: int | None = None
+    last: int | None = None
+    virtual: int = 1
+    per_chunk: int | None = None
+
+
+def megatron_pipeline(plan: Plan, target: str, warnings: list[str]) -> PipelineLayout:
+    """The plan's schedule and stage cut as Megatron-Core expresses them (module docstring), with a warning for what
+    it cannot: GPipe, or a cut that first/last-rank counts cannot give (then the nearest split they can)."""
     par = plan.parallelism
-    args: list[tuple[str, object]] = []
     if par.pp == 1:
-        return args
+        return PipelineLayout()
     if par.schedule == "gpipe":
-        warnings.append("Megatron-LM has no GPipe schedule; exported as 1F1B (same bubble, fewer micro-batches "
+        warnings.append(f"{target} has no GPipe schedule; exported as 1F1B (same bubble, fewer micro-batches "
                         "in flight)")
     virtual = par.virtual_stages if par.schedule == "interleaved" else 1
     counts = chunk_block_counts(plan)
     split = megatron_split(counts, par.pp, virtual) if counts is not None else None
     if counts is not None and split is None:
-        warnings.append(f"Megatron-LM cannot split {sum(counts)} transformer layers over {par.pp * virtual} model "
+        warnings.append(f"{target} cannot split {sum(counts)} transformer layers over {par.pp * virtual} model "
                         "chunks (each needs at least one); exported without a layer split")
     elif split is not None and not split.exact:
         chunks = "" if virtual == 1 else f" (per chunk {counts})"
         layout = "" if virtual > 1 else (  # E: embedding, t: transformer layer, L: loss; | between stages
-            " (Megatron-Core's --pipeline-model-parallel-layout " + "|".join(
+            f" (Megatron-Core's {'--pipeline-model-parallel-layout' if target == TARGET else 'pipeline_model_parallel_layout'} "
+            + "|".join(
                 ("E" if r == 0 else "") + "t" * n + ("L" if r == par.pp - 1 else "") for r, n in enumerate(counts))
             + " would express it exactly)")
-        warnings.append(f"Megatron-LM cannot express the plan's stage cut with first/last-stage layer counts: "
+        warnings.append(f"{target} cannot express the plan's stage cut with first/last-stage layer counts: "
                         f"transformer layers per pipeline rank {rank_counts(counts, par.pp)}{chunks}; exported as "
                         f"the nearest split it can, {list(split.ranks)}{layout}")
-    uneven = split is not None and split.first is not None
-    if uneven:
-        args += [("--decoder-first-pipeline-num-layers", split.first),
-                 ("--decoder-last-pipeline-num-layers", split.last)]
-    if virtual > 1:
-        if split is not None and not uneven:
-            args.append(("--num-layers-per-virtual-pipeline-stage", split.ranks[0] // virtual))
-        else:  # uneven ranks, or layers unknown: Megatron-Core's per-rank chunk count
-            args.append(("--num-virtual-stages-per-pipeline-rank", virtual))
+    if split is not None and split.first is not None:
+        return PipelineLayout(split.first, split.last, virtual)
+    per_chunk = split.ranks[0] // virtual if split is not None and virtual > 1 else None
+    return PipelineLayout(virtual=virtual, per_chunk=per_chunk)
+
+
+def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
+    layout = megatron_pipeline(plan, TARGET, warnings)
+    args: list[tuple[str, object]] = []
+    if layout.first is not None:
+        args += [("--decoder-first-pipeline-num-layers", layout.first),
+                 ("--decoder-last-pipeline-num-layers", layout.last)]
+    if layout.per_chunk is not None:
+        args.append(("--num-layers-per-virtual-pipeline-stage", layout.per_chunk))
+    elif layout.virtual > 1:  # uneven ranks, or layers unknown: Megatron-Core's per-rank chunk count
+        args.append(("--num-virtual-stages-per-pipeline-rank", layout.virtual))
     return args

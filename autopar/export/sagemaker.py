@@ -1,30 +1,36 @@
 """SageMaker model parallelism (smp) training-job arguments, as JSON.
 
-``PyTorch(entry_point=..., **json.load(open("smp.json"))["estimator"])`` (SageMaker Python SDK 2.x) gets the
-``instance_type`` (from the plan's hardware), ``instance_count``, the ``distribution`` and the
-``hyperparameters`` for the training script; the top-level ``autopar`` key holds the plan, the format
-version and the warnings. With SDK 3.x the same smp v2 ``parameters`` go to
-``ModelTrainer(distributed=Torchrun(process_count_per_node=..., smp=SMP(**parameters)), ...)``.
+Dialects (``--to sagemaker`` is SageMaker Python SDK 3, the current one):
 
-Dialects (``--to sagemaker@v2`` is the default):
-
-- **smp v2** (``torch_distributed`` enabled; smp 2.x builds on PyTorch FSDP): ``tensor_parallel_degree``,
-  ``hybrid_shard_degree`` (ZeRO-3: the data-parallel size), ``sm_activation_offloading``; each further
-  degree the plan may carry is one more entry of ``_V2_DEGREES`` (a degree smp v2 cannot take is a
-  warning). smp v2 has no pipeline parallelism: the pipeline ranks fold into data parallelism, with a
-  warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup. ``context_parallel_degree``
-  (smp 2.4+, Transformer Engine's context parallelism on the Hugging Face models smp converts: GPT-NeoX, Llama,
-  Mistral), its exchange the script's ``torch.sagemaker.transform(..., cp_comm_type=...)`` (smp 2.6+); smp v1 has
-  none: its cp ranks fold into data parallelism, with a warning. ``expert_parallel_degree``
-  (smp 2.3+) is exported where the plan has no tensor parallelism, with which smp's expert parallelism is not
-  compatible (then ep is warned).
-- **smp v1** (``mpi`` launch; ``pipeline_parallel_degree``, ``microbatches``, ``ddp``,
+- **SDK 3** (default, ``@3``): the top-level ``model_trainer`` key holds ``ModelTrainer``'s own keywords:
+  ``ModelTrainer(training_image=..., source_code=SourceCode(entry_script=...), compute=Compute(**t["compute"]),
+  distributed=Torchrun(**t["distributed"]), hyperparameters=t["hyperparameters"])`` where ``t =
+  json.load(open("smp.json"))["model_trainer"]``; ``distributed`` is ``{process_count_per_node, smp: {...}}``, the smp v2
+  parameters as SDK 3's ``SMP`` takes them. SDK 3 has no ``sagemaker.pytorch`` estimator.
+- **SDK 2** (``@2``): ``PyTorch(entry_point=..., **json.load(open("smp.json"))["estimator"])`` gets the
+  ``instance_type``, ``instance_count``, the ``distribution`` (``torch_distributed`` + ``smdistributed.modelparallel``
+  with the same smp v2 parameters) and the ``hyperparameters``.
+- **smp v1 on SDK 2** (``@smp1``, ``mpi`` launch; ``pipeline_parallel_degree``, ``microbatches``, ``ddp``,
   ``shard_optimizer_state``, ``sharded_data_parallel_degree``...): the SDK refuses it on p5 (H100 / H200)
   instances ("SMModelParallel and SMDataParallel currently do not support p5 instances"), so a Hopper plan
   is an error there. ``placement_strategy`` takes only "cluster" or "spread" (the SDK's validator):
   "cluster" keeps the ranks of one model replica (its tensor- and pipeline-parallel ranks) on neighbouring
   devices. 1F1B → ``pipeline: "interleaved"`` (smp's name for interleaving forward and backward passes),
   GPipe → ``"simple"``; ``optimize: "memory"`` is sequence parallelism.
+
+In every dialect the top-level ``autopar`` key holds the plan, the format version and the warnings.
+
+smp v2 (smp 2.x builds on PyTorch FSDP): ``tensor_parallel_degree``, ``hybrid_shard_degree`` (ZeRO-3: the
+data-parallel size, times cp: smp, like the plan, shards over the context-parallel ranks too),
+``sm_activation_offloading``; each further degree the plan may carry is one more entry of ``_V2_DEGREES`` (a degree
+smp v2 cannot take is a warning). smp v2 has no pipeline parallelism: the pipeline ranks fold into data parallelism,
+with a warning; ZeRO-0/1/2, recomputation and precision belong to the script's FSDP setup.
+``context_parallel_degree`` (smp 2.4+, Transformer Engine's context parallelism on the Hugging Face models smp
+converts: GPT-NeoX, Llama, Mistral) must be at most ``hybrid_shard_degree`` (SDK 3's ``SMP`` documents it): a plan
+that does not shard parameters over its cp ranks gets ``hybrid_shard_degree`` cp, warned. Its exchange is the
+script's ``torch.sagemaker.transform(..., cp_comm_type=...)`` (smp 2.6+); smp v1 has none: its cp ranks fold into
+data parallelism, with a warning. ``expert_parallel_degree`` (smp 2.3+) is exported where the plan has no tensor
+parallelism, with which smp's expert parallelism is not compatible (then ep is warned).
 
 smp partitions the model itself (auto-partition) and recomputes the modules the script passes to
 ``smp.set_activation_checkpointing``: neither the stage cut nor recomputation is a parameter.
@@ -52,9 +58,9 @@ from autopar.export.common import (
 from autopar.plan import Plan
 
 TARGET = "SageMaker model parallelism"
-VERSIONS = {"v2": "smp v2 (SageMaker Python SDK 2.257: PyTorch estimator distribution; SDK 3.27: "
-                  "Torchrun(smp=SMP(...)))",
-            "v1": "smp v1 (SageMaker Python SDK 2.257: PyTorch estimator distribution, mpi)"}
+VERSIONS = {"3": "SageMaker Python SDK 3.27 (ModelTrainer: Compute, Torchrun(smp=SMP(...))), smp v2",
+            "2": "SageMaker Python SDK 2.257 (PyTorch estimator distribution), smp v2",
+            "smp1": "smp v1 (SageMaker Python SDK 2.257: PyTorch estimator distribution, mpi)"}
 # The plan's decisions this exporter reads: expressed in sagemaker's names or warned about here; any other decision
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
@@ -70,7 +76,7 @@ _V2_DEGREES = {"tp": "tensor_parallel_degree", "cp": "context_parallel_degree", 
 _V1_DEGREES = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree"}
 
 
-def export(plan: Plan, dialect: str = "v2") -> Export:
+def export(plan: Plan, dialect: str = "3") -> Export:
     warnings = unexpressed(plan, TARGET, READS)
     if (w := tp_warning(plan, TARGET)) is not None:
         warnings.append(w)
@@ -78,24 +84,32 @@ def export(plan: Plan, dialect: str = "v2") -> Export:
     n_nodes, per_node, node_warning = nodes(plan)
     if node_warning:
         warnings.append(node_warning)
-    if dialect == "v1":
+    if dialect == "smp1":
         distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": _v1(plan, warnings)}},
                         "mpi": {"enabled": True, "processes_per_host": per_node}}
         par = plan.parallelism
         folded = fold_context(plan, "smp v1", Folded(par.dp, par.num_microbatches, par.global_batch_size, None))
         if folded.warning is not None:
             warnings.append(folded.warning)
-        batch = _batch(plan, folded.accumulate, folded.global_batch_size)
     else:
         params, folded = _v2(plan, warnings)
         distribution = {"torch_distributed": {"enabled": True},
                         "smdistributed": {"modelparallel": {"enabled": True, "parameters": params}}}
-        batch = _batch(plan, folded.accumulate, folded.global_batch_size)
-    estimator: dict[str, Any] = {"instance_count": n_nodes, "distribution": distribution, "hyperparameters": batch}
-    if instance is not None:
-        estimator = {"instance_type": instance, **estimator}
-    doc = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings},
-           "estimator": estimator}
+    batch = _batch(plan, folded.accumulate, folded.global_batch_size)
+    if dialect == "3":
+        compute = {"instance_count": n_nodes} if instance is None else {"instance_type": instance,
+                                                                        "instance_count": n_nodes}
+        job = {"model_trainer": {"compute": compute, "distributed": {"process_count_per_node": per_node,
+                                                                     "smp": params},
+                                 "hyperparameters": batch}}
+    else:
+        if dialect == "2" and per_node < 8:  # every instance type named has 8 GPUs; torch_distributed starts 8
+            warnings.append(f"SDK 2's torch_distributed starts one process per GPU of the instance (8), not the plan's "
+                            f"{per_node}: the world size is {8 * n_nodes}, not {plan.world_size} (data parallelism "
+                            "grows with it); SDK 3's Torchrun(process_count_per_node) sets it (--to sagemaker)")
+        estimator: dict[str, Any] = {"instance_count": n_nodes, "distribution": distribution, "hyperparameters": batch}
+        job = {"estimator": estimator if instance is None else {"instance_type": instance, **estimator}}
+    doc = {"autopar": {"plan": summary(plan), "format": VERSIONS[dialect], "warnings": warnings}, **job}
     return Export("sagemaker", json.dumps(doc, indent=2) + "\n", tuple(warnings), VERSIONS[dialect])
 
 
@@ -105,9 +119,9 @@ def _instance_type(plan: Plan, dialect: str, warnings: list[str]) -> str | None:
     if instance is None:
         warnings.append(f"no SageMaker instance type is known for the plan's hardware {hardware!r}; set "
                         "instance_type yourself")
-    elif dialect == "v1" and instance.startswith("ml.p5"):
+    elif dialect == "smp1" and instance.startswith("ml.p5"):
         raise AutoparError(f"smp v1 does not run on {instance} (the plan's {hardware}): the SageMaker SDK refuses "
-                           "smp v1 on p5 instances; export with --to sagemaker@v2")
+                           "smp v1 on p5 instances; export with --to sagemaker")
     return instance
 
 
@@ -126,8 +140,14 @@ def _v2(plan: Plan, warnings: list[str]):
         warnings.append(folded.warning)
     params: dict[str, Any] = _v2_degrees(plan, warnings)
     if par.zero_stage == 3:
-        params["hybrid_shard_degree"] = folded.dp
+        params["hybrid_shard_degree"] = folded.dp * par.cp  # the plan shards over dp · cp, as smp does
     else:
+        if par.cp > 1:  # SMP: context_parallel_degree <= hybrid_shard_degree
+            params["hybrid_shard_degree"] = par.cp
+            warnings.append(f"smp v2 needs context_parallel_degree <= hybrid_shard_degree; the plan's ZeRO-"
+                            f"{par.zero_stage} does not shard parameters, exported with hybrid_shard_degree {par.cp} "
+                            f"(parameters sharded over the cp {par.cp} ranks: less memory, more parameter traffic "
+                            "than planned)")
         strategy = {0: "NO_SHARD", 1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP"}[par.zero_stage]
         extra = " (ZeRO-2: gradients sharded too, less memory than planned)" if par.zero_stage == 1 else ""
         warnings.append(f"smp v2 shards parameters (hybrid_shard_degree) only: wrap the model in FSDP with "

@@ -5,7 +5,8 @@ overrides): the export is a bash array of overrides; 0.2 reads ``--job.config_fi
 ``[training]``, ``[parallelism]`` and ``[activation_checkpoint]`` sections (``--to torchtitan@0.2``). 0.3
 moved async tensor parallelism to ``compile.enable_async_tensor_parallel``, made activation checkpointing a
 subcommand (``activation-checkpoint:{none,full,selective,memory-budget}``, one policy for every block, no
-"every n-th layer"), refuses pipeline parallelism unless ``training.disable_cuda_graphs`` is set, and can
+"every n-th layer"), refuses pipeline parallelism, and expert parallelism with its default token dispatcher, unless
+``training.disable_cuda_graphs`` is set (the export sets it for both), and can
 switch sequence parallelism off (``parallelism.enable_sequence_parallel``; 0.2 always shards along the
 sequence under tensor parallelism).
 
@@ -16,9 +17,12 @@ global_batch_size / (local_batch_size × dp) of them.
 
 Data parallelism is FSDP2: ZeRO-3 → ``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward =
 "always"``; ZeRO-0 → ``data_parallel_replicate_degree`` (DDP); ZeRO-1/2 have no exact counterpart and
-become sharding without resharding after forward (ZeRO-2-like memory), with a warning. The stage cut is
-exact: ``module_fqns_per_model_part`` lists the plan's layer names of every model chunk (chunk c on rank
-c mod pp, torchtitan's looped stage order).
+become sharding without resharding after forward (ZeRO-2-like memory), with a warning. The stage cut:
+``module_fqns_per_model_part`` lists the module names of every model chunk (chunk c on rank c mod pp, torchtitan's
+looped stage order) in torchtitan's own names, which its llama3, qwen3, deepseek_v3 and llama4 share:
+``tok_embeddings``, ``layers.N``, ``norm`` and the head, ``lm_head`` in 0.3 and ``output`` in 0.2 (export/stages.py
+maps the plan's layer names to them; a layer it cannot map leaves the cut to torchtitan, warned). The model's
+--config must have the plan's number of layers; the header says how many.
 
 Recomputation (0.2): all blocks full → ``mode = "full"``; full on a fraction 1/n of the blocks → ``mode =
 "selective"`` with ``selective_ac_option = "n"`` (every n-th layer); Megatron's selective (attention-core)
@@ -49,7 +53,6 @@ import tomli_w
 from autopar.export.common import (
     Export,
     block_indices,
-    chunk_layer_names,
     degree_of,
     header,
     model_degrees,
@@ -59,6 +62,7 @@ from autopar.export.common import (
     uniform_recompute,
 )
 from autopar.export.fp8 import torchtitan_fp8
+from autopar.export.stages import TargetNames, stage_names
 from autopar.plan import Plan
 
 TARGET = "torchtitan"
@@ -75,6 +79,10 @@ _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "c
 ROTATE_METHODS = {"all_gather": "allgather", "ring": "alltoall"}  # 0.2's context_parallel_rotate_method
 # 0.2 also sets the experts' tensor-parallel degree (1 or tp); 0.3 always runs them without (ep borrows tp ranks)
 _DEGREES_0_2 = {**_DEGREES, "etp": "expert_tensor_parallel_degree"}
+# The module names of torchtitan's decoder models (llama3, qwen3, deepseek_v3; 0.2 also llama4): the head is lm_head
+# from 0.3 on, output before.
+MODULE_NAMES = {"0.3": TargetNames("tok_embeddings", "layers.{}", "norm", "lm_head"),
+                "0.2": TargetNames("tok_embeddings", "layers.{}", "norm", "output")}
 
 
 def export(plan: Plan, dialect: str = "0.3") -> Export:
@@ -82,17 +90,26 @@ def export(plan: Plan, dialect: str = "0.3") -> Export:
     sections = _sections(plan, dialect, warnings)
     if dialect == "0.2":
         checkpoint = _checkpoint_0_2(plan, warnings)
-        lines = header(plan, VERSIONS[dialect], warnings)
+        lines = header(plan, VERSIONS[dialect], warnings) + _layers_line(plan)
         text = "\n".join(lines) + "\n\n" + tomli_w.dumps({**sections, "activation_checkpoint": checkpoint})
     else:
         mode = _checkpoint_0_3(plan, warnings)
-        lines = header(plan, VERSIONS[dialect], warnings)
+        lines = header(plan, VERSIONS[dialect], warnings) + _layers_line(plan)
         lines += ["# launch: torchrun ... -m torchtitan.train --module <model> --config <config> "
                   '"${TORCHTITAN_ARGS[@]}"', "TORCHTITAN_ARGS=("]
         lines += [f"    {' '.join(shlex.quote(t) for t in tokens)}" for tokens in _overrides(sections)]
         lines += [f"    activation-checkpoint:{mode}", ")"]  # a subcommand: after every option
         text = "\n".join(lines) + "\n"
     return Export("torchtitan", text, tuple(warnings), VERSIONS[dialect])
+
+
+def _layers_line(plan: Plan) -> list[str]:
+    """The header line naming the model's layer count, which --config (0.2: [model]) must match."""
+    blocks = len(block_indices(plan))
+    if not blocks:
+        return []
+    return [f"# model: {blocks} transformer layers (layers.0 … layers.{blocks - 1}); the model's config must have "
+            "as many"]
 
 
 def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,8 +128,9 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         "mixed_precision_param": "float32" if dtype == "fp32" else "bfloat16",
         "mixed_precision_reduce": "float32",
     }
-    if dialect != "0.2" and par.pp > 1:
-        training["disable_cuda_graphs"] = True  # 0.3 refuses pipeline parallelism under CUDA graphs
+    if dialect != "0.2" and (par.pp > 1 or (par.ep > 1 and degree_of(plan, "ep"))):
+        # 0.3 refuses pipeline parallelism, and its default (synchronising) expert dispatcher, under CUDA graphs
+        training["disable_cuda_graphs"] = True
     names = _DEGREES_0_2 if dialect == "0.2" else _DEGREES
     parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
     sections = {"training": training, "parallelism": parallelism, **torchtitan_fp8(plan, dialect, warnings)}
@@ -131,7 +149,11 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         parallelism["pipeline_parallel_schedule"] = SCHEDULE_CLASSES[par.schedule]
         parallelism["pipeline_parallel_microbatch_size"] = par.micro_batch_size
         if plan.layers:
-            parallelism["module_fqns_per_model_part"] = chunk_layer_names(plan)
+            cut = stage_names(plan, MODULE_NAMES[dialect], TARGET)
+            if cut.chunks is None:
+                warnings.append(cut.warning)
+            else:
+                parallelism["module_fqns_per_model_part"] = cut.chunks
     if par.offload_activations:
         warnings.append("torchtitan has no activation offload (training.enable_cpu_offload moves parameters, "
                         "gradients and optimizer state instead); exported without it (activations stay on the "

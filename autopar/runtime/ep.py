@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -49,7 +49,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
+from autopar.runtime.hf_experts import check_hf_etp, check_hf_experts, hf_experts_forward, is_hf_experts
 from autopar.runtime.mesh import Meshes
+from autopar.runtime.sequence import GatherSequence, SplitSequence
 
 _CONTRACT = ("expert parallelism runs MoE modules that expose route(tokens) -> (tokens, experts) router weights "
              "(0 where not routed), experts stacked (experts, ...) on one module and at most a shared_experts "
@@ -92,6 +94,9 @@ def moe_modules(block: nn.Module) -> tuple[nn.Module, nn.Module, Any] | None:
 
 def check_moe_module(unit: str, moe: nn.Module, experts: nn.Module, num_experts: int) -> None:
     """One line if the runtime cannot run this MoE module under expert parallelism."""
+    if is_hf_experts(experts):  # the block routes and adds its shared experts itself
+        check_hf_experts(unit, experts, num_experts)
+        return
     shared = [n for n, _ in moe.named_children() if "shared" in n and n != "shared_experts"]
     stacked = [p for p in experts.parameters(recurse=False)]
     if (not callable(getattr(moe, "route", None)) or shared or not stacked or
@@ -140,6 +145,8 @@ def routes_experts(model: nn.Module, spec: RunPlan) -> bool:
             if moe is None:
                 continue
             module, experts, profile = moe
+            if is_hf_experts(experts) and p.expert_tp > 1:
+                return False  # transformers' own MoE forward, its experts whole (check_hf_etp)
             try:
                 check_moe_module(unit, module, experts, profile.num_experts)
                 for name, weight in experts.named_parameters(recurse=False):
@@ -170,48 +177,12 @@ def apply_ep(model: nn.Module, layers: list[LayerAssignment], spec: RunPlan, mes
             shard_experts(experts, mesh, profile.hidden_size)
             route = Route(experts, profile.num_experts, mesh, meshes.experts.get_group("ep"), tp_group,
                           share=etp == 1 and layer.tp > 1, sequence_parallel=p.sequence_parallel and layer.tp > 1)
-            moe.forward = functools.partial(moe_forward, moe, route)  # type: ignore[method-assign]
+            if is_hf_experts(experts):
+                experts.forward = functools.partial(hf_experts_forward, experts, route)  # type: ignore[method-assign]
+            else:
+                moe.forward = functools.partial(moe_forward, moe, route)  # type: ignore[method-assign]
             out.append(experts)
     return out
-
-
-# -- sequence blocks over tensor parallelism ---------------------------------------------------------------
-def _gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
-
-
-def _block(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return x.chunk(dist.get_world_size(group), dim=1)[dist.get_rank(group)].contiguous()
-
-
-class _SplitSequence(torch.autograd.Function):
-    """Forward: this tp rank's block of a tensor every tp rank holds whole (dim 1, the sequence); backward: the
-    blocks' gradients gathered, so every rank has the whole gradient (Megatron's scatter-to-region)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _block(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _gather(grad, ctx.group), None
-
-
-class _GatherSequence(torch.autograd.Function):
-    """Forward: the tp ranks' blocks gathered whole; backward: this rank's block of the gradient (the gradient
-    of a tensor every tp rank holds whole is the same on each)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _gather(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _block(grad, ctx.group), None
 
 
 # -- the layer ---------------------------------------------------------------------------------------------
@@ -233,18 +204,18 @@ def moe_forward(moe: nn.Module, route: Route, x: torch.Tensor) -> torch.Tensor:
     if group is not None and local.dim() != 3:
         raise AutoparError(f"{type(moe).__name__}: under tensor parallelism expert parallelism takes (batch, "
                            f"sequence, hidden) inputs, got {list(local.shape)}")
-    full = _GatherSequence.apply(local, group) if route.sequence_parallel else local
+    full = GatherSequence.apply(local, group) if route.sequence_parallel else local
     dim = full.shape[-1]
     kept = kept_weights(moe, full.reshape(-1, dim)).reshape(*full.shape[:-1], -1)
     mine = full
     if route.share:
-        mine = local if route.sequence_parallel else _SplitSequence.apply(local, group)
-        kept = _SplitSequence.apply(kept, group)
+        mine = local if route.sequence_parallel else SplitSequence.apply(local, group)
+        kept = SplitSequence.apply(kept, group)
     out = dispatch_combine(mine.reshape(-1, dim), kept.reshape(-1, kept.shape[-1]), route).view(mine.shape)
     if route.share and not route.sequence_parallel:
-        out = _GatherSequence.apply(out, group)
+        out = GatherSequence.apply(out, group)
     elif not route.share and route.sequence_parallel:
-        out = _SplitSequence.apply(out, group)
+        out = SplitSequence.apply(out, group)
     shared = getattr(moe, "shared_experts", None)
     return out if shared is None else out + shared(x)  # x as received: the shared MLP's TP styles expect it
 
@@ -261,12 +232,15 @@ def _slots(counts: torch.Tensor) -> tuple[torch.Tensor, int]:
     return first.reshape(-1).repeat_interleave(sizes) + within, width
 
 
-def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) -> torch.Tensor:
+def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route, *, routed: torch.Tensor | None = None,
+                     run: Callable[[torch.Tensor, torch.Tensor, Route], torch.Tensor] | None = None) -> torch.Tensor:
     """Σ over each token's kept experts of weight · expert(token), the experts running on their owners.
-    ``tokens`` (n, hidden), ``weights`` (n, E)."""
+    ``tokens`` (n, hidden), ``weights`` (n, E); ``routed`` (n, E) the pairs that run (default: weight not 0);
+    ``run(received tokens, counts (ep, local), route)`` the local experts (default: the model's experts module on
+    a padded batch, ``run_padded``; transformers' experts: grouped GEMMs, autopar.runtime.hf_experts)."""
     n, dim = tokens.shape
     ep, local = route.ep, route.num_experts // route.ep
-    routed = weights != 0
+    routed = weights != 0 if routed is None else routed
     expert, token = routed.t().nonzero(as_tuple=True)  # the pairs, sorted by expert: by owner
     counts = routed.sum(0)
     received = torch.empty_like(counts) if ep > 1 else counts
@@ -275,12 +249,18 @@ def dispatch_combine(tokens: torch.Tensor, weights: torch.Tensor, route: Route) 
     send = counts.view(ep, local).sum(1).tolist()
     recv = received.view(ep, local).sum(1).tolist()
     inbound = _exchange(tokens[token], recv, send, route)
-    slots, width = _slots(received.view(ep, local))
-    padded = inbound.new_zeros(local * width, dim).index_copy(0, slots, inbound).view(local, width, dim)
-    done = run_experts(padded, route).reshape(-1, dim)[slots]
+    done = (run or run_padded)(inbound, received.view(ep, local), route)
     back = _exchange(done, send, recv, route)
     weight = weights[token, expert].unsqueeze(-1).to(tokens.dtype)  # as the model's forward: in the tokens' dtype
     return tokens.new_zeros(n, dim).index_add(0, token, back * weight)
+
+
+def run_padded(inbound: torch.Tensor, counts: torch.Tensor, route: Route) -> torch.Tensor:
+    """The received tokens through the model's experts module, padded to the busiest local expert's count."""
+    dim = inbound.shape[-1]
+    slots, width = _slots(counts)
+    padded = inbound.new_zeros(counts.shape[1] * width, dim).index_copy(0, slots, inbound).view(-1, width, dim)
+    return run_experts(padded, route).reshape(-1, dim)[slots]
 
 
 def _exchange(x: torch.Tensor, receive: list[int], send: list[int], route: Route) -> torch.Tensor:
@@ -336,5 +316,7 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
         for unit in layer.units:
             moe_module, experts, found = moe_modules(model.get_submodule(unit))
             check_moe_module(unit, moe_module, experts, found.num_experts)
+            if is_hf_experts(experts):
+                check_hf_etp(unit, p.expert_tp)
             for name, weight in experts.named_parameters(recurse=False):
                 _placements(f"{unit}.{name}", weight, found.hidden_size, p.expert_tp)

@@ -7,6 +7,8 @@ Order, and why it matters:
    TP shards their weights (torchtitan applies its float8 converter before parallelizing, for the same reason);
 2. tensor parallel (``apply_tp``) — swaps parameters for DTensors on each layer's tp mesh (FSDP must see them
    to shard on top: 2-D parameters);
+2b. a Hugging Face model's sequence blocks under sequence parallelism (``apply_hf_sequence``) — after TP, their
+   hooks ahead of its own: a layer takes its block of the sequence before its norms read it;
 3. per-layer re-layout hooks (``apply_relayout``) — after TP, so they wrap its input/output hooks;
 3b. expert parallelism (``apply_ep``) — each MoE layer's routed experts sharded over the ep group (DTensors) and
    its tokens dispatched to them, before recomputation wraps the layer and FSDP shards the experts over edp;
@@ -64,11 +66,21 @@ from autopar.runtime.data_parallel import (
 )
 from autopar.runtime.ep import apply_ep, expert_gradient_groups, routes_experts
 from autopar.runtime.fp8 import apply_fp8, fsdp_float8_all_gather
+from autopar.runtime.heads import apply_head_tables
 from autopar.runtime.init import aliases, to_empty
+from autopar.runtime.latent import apply_latent
 from autopar.runtime.mesh import Meshes, expert_mesh
-from autopar.runtime.pp import PipelineInputs, build_schedule, split_model
+from autopar.runtime.pp import (
+    PipelineInputs,
+    build_schedule,
+    is_hf,
+    mean_over_microbatches,
+    micro_batch_of,
+    split_model,
+)
+from autopar.runtime.sequence import apply_hf_sequence, partial_over_tp, sum_over_tp
 from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
-from autopar.runtime.tp import apply_relayout, apply_tp
+from autopar.runtime.tp import apply_relayout, apply_tp, resolve
 from cost_models.engines import DataParallelEngines, data_parallel_engines
 
 LossFn = Callable[..., torch.Tensor]
@@ -108,6 +120,7 @@ class ParallelModel:
     canonical: dict[str, str] = dataclasses.field(default_factory=dict)  # every parameter name -> its first
     cp: ContextParallel | None = None  # this rank's part of its context-parallel group (cp > 1)
     pipeline_inputs: PipelineInputs | None = None  # what the last stage's loss reads (pipelined, cp 1)
+    tp_partial: list[tuple[torch.Tensor, Any]] = dataclasses.field(default_factory=list)  # summed over tp (SP)
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -170,6 +183,7 @@ class ParallelModel:
                         loss = self._loss(part, micro)
                         (loss / m).backward()
                     losses.append(loss.detach())
+        sum_over_tp(self.tp_partial)
         if self.grad_pairs is not None:
             sync_gradients(self.grad_pairs, p.dp * p.cp)
         sync_gradients(self.expert_grads, p.dp * p.cp)
@@ -208,6 +222,7 @@ class ParallelModel:
             self.schedule.step(target=target, losses=losses)
         else:
             self.schedule.step()
+        mean_over_microbatches(self.parameters(), self.spec.parallelism.num_microbatches)
 
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         """Mean over micro-batches, then over the ranks holding losses (the last stage's dp * tp ranks)."""
@@ -218,8 +233,8 @@ class ParallelModel:
         return float(buf[0] / buf[1])
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Every parameter's full gradient (unsharded), gathered on all ranks — for tests and debugging.
-        Collective: every rank must call it."""
+        """Every parameter's full gradient (unsharded) under its first name (a tied weight's), gathered on all
+        ranks — for tests and debugging. Collective: every rank must call it."""
         mine: dict[str, torch.Tensor] = {}
         contribute = self.meshes.dp_rank == 0 and self.meshes.tp_rank == 0 and self.meshes.cp_rank == 0
         for name, p in self.named_parameters():
@@ -229,7 +244,7 @@ class ParallelModel:
             if isinstance(g, DTensor):
                 g = g.full_tensor()
             if contribute:
-                mine[name] = g.detach().cpu().clone()
+                mine[self.canonical.get(name, name)] = g.detach().cpu().clone()
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         out: dict[str, torch.Tensor] = {}
@@ -266,12 +281,13 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     find_unused = engines.ddp and example_inputs is not None and any(q.is_meta for q in model.parameters()) and \
         has_unused_parameters(model, example_inputs, loss_fn, spec.model.seq_len)
     pipelined = spec.num_chunks > 1
+    hf = is_hf(model)  # its glue reads the whole sequence: autopar.runtime.sequence
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
     canonical = aliases(model)
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
         meshes.experts = expert_mesh(spec, meshes.device)
     cp = context_parallel(model, spec, meshes, loss_fn)
-    parts = apply_pp(model, spec, meshes)
+    parts = apply_pp(model, spec, meshes, example_inputs)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined and \
@@ -282,7 +298,13 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         apply_fp8(part, layers, p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
         if any(layer.tp > 1 for layer in spec.layers):
             apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
-                     loss_parallel=loss_parallel)
+                     loss_parallel=loss_parallel, whole_embeddings=hf)
+            apply_latent(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
+                         seq_len=spec.model.seq_len // p.cp, resolve=resolve)
+            if hf:
+                apply_head_tables(part, layers, tp_plans, meshes, resolve=resolve)
+            if hf and p.sequence_parallel:
+                apply_hf_sequence(part, layers, tp_plans, meshes, seq_len=spec.model.seq_len // p.cp, resolve=resolve)
         if not spec.uniform_tp:
             apply_relayout(part, layers, p.tp, meshes.stage_group)
         experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
@@ -301,6 +323,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     tied = apply_tied_sync(ties, parts, spec, fsdp=engines.fsdp)
     pairs: list[tuple[torch.Tensor, Any]] = []
     routed = {id(q) for modules in experts.values() for m in modules for q in m.parameters()}
+    tp_partial = partial_over_tp(parts, lambda c: _layers_of(spec, c), tp_plans, meshes, routed) \
+        if hf and p.sequence_parallel else []
     for c, part in parts.items():
         if engines.manual_sync:
             pairs += gradient_groups(part, _layers_of(spec, c), meshes, skip=routed)
@@ -314,20 +338,23 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
                          has_first=has_first, has_last=has_last,
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
                          expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp,
-                         pipeline_inputs=inputs)
+                         pipeline_inputs=inputs, tp_partial=tp_partial)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
     return spec.layers_of_chunk(chunk) if spec.num_chunks > 1 else list(spec.layers)
 
 
-def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes) -> dict[int, nn.Module]:
+def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
+             example_inputs: Callable[[int, int], tuple] | None = None) -> dict[int, nn.Module]:
     """This rank's pipeline chunks (the whole model when the plan has one chunk); under context parallelism
-    every chunk that needs them takes the tokens' positions."""
+    every chunk that needs them takes the tokens' positions. ``example_inputs``: the model file's, for a Hugging
+    Face model's look at what crosses each cut (autopar.runtime.stages)."""
     if spec.num_chunks == 1:
         return {0: model}
+    micro_batch = micro_batch_of(example_inputs, spec) if example_inputs is not None else None
     return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank),
-                            positions=spec.parallelism.cp > 1))
+                            positions=spec.parallelism.cp > 1, micro_batch=micro_batch))
 
 
 def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: LossFn) -> ContextParallel | None:

@@ -21,6 +21,10 @@ Contract for models to pipeline: the top-level forward is fx-traceable with the 
 data-dependent Python control flow at top level). A weight tied across chunks (GPT's embedding and LM head)
 stays one parameter within a rank; across ranks each holds a copy kept equal by autopar.runtime.tied.
 The model may be on the meta device: chunks are split before any storage exists.
+
+A Hugging Face model's forward reads Python values fx cannot trace (its masks, its configuration's branches): its
+chunks are the model's own module tree with other chunks' layers standing in (autopar.runtime.stages), run by the
+same schedules.
 """
 from __future__ import annotations
 
@@ -57,9 +61,42 @@ class _LayerLeafTracer(torch.fx.Tracer):
 
 
 def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int], *,
-                positions: bool = False) -> dict[int, torch.fx.GraphModule]:
+                positions: bool = False, micro_batch: tuple[torch.Tensor, ...] | None = None) -> dict[int, nn.Module]:
     """The chunk modules with the given indices (those of this pipeline rank). ``positions``: the model's forward
-    is traced taking its ``positions`` argument (context parallelism), else with it left at None."""
+    is traced taking its ``positions`` argument (context parallelism), else with it left at None.
+    ``micro_batch``: one micro-batch of the inputs (tokens and positions under cp), which a Hugging Face model
+    runs once on meta to find what crosses each cut (autopar.runtime.stages)."""
+    if is_hf(model):
+        if micro_batch is None:
+            raise AutoparError("pipelining a Hugging Face model needs a micro-batch of its inputs (shapes only)")
+        from autopar.runtime.stages import split_modules
+
+        inputs, where = (micro_batch[:-1], micro_batch[-1]) if positions else (micro_batch, None)
+        return split_modules(model, layers, chunks, inputs, positions=where)
+    return _split_traced(model, layers, chunks, positions)
+
+
+def is_hf(model: nn.Module) -> bool:
+    """A Hugging Face model (autopar.capture.hf.HFModel): split into module stages, not by fx."""
+    from autopar.capture.hf import HFModel
+
+    return isinstance(model, HFModel)
+
+
+def micro_batch_of(example_inputs: Callable[[int, int], tuple], spec: RunPlan) -> tuple[torch.Tensor, ...]:
+    """One micro-batch as a pipeline's first stage receives it: the model file's inputs at the plan's micro-batch
+    size, each sequence's local ``seq_len / cp`` tokens and their positions under context parallelism."""
+    p = spec.parallelism
+    inputs = tuple(example_inputs(p.micro_batch_size, spec.model.seq_len))
+    if p.cp == 1:
+        return inputs
+    local = spec.model.seq_len // p.cp
+    return (inputs[0][:, :local], torch.arange(local).expand(p.micro_batch_size, local))
+
+
+def _split_traced(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int],
+                  positions: bool) -> dict[int, nn.Module]:
+    """The fx chunks of a model whose top-level forward traces with its layers as leaves (module docstring)."""
     unit_layer = {unit: i for i, layer in enumerate(layers) for unit in layer.units}
     try:
         graph = _trace(model, set(unit_layer), positions)
@@ -134,16 +171,18 @@ def split_model(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: l
 
 
 def check_launch(spec: RunPlan, source: str) -> None:
-    """Before torchrun: a pipelined plan's model splits into its chunks (on meta: the trace only). A Hugging
-    Face model's forward does not trace with its layers as leaves: one line saying so, not one per rank."""
+    """Before torchrun: a pipelined plan's model splits into its chunks (on meta: the trace, or a Hugging Face
+    model's forward once); one line if it does not, not one per rank."""
     if spec.num_chunks == 1:
         return
     from autopar.capture import load_spec
     from autopar.runtime.init import build_meta
 
-    model = build_meta(load_spec(source, spec.model.overrides).build)
+    loaded = load_spec(source, spec.model.overrides)
+    model = build_meta(loaded.build)
     try:
-        split_model(model, spec.layers, list(range(spec.num_chunks)), positions=spec.parallelism.cp > 1)
+        split_model(model, spec.layers, list(range(spec.num_chunks)), positions=spec.parallelism.cp > 1,
+                    micro_batch=micro_batch_of(loaded.example_inputs, spec))
     except AutoparError as err:
         raise AutoparError(f"{err}; re-plan with --pp 1") from None
 
@@ -204,20 +243,31 @@ class PipelineInputs:
 
 def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: Meshes,
                    loss_fn: Callable[..., torch.Tensor]) -> tuple[Any, bool, bool]:
-    """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last)."""
+    """PipelineStages of this rank's chunks and the plan's schedule. Returns (schedule, has_first, has_last).
+
+    The schedules leave gradients summed over the micro-batches (``scale_grads=False``): torch scales each stage's
+    parameters, so a weight two chunks of one rank share (T5's embedding, on the chunks of its encoder and of its
+    decoder) would be divided twice; ``ParallelModel`` divides every parameter once (``mean_over_microbatches``)."""
     p = spec.parallelism
     stages = [_Stage(module, c, spec.num_chunks, meshes.device, group=meshes.pp_group)
               for c, module in sorted(chunk_modules.items())]
     m = p.num_microbatches
     schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if p.schedule == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=False)
     elif p.schedule == "gpipe" or m < p.pp:
         # torch's Schedule1F1B refuses fewer micro-batches than stages; Megatron's 1F1B then warms up with all of
         # them on the first stages (GPipe's order there; later stages hold fewer): the same gradients
-        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+        schedule = ScheduleGPipe(stages[0], m, loss_fn=loss_fn, scale_grads=False)
     else:
-        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+        schedule = Schedule1F1B(stages[0], m, loss_fn=loss_fn, scale_grads=False)
     has_first = any(s.is_first for s in stages)
     has_last = any(s.is_last for s in stages)
     return schedule, has_first, has_last
+
+
+def mean_over_microbatches(parameters: list[nn.Parameter], microbatches: int) -> None:
+    """The gradients a schedule summed over its micro-batches, divided once each: the step's mean."""
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.div_(microbatches)

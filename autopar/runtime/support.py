@@ -6,12 +6,13 @@ before torchrun (no process group, no storage), and a feature the runtime refuse
 with the launcher's one-line reason as a note on the plan. Other engines (``--engine megatron`` …) run their
 own code and are searched in full.
 
-The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp), ``tp`` (no replicated
-projection feeds the sharded heads directly: autopar.runtime.train.model_layers), ``sequence_parallel``
-(a Hugging Face model reads the sequence length from its sharded embeddings; every layer has a
-tensor-parallel pattern), ``cp`` (one token-id input, a
-``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp) and ``ep``
-(the MoE modules follow the expert contract: autopar.runtime.ep).
+The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp, or a Hugging Face
+model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
+directly: autopar.runtime.train.model_layers), ``sequence_parallel`` (every model: autopar.runtime.sequence),
+``cp`` (one token-id input, a ``positions`` argument, a next-token loss, attention without an explicit mask:
+autopar.runtime.cp), ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers'
+experts layout: autopar.runtime.hf_experts) and ``etp`` above 1 (not transformers' experts, whose gate and up rows
+share one weight).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from autopar.errors import AutoparError
 
-FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep")
+FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep", "etp")
 
 
 def unsupported(profile: Any) -> dict[str, str]:
@@ -33,7 +34,7 @@ def unsupported(profile: Any) -> dict[str, str]:
     model = build_meta(loaded.build)  # no check changes it: a trace, a forward on meta, a look at modules
     out: dict[str, str] = {}
     for feature, check in (("pp", _pipeline), ("tp", _tensor), ("sequence_parallel", _sequence_parallel),
-                           ("cp", _context), ("ep", _experts)):
+                           ("cp", _context), ("ep", _experts), ("etp", _expert_tp)):
         try:
             check(profile, loaded, model)
         except AutoparError as err:
@@ -42,7 +43,10 @@ def unsupported(profile: Any) -> dict[str, str]:
 
 
 def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
-    """Two chunks at the middle layer: the split needs only the top-level trace, wherever the cut falls."""
+    """Two chunks at the middle layer: the split needs only the top-level trace (or a Hugging Face model's layers
+    called in plan order), wherever the cut falls. On a copy: a Hugging Face split stands layers in for others."""
+    import copy
+
     from autopar.plan import LayerAssignment
     from autopar.runtime.pp import split_model
 
@@ -51,7 +55,7 @@ def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
     half = len(profile.layers) // 2
     layers = tuple(LayerAssignment(name=layer.name, stage=int(i >= half), tp=1)
                    for i, layer in enumerate(profile.layers))
-    split_model(model, layers, [0, 1])
+    split_model(copy.deepcopy(model), layers, [0, 1], micro_batch=tuple(loaded.example_inputs(1, profile.seq_len)))
 
 
 def replan(check: Callable[[Any], None], arg: Any, change: str) -> None:
@@ -64,19 +68,14 @@ def replan(check: Callable[[Any], None], arg: Any, change: str) -> None:
 
 def check_heads(layers: Any) -> None:
     """A replicated linear feeding the sharded heads directly (DeepSeek's latent KV projection, whose rotary key
-    all heads share) needs its gradient summed over tp on that path only, which the runtime does not do."""
+    all heads share) needs its gradient summed over tp on the features that do (autopar.runtime.latent): capture
+    must have found them."""
     for layer in layers:
-        if layer.tp.shared_feeders:
-            raise AutoparError(f"layer {layer.name}: {', '.join(layer.tp.shared_feeders)} stays whole on every tp "
-                               "rank but feeds the sharded heads directly (a rotary key all heads share), whose "
-                               "gradient the runtime does not sum over tp")
-
-
-def check_source(source: str) -> None:
-    """Sequence parallelism: not for a Hugging Face config (a model file is .py)."""
-    if Path(source).suffix == ".json":
-        raise AutoparError("sequence parallelism runs models whose forward reads the sequence length from its "
-                           "inputs; a Hugging Face model reads it from its embeddings' output, which it shards")
+        unknown = [rel for rel in layer.tp.shared_feeders if rel not in layer.tp.shared_columns]
+        if unknown:
+            raise AutoparError(f"layer {layer.name}: {', '.join(unknown)} stays whole on every tp rank but feeds the "
+                               "sharded heads directly, and capture did not find which of its features do (a split "
+                               "on the features): the runtime cannot sum their gradient over tp")
 
 
 def check_attention(profile: Any) -> None:
@@ -90,14 +89,18 @@ def _tensor(profile: Any, loaded: Any, model: Any) -> None:
 
 
 def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
-    check_source(profile.source)
-    check_sequence_shards(profile.layers)
+    """Every Hugging Face model runs it: its layers take the whole sequence where its glue or a layer without a
+    tensor-parallel pattern needs it (autopar.runtime.sequence). A model file's layers must each take a shard
+    (check_sequence_shards); a pattern that does not divide a plan's degree is the launcher's per-plan check
+    (autopar.runtime.train.model_layers)."""
+    if Path(profile.source).suffix != ".json":
+        check_sequence_shards(profile.layers)
 
 
 def check_sequence_shards(layers: Any) -> None:
-    """Sequence parallelism hands every layer a shard of the sequence; a layer without a tensor-parallel pattern
-    (a convolution stem, a layer of its own kind) runs whole on each tp rank and cannot take one (what the
-    launcher refuses: autopar.runtime.train)."""
+    """Sequence parallelism hands every layer of a model file a shard of the sequence; a layer without a
+    tensor-parallel pattern (a convolution stem, a layer of its own kind) runs whole on each tp rank and cannot
+    take one (what the launcher refuses: autopar.runtime.train)."""
     whole = [layer.name for layer in layers if not layer.tp.plan]
     if whole:
         more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
@@ -127,3 +130,14 @@ def _experts(profile: Any, loaded: Any, model: Any) -> None:
                 raise AutoparError(f"layer {unit}: the runtime does not find the experts capture priced")
             moe, experts, info = found
             check_moe_module(unit, moe, experts, info.num_experts)
+
+
+def _expert_tp(profile: Any, loaded: Any, model: Any) -> None:
+    from autopar.runtime.ep import moe_modules
+    from autopar.runtime.hf_experts import check_hf_etp, is_hf_experts
+
+    for layer in profile.layers:
+        for unit in layer.name.split("+") if layer.moe is not None else ():
+            found = moe_modules(model.get_submodule(unit))
+            if found is not None and is_hf_experts(found[1]):
+                check_hf_etp(unit, 2)

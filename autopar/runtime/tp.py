@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -39,8 +39,30 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
+from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes
+from autopar.runtime.sequence import column_parents
 from autopar.runtime.wrap import forward_within
+
+
+class ProjectionNorm(ParallelStyle):
+    """A norm over a column-parallel projection's whole output (OLMo-2's and Cohere's q/k norms): its weight sharded
+    like the projection's output features, its input this rank's features as a DTensor sharded on the last
+    dimension, so DTensor computes the statistics over tp (the mean of squares a partial sum, all-reduced) and the
+    output is this rank's features again (its heads)."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        def partition(name: str, mod: nn.Module, mesh: Any) -> None:
+            for key, param in list(mod.named_parameters(recurse=False)):
+                shard = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]), requires_grad=param.requires_grad)
+                mod.register_parameter(key, shard)
+
+        def to_dtensor(mod: nn.Module, inputs: tuple, mesh: Any) -> tuple:
+            x = inputs[0]
+            return (DTensor.from_local(x, mesh, [Shard(x.dim() - 1)], run_check=False), *inputs[1:])
+
+        return distribute_module(module, device_mesh, partition, to_dtensor,
+                                 lambda mod, out, mesh: out.to_local())
 
 
 class _VocabParallelEmbedding(RowwiseParallel):
@@ -134,18 +156,28 @@ def _clearing(forward: Callable, shared: _SharedInput) -> Callable:
 
 
 def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str], *, sequence_parallel: bool,
-                 loss_parallel: bool, shared: _SharedInput | None = None) -> dict[str, ParallelStyle]:
+                 loss_parallel: bool, shared: _SharedInput | None = None,
+                 whole_embeddings: bool = False) -> dict[str, ParallelStyle]:
     """Module FQN -> ParallelStyle for one layer, from the capture's relative plan. Column-parallel
-    linears inside the layer share their input redistribution through ``shared`` when given."""
+    linears inside the layer share their input redistribution through ``shared`` when given.
+    ``whole_embeddings``: embeddings hand on the whole sequence under sequence parallelism (a Hugging Face
+    model's glue reads it: autopar.runtime.sequence)."""
     seq_in = Shard(1) if sequence_parallel else Replicate()
     styles: dict[str, ParallelStyle] = {}
     for rel, style in plan.items():
-        fqn = _resolve(model, layer, rel)
+        fqn = resolve(model, layer, rel)
         module = model.get_submodule(fqn)
         whole_layer = rel == ""
+        if style.startswith(SHARED):  # a replicated linear feeding the heads: autopar.runtime.latent
+            continue
         if style == "sequence_parallel":
-            if sequence_parallel:  # a whole-layer norm hands a plain local shard to the next layer / stage
-                styles[fqn] = SequenceParallel(use_local_output=whole_layer)
+            # a whole-layer norm hands a plain local shard to the next layer / stage; in a Hugging Face attention
+            # or MLP a norm between projections (MLA's kv_a_layernorm) sees the whole sequence: it runs plain
+            inner = whole_embeddings and any(rel.startswith(parent + ".") for parent in column_parents(plan))
+            if sequence_parallel and not inner:
+                styles[fqn] = SequenceParallel(use_local_output=whole_layer or whole_embeddings)
+        elif style == "projection_norm":
+            styles[fqn] = ProjectionNorm()
         elif style == "head_norm":  # a norm over each of this rank's heads: its weight's gradient summed over tp
             styles[fqn] = SequenceParallel(sequence_dim=-2, use_local_output=True)
         elif style == "colwise":
@@ -159,7 +191,8 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
                 styles[fqn] = ColwiseParallel(input_layouts=seq_in)
         elif style == "rowwise":
             if isinstance(module, nn.Embedding):
-                styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate()) if sequence_parallel
+                styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate())
+                               if sequence_parallel and not whole_embeddings
                                else _VocabParallelEmbedding(input_layouts=Replicate(), output_layouts=Replicate()))
             else:
                 styles[fqn] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
@@ -168,7 +201,7 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
     return styles
 
 
-def _resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
+def resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
     """The FQN of a plan entry: relative to the layer's unit that has it (merged layers have several)."""
     for unit in layer.units:
         fqn = f"{unit}.{rel}" if rel else unit
@@ -182,8 +215,10 @@ def _resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
 
 
 def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]], meshes: Meshes, *,
-             sequence_parallel: bool, loss_parallel: bool) -> None:
-    """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights."""
+             sequence_parallel: bool, loss_parallel: bool, whole_embeddings: bool = False) -> None:
+    """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights.
+    ``whole_embeddings``: a Hugging Face model under sequence parallelism (autopar.runtime.sequence places its
+    sequence blocks; here the embeddings keep the whole sequence)."""
     ties = _tied_parameters(model)
     last = layers[-1] if layers else None
     for layer in layers:
@@ -191,14 +226,15 @@ def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, d
             continue
         shared = _SharedInput()
         styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sequence_parallel,
-                              loss_parallel=loss_parallel and layer is last, shared=shared)
+                              loss_parallel=loss_parallel and layer is last, shared=shared,
+                              whole_embeddings=whole_embeddings)
         if styles:
             parallelize_module(model, meshes.layer_mesh(layer.tp)["tp"], styles)
         if any(isinstance(style, _SharedInputColwise) for style in styles.values()):
             for unit in layer.units:
                 module = model.get_submodule(unit)
                 module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
-        if sequence_parallel and styles:
+        if sequence_parallel and styles and not whole_embeddings:
             for unit in layer.units:
                 model.get_submodule(unit).register_forward_pre_hook(
                     _sequence_sharded_inputs(meshes.layer_mesh(layer.tp)["tp"]))

@@ -19,9 +19,10 @@ from autopar.errors import AutoparError
 from autopar.plan import RunPlan
 from autopar.runtime import init as init_mod
 from autopar.runtime.data import Batches, SyntheticBatches
+from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
 from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
-from autopar.runtime.support import check_attention, check_heads, check_source, replan
+from autopar.runtime.support import check_attention, check_heads, replan
 
 
 @dataclasses.dataclass
@@ -71,19 +72,20 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
         check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
     if spec.parallelism.cp > 1:
         replan(check_attention, profile, "cp 1")
-    if spec.parallelism.sequence_parallel and any(layer.tp > 1 for layer in spec.layers):
-        replan(check_source, source, "--no-sequence-parallel")
     by_name = {layer.name: layer for layer in profile.layers}
     for layer in spec.layers:
         captured = by_name[layer.name]
+        # the plan's entries whatever this plan's degree (a loaded model serves several plans)
+        plans[layer.name] |= {rel: f"{SHARED} {start} {stop}" for rel, (start, stop) in captured.tp.shared_columns.items()}
         if layer.tp > 1:
             replan(check_heads, [captured], "--tp 1")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an
         # unpadded vocabulary): the layer runs whole on each of its tp ranks, as the cost model prices it
-        # (cost_models.model.is_tp_sharded); not under sequence parallelism, which hands it a shard of the sequence
-        if spec.parallelism.sequence_parallel:
+        # (cost_models.model.is_tp_sharded); under sequence parallelism only in a Hugging Face model, whose layers
+        # take the whole sequence where they need it (autopar.runtime.sequence)
+        if spec.parallelism.sequence_parallel and Path(source).suffix != ".json":
             raise AutoparError(f"layer {layer.name} has no tensor-parallel pattern for tp {layer.tp}: it runs whole "
                                "on each tp rank and cannot take sequence shards; re-plan with "
                                "--no-sequence-parallel")

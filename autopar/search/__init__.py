@@ -181,7 +181,7 @@ def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins,
                       "runs"]
     from autopar.runtime.support import unsupported  # builds the model on meta: imports torch
 
-    off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1}
+    off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1, "etp": 1}
     limits = unsupported(profile)
     fixed, notes = {}, []
     for feature, why in limits.items():

@@ -23,8 +23,8 @@ GPT = str(ROOT / "examples" / "gpt.py")
 BLOCKS = 8
 TARGETS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", "sagemaker"]
 # Every target and every older dialect (TARGET@VERSION) the exporters write.
-SPECS = ["megatron", "nemo", "bionemo", "deepspeed", "lightning", "torchtitan", "torchtitan@0.2", "sagemaker",
-         "sagemaker@v1"]
+SPECS = ["megatron", "nemo", "nemo@2.4", "bionemo", "deepspeed", "lightning", "torchtitan", "torchtitan@0.2",
+         "sagemaker", "sagemaker@2", "sagemaker@smp1"]
 MEGATRON_LM = DATA / "megatron_lm_core_v0.16.1"
 
 
@@ -58,6 +58,13 @@ def as_fp16(plan: Plan) -> Plan:
     raw = plan.model_dump()
     raw["model"]["dtype"], raw["parallelism"]["precision"] = "fp16", "amp-fp16"
     return Plan.model_validate(raw)
+
+
+def with_dialects(expected: dict[str, dict[str, list[str]]]) -> dict[str, dict[str, list[str]]]:
+    """Warning tables with the dialects that warn as another spec does filled in: SDK 2's smp v2 as SDK 3's."""
+    for table in expected.values():
+        table.setdefault("sagemaker@2", table["sagemaker"])
+    return expected
 
 
 def assert_warnings(warnings: tuple[str, ...], expected: list[str]) -> None:
@@ -127,8 +134,11 @@ def titan_config(plan: Plan, target: str = "torchtitan") -> dict:
 
 
 def smp_parameters(plan: Plan, target: str = "sagemaker") -> tuple[dict, dict]:
-    """(estimator arguments, smp parameters) of a SageMaker export."""
-    estimator = json.loads(export(plan, target).text)["estimator"]
+    """(estimator arguments, or SDK 3's ModelTrainer keywords; smp parameters) of a SageMaker export."""
+    doc = json.loads(export(plan, target).text)
+    if "model_trainer" in doc:
+        return doc["model_trainer"], doc["model_trainer"]["distributed"]["smp"]
+    estimator = doc["estimator"]
     return estimator, estimator["distribution"]["smdistributed"]["modelparallel"]["parameters"]
 
 
@@ -155,24 +165,42 @@ def numbers_in(plan: Plan, target: str) -> dict:
         return dict(tp=tp, pp=pp, dp=dp, micro=micro, global_=glob, microbatches=glob // (micro * dp),
                     seq=int(a["--seq-length"]), sp="--sequence-parallel" in a,
                     zero1="--use-distributed-optimizer" in a, bf16="--bf16" in a, fp16="--fp16" in a)
-    if target in ("nemo", "bionemo"):
+    if target == "nemo":  # Megatron-Bridge: data parallelism = world / (tp × pp × cp), as Megatron-LM
+        cfg = yaml.safe_load(text)
+        m, tr = cfg["model"], cfg["train"]
+        tp, pp = m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"]
+        dp = plan.world_size // (tp * pp * m["context_parallel_size"])
+        return dict(tp=tp, pp=pp, dp=dp, micro=tr["micro_batch_size"], global_=tr["global_batch_size"],
+                    microbatches=tr["global_batch_size"] // (tr["micro_batch_size"] * dp), seq=m["seq_length"],
+                    sp=m["sequence_parallel"], bf16=cfg["mixed_precision"] == "bf16_mixed",
+                    fp16=cfg["mixed_precision"] == "fp16_mixed")
+    if target == "nemo@2.4":
         cfg = yaml.safe_load(text)
         t, m = cfg["trainer"], cfg["model"]
         tp, pp = m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"]
         world = t["devices"] * t["num_nodes"]
-        # the accumulation NeMo derives from global_batch_size; BioNeMo's formula must agree with it
         derived = m["global_batch_size"] // (m["micro_batch_size"] * world // (tp * pp))
-        if target == "bionemo":
-            assert m["micro_batch_size"] * world * t["accumulate_grad_batches"] // (tp * pp) == m["global_batch_size"]
-        assert t["accumulate_grad_batches"] == (derived if target == "bionemo" else 1)
+        assert t["accumulate_grad_batches"] == 1  # MegatronGPTModel accumulates in training_step
         return dict(tp=tp, pp=pp, dp=world // (tp * pp), micro=m["micro_batch_size"], global_=m["global_batch_size"],
                     microbatches=derived, seq=m["encoder_seq_length"], sp=m["sequence_parallel"],
                     bf16=t["precision"] == "bf16-mixed", fp16=t["precision"] == "16-mixed")
+    if target == "bionemo":  # BioNeMo's infer_global_batch_size: micro × world / (tp × pp) × accumulate
+        cfg = yaml.safe_load(text)
+        par, data = cfg["parallel_config"], cfg["data_config"]
+        tp, pp = par["tensor_model_parallel_size"], par["pipeline_model_parallel_size"]
+        dp = par["num_devices"] * par["num_nodes"] // (tp * pp)
+        precision = cfg["training_config"]["precision"]
+        return dict(tp=tp, pp=pp, dp=dp, micro=data["micro_batch_size"], seq=data["seq_length"],
+                    microbatches=par["accumulate_grad_batches"],
+                    global_=data["micro_batch_size"] * dp * par["accumulate_grad_batches"],
+                    bf16=precision == "bf16-mixed", fp16=precision == "16-mixed")
     if target == "deepspeed":
         cfg = json.loads(text)
         micro, acc = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
-        return dict(tp=cfg.get("tensor_parallel", {}).get("autotp_size", 1), micro=micro, microbatches=acc,
-                    global_=cfg["train_batch_size"], dp=cfg["train_batch_size"] // (micro * acc),
+        tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+        counted = tp if plan.parallelism.pp == 1 else 1  # no mpu: DeepSpeed counts the tensor-parallel ranks (warned)
+        return dict(tp=tp, micro=micro, microbatches=acc, global_=cfg["train_batch_size"] // counted,
+                    dp=cfg["train_batch_size"] // (micro * acc * counted),
                     zero_stage=cfg["zero_optimization"]["stage"], bf16=cfg.get("bf16", {}).get("enabled", False),
                     fp16=cfg.get("fp16", {}).get("enabled", False))
     if target == "lightning":
@@ -198,14 +226,17 @@ def numbers_in(plan: Plan, target: str) -> dict:
                     sp=par.get("enable_sequence_parallel", par["tensor_parallel_degree"] > 1))
     cfg, params = smp_parameters(plan, target)
     hp = cfg["hyperparameters"]
-    if target == "sagemaker@v1":
+    if target == "sagemaker@smp1":
         world = cfg["instance_count"] * cfg["distribution"]["mpi"]["processes_per_host"]
         tp, pp = params["tensor_parallel_degree"], params["pipeline_parallel_degree"]
         assert hp["accumulation_steps"] == params["microbatches"]
         return dict(tp=tp, pp=pp, dp=world // (tp * pp), micro=hp["micro_batch_size"], seq=hp["seq_len"],
                     microbatches=params["microbatches"], global_=hp["global_batch_size"],
                     sp=params["optimize"] == "memory", bf16=params.get("bf16", False), fp16=params.get("fp16", False))
-    world = cfg["instance_count"] * 8  # every instance type the export names has 8 GPUs
+    if "compute" in cfg:  # SDK 3: ModelTrainer(compute=Compute(...), distributed=Torchrun(...))
+        world = cfg["compute"]["instance_count"] * cfg["distributed"]["process_count_per_node"]
+    else:
+        world = cfg["instance_count"] * 8  # every instance type the export names has 8 GPUs
     tp = params["tensor_parallel_degree"]
     return dict(tp=tp, pp=1, dp=world // tp, micro=hp["micro_batch_size"], microbatches=hp["accumulation_steps"],
                 global_=hp["global_batch_size"], seq=hp["seq_len"], world=world,
@@ -242,8 +273,9 @@ TITAN_REGISTRY = '''def autopar_default():
 '''
 
 
-def titan_0_3_config(plan, tmp_path: Path, monkeypatch):
-    """torchtitan 0.3's ConfigManager on the plan's overrides (skips where torchtitan 0.3 cannot be imported)."""
+def titan_0_3_config(plan, tmp_path: Path, monkeypatch, module: str | None = None):
+    """torchtitan 0.3's ConfigManager on the plan's overrides (skips where torchtitan 0.3 cannot be imported), over a
+    config returning the trainer's defaults, or torchtitan's own ``module``'s debug model config (llama3, ...)."""
     titan = pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan)")
     if (Path(titan.__file__).parent / "config" / "job_config.py").exists():
         pytest.skip("the installed torchtitan is 0.2 (its tests are the 0.2 TOML ones)")
@@ -255,7 +287,9 @@ def titan_0_3_config(plan, tmp_path: Path, monkeypatch):
     (tmp_path / "autopar_titan_registry.py").write_text(TITAN_REGISTRY)
     monkeypatch.syspath_prepend(str(tmp_path))
     _, words = bash_array(export(plan, "torchtitan").text, "TORCHTITAN_ARGS")
-    return ConfigManager().parse_args(["--module", "autopar_titan_registry", "--config", "autopar_default", *words])
+    base = ["--module", module, "--config", f"{module}_debugmodel"] if module else \
+        ["--module", "autopar_titan_registry", "--config", "autopar_default"]
+    return ConfigManager().parse_args([*base, *words])
 
 
 def sagemaker_sdk():

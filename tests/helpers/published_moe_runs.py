@@ -98,6 +98,7 @@ class PublishedRun:
     routing: str = "-"
     precision: str = "bf16"
     cp_comm: str = "ring"            # Megatron-Core's default cp_comm_type p2p; torchtitan's allgather rotation
+    grouped_gemm: bool | None = None  # the experts as one grouped GEMM (--moe-grouped-gemm); None: the engine's
     features: tuple[str, ...] = ()   # what else ran: overlaps, CUDA graphs, compile, ...
     missing: tuple[str, ...] = ()    # decisions autopar cannot express yet (the row is flagged)
     memory_gib: float | None = None
@@ -146,6 +147,8 @@ class PublishedRun:
                 self.dispatcher if self.dispatcher in ("alltoall", "allgather") else "alltoall"
             if "EP A2A overlap" in listed:
                 out["moe_overlap"] = True
+            if self.grouped_gemm is not None:
+                out["moe_grouped_gemm"] = self.grouped_gemm
             if self.routing == "forced":
                 out["moe_imbalance"] = 1.0
         return out
@@ -471,10 +474,11 @@ FLAGPERF_RUNS = [
         source=f"{FLAGPERF} training/nvidia/mixtral_8x7B-megatron/README.md ('性能指标' table) with "
                "config/config_H100x4x8.py and training/benchmarks/mixtral_8x7B/megatron/megatron_main.sh",
         zero=1, sequence_parallel=True, recompute="selective", dispatcher="allgather", routing="aux-loss",
-        missing=(), memory_gib=75 * 1e9 / 2**30,
+        grouped_gemm=False, missing=(), memory_gib=75 * 1e9 / 2**30,
         notes=("EP 1 as the README states (PP2DP2EP1TP8); the script's --expert-model-parallel-size 8 cannot run at "
                "dp 2 (Megatron-Core core_v0.6.0 parallel_state.py: dp must be a multiple of ep)",
                "dispatcher: Megatron-Core 0.6's default (allgather); the experts run tensor-parallel over tp 8",
+               "experts as Megatron-Core's SequentialMLP, a loop: megatron_main.sh passes no --moe-grouped-gemm",
                "memory '75/80' read as GB")),
     PublishedRun(
         "Llama 3 70B, 64 H100, TP8 PP4, 8K (FlagPerf)", model="llama-3-70b", seq=8192, gpus=64, global_batch=512,

@@ -286,6 +286,9 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
         op = event.key.removeprefix("_c10d_functional::")
         if event.key.startswith("_c10d_functional::") and op in names:
             counts[names[op]] += event.count
+    # the experts' kernels: grouped GEMMs (transformers' experts under ep), a per-expert loop's one_hot
+    counts["grouped_mm"] = sum(e.count for e in prof.key_averages() if e.key == "aten::_grouped_mm")
+    counts["one_hot"] = sum(e.count for e in prof.key_averages() if e.key == "aten::one_hot")
     # every all-to-all sent (functional or not); one run under a dispatch mode (recomputation) nests two events
     counts["all_to_all"] = sum(1 for event in prof.events() if event.name == "c10d::alltoall_base_"
                                and not _nested_in(event, "c10d::alltoall_base_"))
@@ -395,11 +398,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
+    parser.add_argument("--plans", default="", help="a JSON file of {shape: plan} to run instead (tests/helpers/"
+                        "hf_families.py: Hugging Face families)")
     args = parser.parse_args()
     device = init_distributed()
     world = dist.get_world_size()
-    todo = shapes(world)
-    scale = list(SCALE_CHECKS) if world == 4 else []
+    todo = json.loads(Path(args.plans).read_text()) if args.plans else shapes(world)
+    scale = list(SCALE_CHECKS) if world == 4 and not args.plans else []
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
         scale = [k for k in scale if k in args.only.split(",")]

@@ -37,19 +37,20 @@ SOLVES = {
     2: [("gpt", "free"), ("gpt", "pp2_1f1b"), ("gpt", "pp2_interleaved"), ("gpt", "tp2"), ("gpt", "offload"),
         ("llama", "tp2_sp"), ("llama", "cp2"), ("llama", "dp2_zero2"), ("llama", "pp2_gpipe"),
         ("encdec", "tp2_sp"), ("encdec", "tp2"), ("encdec", "pp2_interleaved"),
-        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2")],
+        ("moe-deepseek", "ep2"), ("moe-mixtral", "cp2_ep2"),
+        ("hf/llama-3-8b", "tp2_sp"), ("hf/llama-3-8b", "pp2_interleaved"), ("hf/mixtral-8x7b-v0.1", "ep2")],
     4: [("gpt", "tp2_pp2"), ("llama", "tp2_dp2_sp_zero3"), ("encdec", "tp2_pp2"), ("moe-mixtral", "cp2_tp2"),
         ("moe-deepseek", "tp2_ep2_etp1"), ("moe-deepseek", "cp2_ep2")],
 }
 # what `autopar solve` refuses to plan for autopar's runtime, and why (the runtime cannot run it; one line): a free
 # solve leaves the feature out (autopar.search.runnable_pins), a pin on it is this error
 REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids",
-           ("hf/llama-3-8b", "pp2_1f1b"): "cannot split HFModel into pipeline stages"}
+           ("hf/mistral-7b-v0.1", "cp2"): "passes attn_mask to scaled_dot_product_attention"}
 
 
 def _variant(model: str, world: int, label: str) -> sp.Variant:
     """The sweep's solve, the free one keeping only the solver's best plan (the sweep keeps its 3 best)."""
-    variant = next(v for v in sp.variants(world, moe=model.startswith("moe")) if v.label == label)
+    variant = next(v for v in sp.variants(world, moe=model.startswith("moe") or "mixtral" in model) if v.label == label)
     return sp.Variant(variant.label, variant.pins)
 
 

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+import autopar
 from autopar.capture import capture_model, load_spec
 from autopar.cli import app
 from autopar.plan import Plan
 from cost_models import ConfigError, CostModel, comm, load_hardware, make_config
+from cost_models.compute import memory_time
 from cost_models.experts import (
     EXPERT_SPREAD_AUX_LOSS,
     DenseView,
     dispatch_time,
     expected_maximum,
     expert_cost,
+    grouped_gemm_time,
     imbalance_of,
     remote_nodes,
 )
@@ -204,3 +208,32 @@ def test_overlapped_all_to_alls_hide_behind_compute(tiny) -> None:
     assert hidden.traffic.a2a_fwd_s + hidden.traffic.a2a_bwd_s == pytest.approx(H100.overlap_penalty * total)
     none = expert_cost(layer, **common, overlap=True, hide_s=0.0)
     assert none.traffic.a2a_fwd_s + none.traffic.a2a_bwd_s < total + 1e-12
+
+
+def test_grouped_experts_run_at_the_large_gemm_rate_unless_their_operands_bound_them() -> None:
+    """A grouped GEMM's tiles come from every local expert's rows: Qwen3-30B-A3B-sized experts (hidden 2048, ffn
+    768, gated) with 4096 rows each run at the profile's large-GEMM efficiency, rows padded to whole tiles (1000
+    rows cost 1024); with one row each the eight experts' weights, read once, bound the kernel instead."""
+    moe = SimpleNamespace(hidden_size=2048, expert_ffn_size=768, expert_fwd_flops_per_token=6 * 2048 * 768)
+    top = max(e for _, e in H100.gemm_efficiency.points)
+    projections = 2048 * 1536 + 768 * 2048  # gate and up fused, then down
+    full = grouped_gemm_time(moe, rows_each=4096, local_experts=8, etp=1, hw=H100, dtype="bf16", dtype_bytes=2)
+    assert full == pytest.approx(2 * 4096 * projections * 8 / (H100.peak("bf16") * top))
+    padded = grouped_gemm_time(moe, rows_each=1000, local_experts=8, etp=1, hw=H100, dtype="bf16", dtype_bytes=2)
+    assert padded == pytest.approx(full * 1024 / 4096)
+    one = grouped_gemm_time(moe, rows_each=1, local_experts=8, etp=1, hw=H100, dtype="bf16", dtype_bytes=2)
+    operands = 2 * 8 * (2048 * (1 + 1536) + 1536 + 768 * (1 + 2048) + 2048)  # bf16: x, W and y of each projection
+    assert one == pytest.approx(memory_time(2 * 8 * (2048 + 1536 + 2048 * 1536), H100)
+                                + memory_time(2 * 8 * (768 + 2048 + 768 * 2048), H100))
+    assert memory_time(operands, H100) > 2 * 128 * projections * 8 / (H100.peak("bf16") * top)
+
+
+def test_the_grouped_gemm_decision_prices_the_loop_it_names() -> None:
+    """moe_grouped_gemm false under the megatron engine prices Megatron-Core's SequentialMLP (a GEMM per expert at
+    its own rows, the per-token efficiency of one expert); the engine's default is its grouped GEMM."""
+    common = dict(gpus=4, tp=1, pp=1, ep=4, micro_batch_size=1, global_batch_size=4, gpu="h100-80gb",
+                  engine="megatron", overrides=TINY, seq_len=SEQ, recompute="none")
+    grouped = autopar.estimate(str(EX / "moe.py"), **common)
+    loop = autopar.estimate(str(EX / "moe.py"), **common, moe_grouped_gemm=False)
+    assert grouped.parallelism.moe_grouped_gemm is None and loop.parallelism.moe_grouped_gemm is False
+    assert loop.prediction.step_time_s > grouped.prediction.step_time_s

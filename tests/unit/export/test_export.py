@@ -30,52 +30,60 @@ from helpers.exports import (
     numbers_in,
     smp_parameters,
     titan_config,
+    with_dialects,
 )
 
 # Warnings each (plan, target) must give, one substring per warning, nothing else.
 _SMP2_PP = ["smp v2 has no pipeline parallelism", "sharding_strategy"]  # pp folded, FSDP sharding in the script
 _SMP1_PP = ["cluster", "auto_partition"]                                 # placement, partitions
-EXPECTED_WARNINGS = {
-    "interleaved": {"megatron": [], "nemo": [], "bionemo": [],
+_BIO_ZERO = "always runs Megatron's distributed optimizer"  # BioNeMo: ZeRO-1 only
+_BIO_RE = "no recomputation setting"
+EXPECTED_WARNINGS = with_dialects({
+    "interleaved": {"megatron": [], "nemo": [], "nemo@2.4": [],
+                    "bionemo": ["virtual pipeline stages", "no sequence parallelism", _BIO_RE],
                     "deepspeed": ["PipelineModule", "sequence parallelism", "selective"],
                     "lightning": ["no pipeline parallelism", "configure_model", "SequenceParallel", "recomputation"],
                     "torchtitan": ["ZeRO-1", "attention-only"], "torchtitan@0.2": ["ZeRO-1", "attention-only"],
                     "sagemaker": _SMP2_PP + ["sequence-parallel parameter", "apply_activation_checkpointing"],
-                    "sagemaker@v1": _SMP1_PP + ["virtual stages", "set_activation_checkpointing"]},
-    "zero3": {"megatron": [], "nemo": [], "bionemo": [], "deepspeed": [], "lightning": ["recomputation"],
-              "torchtitan": [], "torchtitan@0.2": [], "sagemaker": ["apply_activation_checkpointing"],
-              "sagemaker@v1": ["set_activation_checkpointing"]},
-    "gpipe_fp16": {"megatron": ["GPipe"], "nemo": ["GPipe"], "bionemo": ["GPipe"], "deepspeed": ["PipelineModule"],
-                   "lightning": ["no pipeline parallelism"], "torchtitan": ["fp16"], "torchtitan@0.2": ["fp16"],
-                   "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
-    "offload": {"megatron": ["offload"], "nemo": ["ZeRO-2", "offload"], "bionemo": ["ZeRO-2", "offload"],
-                "deepspeed": [], "lightning": ["configure_model", "recomputation", "offload"],
+                    "sagemaker@smp1": _SMP1_PP + ["virtual stages", "set_activation_checkpointing"]},
+    "zero3": {"megatron": [], "nemo": [], "nemo@2.4": [], "bionemo": [_BIO_ZERO, _BIO_RE], "deepspeed": [],
+              "lightning": ["recomputation"], "torchtitan": [], "torchtitan@0.2": [],
+              "sagemaker": ["apply_activation_checkpointing"], "sagemaker@smp1": ["set_activation_checkpointing"]},
+    "gpipe_fp16": {"megatron": ["GPipe"], "nemo": ["GPipe"], "nemo@2.4": ["GPipe"], "bionemo": [_BIO_ZERO, "GPipe"],
+                   "deepspeed": ["PipelineModule"], "lightning": ["no pipeline parallelism"], "torchtitan": ["fp16"],
+                   "torchtitan@0.2": ["fp16"], "sagemaker": _SMP2_PP, "sagemaker@smp1": _SMP1_PP},
+    "offload": {"megatron": ["offload"], "nemo": ["offload"], "nemo@2.4": ["ZeRO-2", "offload"],
+                "bionemo": [_BIO_ZERO, _BIO_RE, "offload"], "deepspeed": ["without an mpu"],
+                "lightning": ["configure_model", "recomputation", "offload"],
                 "torchtitan": ["ZeRO-2", "offload"], "torchtitan@0.2": ["ZeRO-2", "sequence parallelism", "offload"],
                 "sagemaker": ["sharding_strategy", "sequence-parallel parameter", "apply_activation_checkpointing"],
-                "sagemaker@v1": ["ZeRO-2", "set_activation_checkpointing"]},
-    "uneven_ok": {"megatron": [], "nemo": ["evenly"], "bionemo": ["evenly"],
+                "sagemaker@smp1": ["ZeRO-2", "set_activation_checkpointing"]},
+    "uneven_ok": {"megatron": [], "nemo": [], "nemo@2.4": [], "bionemo": [_BIO_ZERO, "evenly"],
                   "deepspeed": ["PipelineModule", "without ZeRO"], "lightning": ["no pipeline parallelism"],
-                  "torchtitan": [], "torchtitan@0.2": [], "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
-    "uneven_bad": {"megatron": ["stage cut"], "nemo": ["evenly"], "bionemo": ["evenly"],
-                   "deepspeed": ["PipelineModule", "without ZeRO"], "lightning": ["no pipeline parallelism"],
-                   "torchtitan": [], "torchtitan@0.2": [], "sagemaker": _SMP2_PP, "sagemaker@v1": _SMP1_PP},
+                  "torchtitan": [], "torchtitan@0.2": [], "sagemaker": _SMP2_PP, "sagemaker@smp1": _SMP1_PP},
+    "uneven_bad": {"megatron": ["stage cut"], "nemo": ["stage cut"], "nemo@2.4": ["stage cut"],
+                   "bionemo": [_BIO_ZERO, "evenly"], "deepspeed": ["PipelineModule", "without ZeRO"],
+                   "lightning": ["no pipeline parallelism"], "torchtitan": [], "torchtitan@0.2": [],
+                   "sagemaker": _SMP2_PP, "sagemaker@smp1": _SMP1_PP},
     "layer_tp": {t: ["h.3: tp 4"] + extra for t, extra in [
-        ("megatron", []), ("nemo", []), ("bionemo", []), ("deepspeed", ["without ZeRO"]),
-        ("lightning", ["configure_model"]), ("torchtitan", []), ("torchtitan@0.2", ["sequence parallelism"]),
-        ("sagemaker", ["sharding_strategy", "sequence-parallel parameter"]), ("sagemaker@v1", [])]},
-    "recompute_block": {"megatron": [], "nemo": [], "bionemo": [],
+        ("megatron", []), ("nemo", []), ("nemo@2.4", []), ("bionemo", [_BIO_ZERO]),
+        ("deepspeed", ["without an mpu", "without ZeRO"]), ("lightning", ["configure_model"]), ("torchtitan", []),
+        ("torchtitan@0.2", ["sequence parallelism"]), ("sagemaker", ["sharding_strategy", "sequence-parallel parameter"]),
+        ("sagemaker@smp1", [])]},
+    "recompute_block": {"megatron": [], "nemo": [], "nemo@2.4": [], "bionemo": [_BIO_RE],
                         "deepspeed": ["PipelineModule", "mixes recomputation"],
                         "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
                         "torchtitan": ["ZeRO-1", "one recomputation policy"], "torchtitan@0.2": ["ZeRO-1"],
                         "sagemaker": _SMP2_PP + ["apply_activation_checkpointing"],
-                        "sagemaker@v1": _SMP1_PP + ["set_activation_checkpointing"]},
+                        "sagemaker@smp1": _SMP1_PP + ["set_activation_checkpointing"]},
     "recompute_mixed": {"megatron": ["same number of blocks"], "nemo": ["same number of blocks"],
-                        "bionemo": ["same number of blocks"], "deepspeed": ["PipelineModule", "mixes recomputation"],
+                        "nemo@2.4": ["same number of blocks"], "bionemo": [_BIO_RE],
+                        "deepspeed": ["PipelineModule", "mixes recomputation"],
                         "lightning": ["no pipeline parallelism", "recomputation", "ZeRO-1"],
                         "torchtitan": ["ZeRO-1", "one recomputation policy"], "torchtitan@0.2": ["ZeRO-1"],
                         "sagemaker": _SMP2_PP + ["apply_activation_checkpointing"],
-                        "sagemaker@v1": _SMP1_PP + ["set_activation_checkpointing"]},
-}
+                        "sagemaker@smp1": _SMP1_PP + ["set_activation_checkpointing"]},
+})
 
 
 @pytest.mark.parametrize("name", list(EXPECTED_WARNINGS))
@@ -93,7 +101,7 @@ def test_degrees_and_batch_round_trip(plans, name, target):
     want = dict(tp=par.tp, pp=par.pp, dp=par.dp, micro=par.micro_batch_size, global_=par.global_batch_size,
                 microbatches=par.num_microbatches, seq=plan.model.seq_len, sp=par.sequence_parallel,
                 bf16=plan.model.dtype == "bf16", fp16=plan.model.dtype == "fp16")
-    if target in ("lightning", "sagemaker") and par.pp > 1:  # no pipeline: its ranks become data parallel (warned)
+    if target in ("lightning", "sagemaker", "sagemaker@2") and par.pp > 1:  # no pipeline: its ranks become data parallel (warned)
         want.update(pp=1, dp=par.dp * par.pp, microbatches=par.num_microbatches // par.pp)
     if target.startswith("torchtitan"):
         want["bf16"] = plan.model.dtype != "fp32"  # fp16 becomes bfloat16 (warned about)
@@ -103,7 +111,7 @@ def test_degrees_and_batch_round_trip(plans, name, target):
     for key, value in got.items():
         if key in want:
             assert value == want[key], (key, value, want[key])
-    if target in ("lightning", "sagemaker"):
+    if target in ("lightning", "sagemaker", "sagemaker@2"):
         assert got["world"] == plan.world_size
         assert got["micro"] * par.dp * par.pp * got["microbatches"] == got["global_"]
 
@@ -145,8 +153,11 @@ def test_megatron_split():
 def test_recompute_per_block(plans):
     _, block = megatron_args(export(plans["recompute_block"], "megatron").text)  # 2 full + 2 none in each chunk
     assert (block["--recompute-method"], block["--recompute-num-layers"]) == ("block", "2")
-    nemo = yaml.safe_load(export(plans["recompute_block"], "nemo").text)["model"]
-    assert (nemo["activations_checkpoint_method"], nemo["activations_checkpoint_num_layers"]) == ("block", 2)
+    legacy = yaml.safe_load(export(plans["recompute_block"], "nemo@2.4").text)["model"]
+    assert (legacy["activations_checkpoint_method"], legacy["activations_checkpoint_num_layers"]) == ("block", 2)
+    bridge = yaml.safe_load(export(plans["recompute_block"], "nemo").text)["model"]
+    assert (bridge["recompute_granularity"], bridge["recompute_method"], bridge["recompute_num_layers"]) == \
+        ("full", "block", 2)
     _, mixed = megatron_args(export(plans["recompute_mixed"], "megatron").text)  # 3 full in chunk 0, 1 in chunk 1
     assert (mixed["--recompute-method"], mixed["--recompute-num-layers"]) == ("block", "3")
     for name in ("recompute_block", "recompute_mixed"):  # 4 of 8 blocks: every 2nd layer (0.2); 0.3: all
@@ -162,16 +173,19 @@ def test_zero_stage_per_target(plans):
         assert ("--use-distributed-optimizer" in args) == (zero > 0)
         assert args.get("--data-parallel-sharding-strategy") == {2: "optim_grads", 3: "optim_grads_params"}.get(zero)
         assert ("--use-megatron-fsdp" in args) == (zero >= 2)
-        model = yaml.safe_load(export(plan, "nemo").text)["model"]
+        model = yaml.safe_load(export(plan, "nemo@2.4").text)["model"]
         assert model.get("fsdp", False) == (zero == 3)
         assert (model["optim"]["name"] == "distributed_fused_adam") == (zero in (1, 2))
+        ddp = yaml.safe_load(export(plan, "nemo").text)["ddp"]  # Megatron-Bridge: Megatron-LM's choices
+        assert (ddp["use_distributed_optimizer"], ddp["use_megatron_fsdp"]) == (zero >= 1, zero >= 2)
+        assert ddp["data_parallel_sharding_strategy"] == ["no_shard", "optim", "optim_grads", "optim_grads_params"][zero]
         assert json.loads(export(plan, "deepspeed").text)["zero_optimization"]["stage"] == \
             (min(zero, 1) if plan.parallelism.pp > 1 else zero)
         for target in ("torchtitan", "torchtitan@0.2"):
             par = titan_config(plan, target)["parallelism"]
             assert (par["data_parallel_shard_degree"] > 1) == (zero > 0)
             assert par.get("fsdp_reshard_after_forward") == {0: None, 1: "never", 2: "never", 3: "always"}[zero]
-        params = smp_parameters(plan, "sagemaker@v1")[1]
+        params = smp_parameters(plan, "sagemaker@smp1")[1]
         assert params.get("sharded_data_parallel_degree") == (plan.parallelism.dp if zero == 3 else None)
         assert params.get("shard_optimizer_state", False) == (zero in (1, 2))
         assert smp_parameters(plan)[1].get("hybrid_shard_degree") == (plan.parallelism.dp if zero == 3 else None)
@@ -179,20 +193,22 @@ def test_zero_stage_per_target(plans):
 
 
 def test_virtual_stages_and_cut(plans):
-    nemo = yaml.safe_load(export(plans["interleaved"], "nemo").text)["model"]
-    assert nemo["virtual_pipeline_model_parallel_size"] == 2
-    for target in ("torchtitan", "torchtitan@0.2"):
+    for spec in ("nemo", "nemo@2.4"):
+        assert yaml.safe_load(export(plans["interleaved"], spec).text)["model"]["virtual_pipeline_model_parallel_size"] == 2
+        model = yaml.safe_load(export(plans["uneven_ok"], spec).text)["model"]  # [3, 2, 2, 1]
+        assert (model["num_layers_in_first_pipeline_stage"], model["num_layers_in_last_pipeline_stage"]) == (3, 1)
+    for target, head in (("torchtitan", "lm_head"), ("torchtitan@0.2", "output")):
         titan = titan_config(plans["interleaved"], target)["parallelism"]
         assert titan["pipeline_parallel_schedule"] == "Interleaved1F1B"
         parts = titan_config(plans["uneven_bad"], target)["parallelism"]["module_fqns_per_model_part"]
-        assert [sum(n.startswith("h.") for n in part) for part in parts] == [3, 1, 2, 2]
-        assert [n for part in parts for n in part] == [layer.name for layer in plans["uneven_bad"].layers]
+        assert parts == [["tok_embeddings", "layers.0", "layers.1", "layers.2"], ["layers.3"], ["layers.4", "layers.5"],
+                         ["layers.6", "layers.7", "norm", head]]  # the example GPT's wte+wpe, h.N, ln_f, lm_head
 
 
 def test_offload_settings(plans):
     ds = json.loads(export(plans["offload"], "deepspeed").text)["activation_checkpointing"]
     assert ds["cpu_checkpointing"] and ds["partition_activations"]
-    assert smp_parameters(plans["offload"], "sagemaker@v1")[1]["offload_activations"] is True
+    assert smp_parameters(plans["offload"], "sagemaker@smp1")[1]["offload_activations"] is True
     assert smp_parameters(plans["offload"])[1]["sm_activation_offloading"] is True
 
 

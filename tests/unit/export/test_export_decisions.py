@@ -38,8 +38,9 @@ CHANGES = {
     "fp8_bf16_blocks": ("gpt", {**BASE, "gpu": "h100-80gb", "fp8": "tensorwise"}, {"fp8_bf16_blocks": 0}),
     "moe_dispatcher": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_dispatcher": "flex"}),
     "moe_overlap": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_overlap": True}),
+    "moe_grouped_gemm": ("moe", {**BASE, "pp": 1, "tp": 1, "ep": 2}, {"moe_grouped_gemm": False}),
     "overlap_grad_reduce": ("gpt", BASE, {"overlap_grad_reduce": False}),
-    "overlap_param_gather": ("gpt", BASE, {"overlap_param_gather": True}),
+    "overlap_param_gather": ("gpt", BASE, {"overlap_param_gather": False}),  # None: the engine's default
     "tp_comm_overlap": ("gpt", {**BASE, "sequence_parallel": True}, {"tp_comm_overlap": True}),
     "recompute_modules": ("gpt", {**BASE, "recompute": "selective"}, {"recompute_modules": ("core_attn", "mlp")}),
 }

@@ -34,6 +34,7 @@ from helpers.exports import (
     smp_parameters,
     titan_0_3_config,
     titan_overrides,
+    with_dialects,
 )
 from helpers.frameworks import require
 
@@ -51,34 +52,38 @@ _DROPLESS = "no capacity factor"
 _TITAN_SHARD = "takes expert-parallel ranks from FSDP sharding"
 _SMP_TP = "not compatible with its tensor parallelism"
 _SMP_MOE = "MoEConfig(smp_moe=True"
+_DS_MPU = "without an mpu"                       # DeepSpeed's batch check counts AutoTP ranks
+_BIO_ZERO, _BIO_SP, _BIO_RE = "always runs Megatron's distributed optimizer", "no sequence parallelism", \
+    "no recomputation setting"
 _PP = {"deepspeed": "PipelineModule", "lightning": "no pipeline parallelism", "sagemaker": "smp v2 has no pipeline",
        "v1": ["cluster", "auto_partition"]}
-EXPECTED = {
-    "mixtral_tp_ep": {"megatron": [], "nemo": [_NEMO_ETP], "bionemo": [_NEMO_ETP],
-                      "deepspeed": ["sequence parallelism", "selective", _DROPLESS],
+EXPECTED = with_dialects({
+    "mixtral_tp_ep": {"megatron": [], "nemo": [], "nemo@2.4": [_NEMO_ETP], "bionemo": [_NO_EP, _BIO_SP, _BIO_RE],
+                      "deepspeed": [_DS_MPU, "sequence parallelism", "selective", _DROPLESS],
                       "lightning": [_NO_EP, "configure_model", "SequenceParallel", "recomputation"],
                       "torchtitan": ["ZeRO-1", "attention-only"], "torchtitan@0.2": ["ZeRO-1", "attention-only"],
                       "sagemaker": [_SMP_TP, "sharding_strategy", "sequence-parallel parameter",
                                     "apply_activation_checkpointing"],
-                      "sagemaker@v1": [_NO_EP, "set_activation_checkpointing"]},
-    "mixtral_zero0": {"megatron": [], "nemo": [], "bionemo": [], "deepspeed": ["without ZeRO", _DROPLESS],
+                      "sagemaker@smp1": [_NO_EP, "set_activation_checkpointing"]},
+    "mixtral_zero0": {"megatron": [], "nemo": [], "nemo@2.4": [], "bionemo": [_NO_EP, _BIO_ZERO],
+                      "deepspeed": ["without ZeRO", _DROPLESS],
                       "lightning": [_NO_EP], "torchtitan": [_TITAN_SHARD], "torchtitan@0.2": [_TITAN_SHARD],
-                      "sagemaker": [_SMP_MOE, "sharding_strategy"], "sagemaker@v1": [_NO_EP]},
-    "deepseek_tp_pp": {"megatron": [_SP], "nemo": [_SP], "bionemo": [_SP],
+                      "sagemaker": [_SMP_MOE, "sharding_strategy"], "sagemaker@smp1": [_NO_EP]},
+    "deepseek_tp_pp": {"megatron": [_SP], "nemo": [_SP], "nemo@2.4": [_SP], "bionemo": [_NO_EP, _BIO_RE],
                        "deepspeed": [_PP["deepspeed"], "deepspeed.moe.layer.MoE("],
                        "lightning": [_NO_EP, _PP["lightning"], "configure_model", "recomputation"],
                        "torchtitan": ["ZeRO-1", "has no expert tensor parallelism"],
                        "torchtitan@0.2": ["ZeRO-1", "always shards norms"],
                        "sagemaker": [_PP["sagemaker"], _SMP_TP, "sharding_strategy", "sequence-parallel parameter",
                                      "apply_activation_checkpointing"],
-                       "sagemaker@v1": [_NO_EP, *_PP["v1"], "set_activation_checkpointing"]},
-    "deepseek_pp": {"megatron": [], "nemo": [], "bionemo": [],
+                       "sagemaker@smp1": [_NO_EP, *_PP["v1"], "set_activation_checkpointing"]},
+    "deepseek_pp": {"megatron": [], "nemo": [], "nemo@2.4": [], "bionemo": [_NO_EP, _BIO_ZERO, _BIO_RE],
                     "deepspeed": [_PP["deepspeed"], "without ZeRO", _DROPLESS],
                     "lightning": [_NO_EP, _PP["lightning"], "recomputation"], "torchtitan": [_TITAN_SHARD],
                     "torchtitan@0.2": [_TITAN_SHARD],
                     "sagemaker": [_PP["sagemaker"], _SMP_MOE, "sharding_strategy", "apply_activation_checkpointing"],
-                    "sagemaker@v1": [_NO_EP, *_PP["v1"], "set_activation_checkpointing"]},
-}
+                    "sagemaker@smp1": [_NO_EP, *_PP["v1"], "set_activation_checkpointing"]},
+})
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -114,11 +119,13 @@ def test_megatron_flags_carry_the_experts(plans):
 
 
 def test_nemo_keys_are_megatron_core_fields(plans):
-    model = yaml.safe_load(export(plans["deepseek_tp_pp"], "nemo").text)["model"]
+    bridge = yaml.safe_load(export(plans["mixtral_tp_ep"], "nemo").text)["model"]  # Megatron-Bridge: etp too
+    assert (bridge["expert_model_parallel_size"], bridge["expert_tensor_parallel_size"]) == (4, 1)
+    model = yaml.safe_load(export(plans["deepseek_tp_pp"], "nemo@2.4").text)["model"]
     assert (model["expert_model_parallel_size"], model["num_moe_experts"], model["moe_router_topk"]) == (4, 8, 3)
     assert model["moe_layer_freq"] == [0, 1, 1, 1] and model["sequence_parallel"] is True
     assert "expert_tensor_parallel_size" not in model  # NeMo's groups use tp; the plan's etp is tp here
-    nemo = yaml.safe_load(export(plans["mixtral_tp_ep"], "nemo").text)["model"]
+    nemo = yaml.safe_load(export(plans["mixtral_tp_ep"], "nemo@2.4").text)["model"]
     assert "expert_tensor_parallel_size" not in nemo and nemo["expert_model_parallel_size"] == 4  # etp 1: warned
 
 
@@ -150,7 +157,7 @@ def test_deepspeed_autoep_section(plans):
 def test_sagemaker_and_lightning_expert_degrees(plans):
     assert smp_parameters(plans["mixtral_zero0"])[1]["expert_parallel_degree"] == 4
     assert "expert_parallel_degree" not in smp_parameters(plans["mixtral_tp_ep"])[1]  # not with smp's TP (warned)
-    assert "expert_parallel_degree" not in smp_parameters(plans["mixtral_zero0"], "sagemaker@v1")[1]
+    assert "expert_parallel_degree" not in smp_parameters(plans["mixtral_zero0"], "sagemaker@smp1")[1]
     assert "ep 4" in export(plans["mixtral_zero0"], "lightning").warnings[0]
 
 
@@ -214,7 +221,9 @@ def test_deepspeed_autoep_validates_and_groups_as_the_plan(plans, name, monkeypa
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     plan = plans[name]
     par, cfg_json = plan.parallelism, json.loads(export(plan, "deepspeed").text)
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: par.dp)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: plan.world_size)
+    # deepspeed.initialize's mpu: a PipelineModule's topology under pipelining, none under AutoTP or plain ZeRO
+    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: par.dp) if par.pp > 1 else None
     autoep = ds_config.DeepSpeedConfig(cfg_json, mpu=mpu).expert_parallel_config
     tp = cfg_json.get("tensor_parallel", {}).get("autotp_size", 1)
     assert autoep.enabled and autoep.autoep_size == par.ep

@@ -27,6 +27,7 @@ import yaml
 import autopar
 from autopar.errors import AutoparError
 from autopar.export import EXPORTERS, export
+from autopar.export.common import megatron_recompute
 from helpers.exports import (
     SPECS,
     bash_array,
@@ -41,7 +42,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "h100_zero3", "fp8_tensorwise", "fp8_delayed"]
+                "recompute_modules", "h100_zero3", "fp8_tensorwise", "fp8_delayed"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,9 @@ def all_plans(plans, profile):
                                      zero_stage=0, recompute="selective", sequence_parallel=True),
         "h100_zero3": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
                                        global_batch_size=64, zero_stage=3, recompute="full"),
+        "recompute_modules": autopar.estimate(profile, gpu="a100-80gb", gpus=8, tp=2, pp=1, micro_batch_size=1,
+                                              global_batch_size=16, zero_stage=1, recompute="selective",
+                                              sequence_parallel=True, recompute_modules=("layernorm", "mlp")),
         # FP8: torchao's tensorwise with FP8 gathers under FSDP; Transformer Engine's delayed scaling, every block
         "fp8_tensorwise": autopar.estimate(profile, gpu="h100-80gb", gpus=16, tp=2, pp=1, micro_batch_size=1,
                                            global_batch_size=64, zero_stage=3, recompute="full", fp8="tensorwise"),
@@ -79,7 +83,9 @@ def test_version_selects_the_dialect(plans):
     plan = plans["interleaved"]
     assert export(plan, "torchtitan@0.2.2").text == export(plan, "torchtitan@0.2").text
     assert export(plan, "torchtitan").text == export(plan, "torchtitan@0.3.0").text
-    assert export(plan, "sagemaker@v1").text == export(plan, "sagemaker@1").text != export(plan, "sagemaker").text
+    assert export(plan, "sagemaker@3.27").text == export(plan, "sagemaker").text != export(plan, "sagemaker@2").text
+    assert export(plan, "sagemaker@v2").text == export(plan, "sagemaker@2.257").text != export(plan, "sagemaker@smp1").text
+    assert export(plan, "nemo@bridge").text == export(plan, "nemo").text != export(plan, "nemo@2.4.1").text
     assert export(plan, "megatron@core_v0.16.1").text == export(plan, "megatron").text
     with pytest.raises(AutoparError, match="choose one of torchtitan@0.3, torchtitan@0.2"):
         export(plan, "torchtitan@0.1")
@@ -89,14 +95,17 @@ def test_version_selects_the_dialect(plans):
 
 def test_sagemaker_placement_and_smp_v2_for_h100(all_plans):
     for name in (n for n in PARSER_PLANS if "h100" not in all_plans[n].cluster.hardware):
-        assert smp_parameters(all_plans[name], "sagemaker@v1")[1]["placement_strategy"] in ("spread", "cluster")
-    estimator, params = smp_parameters(all_plans["h100_zero3"])
+        assert smp_parameters(all_plans[name], "sagemaker@smp1")[1]["placement_strategy"] in ("spread", "cluster")
+    trainer, params = smp_parameters(all_plans["h100_zero3"])  # SDK 3: ModelTrainer's compute and distributed
+    assert trainer["compute"] == {"instance_type": "ml.p5.48xlarge", "instance_count": 2}
+    assert trainer["distributed"] == {"process_count_per_node": 8, "smp": params}
+    estimator, params = smp_parameters(all_plans["h100_zero3"], "sagemaker@2")
     assert estimator["instance_type"] == "ml.p5.48xlarge"
     distribution = estimator["distribution"]
     assert distribution["torch_distributed"] == {"enabled": True} and "mpi" not in distribution
     assert params == {"tensor_parallel_degree": 2, "hybrid_shard_degree": 8}
     with pytest.raises(AutoparError, match="smp v1 does not run on ml.p5.48xlarge"):
-        export(all_plans["h100_zero3"], "sagemaker@v1")
+        export(all_plans["h100_zero3"], "sagemaker@smp1")
 
 
 def test_torchtitan_0_3_overrides(all_plans):
@@ -143,11 +152,10 @@ def test_deepspeed_pipeline_topology_counts_tensor_parallelism(all_plans):
 def test_nemo_accumulates_in_training_step_bionemo_in_the_trainer(all_plans):
     for name in PARSER_PLANS:
         plan = all_plans[name]
-        nemo = yaml.safe_load(export(plan, "nemo").text)
-        assert nemo["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
-        bionemo = yaml.safe_load(export(plan, "bionemo").text)
-        assert bionemo["trainer"]["accumulate_grad_batches"] == plan.parallelism.num_microbatches
-        assert {k: v for k, v in nemo["model"].items()} == bionemo["model"]
+        legacy = yaml.safe_load(export(plan, "nemo@2.4").text)
+        assert legacy["trainer"]["accumulate_grad_batches"] == 1  # MegatronGPTModel refuses anything else
+        bionemo = yaml.safe_load(export(plan, "bionemo").text)["parallel_config"]  # BioNeMo infers the global batch
+        assert bionemo["accumulate_grad_batches"] == plan.parallelism.num_microbatches
 
 
 def _mixed_precision(text: str) -> dict[str, str] | None:
@@ -192,6 +200,9 @@ def test_megatron_parse_args_and_validate_args(all_plans, name, megatron_argumen
     assert (args.use_distributed_optimizer, args.use_megatron_fsdp) == (par.zero_stage >= 1, par.zero_stage >= 2)
     virtual = par.virtual_stages if par.schedule == "interleaved" and par.virtual_stages > 1 else None
     assert args.virtual_pipeline_model_parallel_size == virtual
+    assert args.recompute_granularity == megatron_recompute(plan, "megatron").granularity
+    if par.recompute_modules is not None:  # Megatron-Core's TransformerConfig field, an nargs flag
+        assert args.recompute_modules == list(par.recompute_modules)
     if par.fp8 is not None:  # Transformer Engine's recipe, its FP8 gathers under the distributed optimizer
         assert (args.fp8, args.fp8_recipe, args.fp8_param_gather) == ("hybrid", par.fp8, par.zero_stage >= 1)
         assert args.first_last_layers_bf16 == (par.fp8_bf16_blocks > 0)
@@ -211,11 +222,16 @@ def test_deepspeed_config_and_engine_dtype_check(all_plans, name, monkeypatch):
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     plan = all_plans[name]
     par, result = plan.parallelism, export(plan, "deepspeed")
-    dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data") if par.pp > 1 else par.dp
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: plan.world_size)
+    if par.pp > 1:  # a PipelineModule's topology is the mpu
+        dp = PipeModelDataParallelTopology(**_topology(result)).get_dim("data")
+        mpu = SimpleNamespace(get_data_parallel_world_size=lambda: dp)
+    else:  # AutoTP or plain ZeRO: no mpu, the batch checked against the world (tp ranks counted)
+        mpu = None
     cfg = ds_config.DeepSpeedConfig(json.loads(result.text), mpu=mpu)
+    counted = par.tp if mpu is None else 1
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-        (par.global_batch_size, par.micro_batch_size, par.num_microbatches)
+        (par.global_batch_size * counted, par.micro_batch_size, par.num_microbatches)
     assert cfg.zero_optimization_stage == (min(par.zero_stage, 1) if par.pp > 1 else par.zero_stage)
     assert cfg.bfloat16_config.enabled == (plan.model.dtype == "bf16")
     assert cfg.activation_checkpointing_config.cpu_checkpointing == par.offload_activations
@@ -315,10 +331,10 @@ def test_torchtitan_0_2_toml(all_plans, name, titan_0_2_parsed):
     within(tomllib.loads(export(all_plans[name], "torchtitan@0.2").text), titan_0_2_parsed[name], ())
 
 
-@pytest.mark.parametrize("spec", ["sagemaker", "sagemaker@v1"])
+@pytest.mark.parametrize("spec", ["sagemaker@2", "sagemaker@smp1"])
 @pytest.mark.parametrize("name", PARSER_PLANS)
 def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
-    """SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
+    """The SDK 2 dialects (SDK 3's ModelTrainer, the default, is read in test_export_matrix.py). SDK 2.x: the PyTorch estimator is built from the export and its distribution configuration computed,
     which runs the smp parameter validator and the p5 check that fit() runs (no AWS call: a stand-in
     session). SDK 3.x has no estimator: smp v2 parameters go through its pydantic Torchrun / SMP models,
     smp v1 parameters through the validator SDK 3 keeps."""
@@ -326,7 +342,7 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
 
     PyTorch, v3, validate_mp_config = sagemaker_sdk()
     plan = all_plans[name]
-    if spec == "sagemaker@v1" and "h100" in all_plans[name].cluster.hardware:
+    if spec == "sagemaker@smp1" and "h100" in all_plans[name].cluster.hardware:
         pytest.skip("smp v1 does not run on p5 instances: the export refuses (test_sagemaker_placement_and_smp_v2_for_h100)")
     estimator, params = smp_parameters(plan, spec)
     if PyTorch is not None:
@@ -334,10 +350,10 @@ def test_sagemaker_sdk_accepts_the_distribution(all_plans, name, spec):
         job = PyTorch(entry_point="train.py", role="arn:aws:iam::111111111111:role/autopar", framework_version="2.3.0",
                       py_version="py311", sagemaker_session=session, **estimator)
         launch = job._pytorch_distribution_configuration(job.distribution)
-        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker")
-        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@v1")
+        assert launch.get("sagemaker_torch_distributed_enabled", False) == (spec == "sagemaker@2")
+        assert launch.get("sagemaker_mpi_enabled", False) == (spec == "sagemaker@smp1")
         assert job.instance_count * 8 == plan.world_size
-    elif spec == "sagemaker":
+    elif spec == "sagemaker@2":
         Torchrun, SMP = v3
         Torchrun(process_count_per_node=8, smp=SMP(**params))
     validate_mp_config(params)
@@ -356,11 +372,15 @@ def test_nemo_trainer_rule(all_plans):
 def test_fp8_in_each_frameworks_names(all_plans):
     """NeMo's fp8 keys, torchtitan 0.3's warning (FP8 lives in its model config), and a recipe a framework lacks."""
     delayed, tensorwise = all_plans["fp8_delayed"], all_plans["fp8_tensorwise"]
-    model = yaml.safe_load(export(delayed, "nemo").text)["model"]
+    model = yaml.safe_load(export(delayed, "nemo@2.4").text)["model"]
     assert (model["fp8"], model["fp8_hybrid"], model["fp8_recipe"], model["fp8_params"]) == (True, True, "delayed", True)
     assert "first_last_layers_bf16" not in model
-    model = yaml.safe_load(export(tensorwise, "nemo").text)["model"]
+    model = yaml.safe_load(export(tensorwise, "nemo@2.4").text)["model"]
     assert (model["first_last_layers_bf16"], model["num_layers_at_start_in_bf16"]) == (True, 1)
+    bridge = export(delayed, "nemo")  # Megatron-Bridge: its FP8 recipe by name, the gathers it leaves to set warned
+    assert yaml.safe_load(bridge.text)["mixed_precision"] == "bf16_with_fp8_delayed_scaling_mixed"
+    assert any("fp8_param_gather=True on its mixed_precision config" in w for w in bridge.warnings)
+    assert yaml.safe_load(export(tensorwise, "nemo").text)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     assert any("torchtitan 0.3 sets FP8 in the model's config" in w for w in export(tensorwise, "torchtitan").warnings)
     toml = tomllib.loads(export(tensorwise, "torchtitan@0.2").text)
     float8 = toml["quantize"]["linear"]["float8"]

@@ -121,7 +121,10 @@ def test_expert_parallel_plans_that_cannot_run_fail_before_torchrun(tmp_path: Pa
 
 
 def test_expert_parallelism_names_a_moe_module_it_cannot_run() -> None:
-    """transformers' Mixtral routes inside its own forward (no route()): expert parallelism says so in one line."""
+    """transformers' Mixtral runs under expert parallelism (autopar.runtime.hf_experts); its experts with another
+    layout (here a bias beside the stacked weights) are one line."""
+    import torch
+
     from autopar.capture import load_spec
     from autopar.runtime.ep import check_moe_module, moe_modules
     from autopar.runtime.init import build_meta
@@ -130,7 +133,9 @@ def test_expert_parallelism_names_a_moe_module_it_cannot_run() -> None:
             "intermediate_size": "64", "vocab_size": "64", "max_position_embeddings": "16", "num_local_experts": "4"}
     model = build_meta(load_spec(str(ROOT / "examples" / "hf" / "mixtral-8x7b-v0.1.json"), tiny).build)
     moe, experts, found = moe_modules(model.get_submodule("hf.model.layers.0"))
-    with pytest.raises(AutoparError, match=r"expose route\(tokens\).*MixtralSparseMoeBlock does not: run this "
+    check_moe_module("hf.model.layers.0", moe, experts, found.num_experts)
+    experts.register_parameter("bias", torch.nn.Parameter(torch.zeros(4, 32, device="meta")))
+    with pytest.raises(AutoparError, match=r"MixtralExperts \(gate_up_proj, down_proj, bias\) does not: run this "
                                            r"model with ep 1"):
         check_moe_module("hf.model.layers.0", moe, experts, found.num_experts)
 

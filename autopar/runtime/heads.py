@@ -1,0 +1,43 @@
+"""Tensor parallelism of what a Hugging Face attention module holds per head besides its projections.
+
+The column-parallel projections give each tp rank a block of the heads (autopar.runtime.tp). Most attention modules
+split their projections with ``view(..., -1, head_dim)`` and need nothing more; T5's reads its head count: the
+relative position bias is an embedding with one column per head, added to the scores of every block (computed by
+the first block and handed on), and a cross-attention without one adds zeros of ``(1, n_heads, q, k)``. Under tp
+each rank keeps its heads' columns of the table (``ColwiseParallel`` on the embedding: its weight sharded on the
+heads, its gradient each rank's own columns) and its own head count.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch.nn as nn
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+from autopar.plan import LayerAssignment
+from autopar.runtime.mesh import Meshes
+from autopar.runtime.sequence import column_parents
+
+HEAD_COUNTS = ("n_heads",)  # attributes an attention module reads its head count from (T5)
+HEAD_TABLES = ("relative_attention_bias",)  # per-head embeddings (T5's relative position bias)
+
+
+def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]],
+                      meshes: Meshes, *, resolve: Callable[[nn.Module, LayerAssignment, str], str]) -> None:
+    """Every column parent (attention module) of a layer with tp > 1 that reads its head count: its per-head tables
+    sharded on the heads, its head count this rank's (after ``apply_tp``)."""
+    for layer in layers:
+        if layer.tp == 1:
+            continue
+        mesh = meshes.layer_mesh(layer.tp)["tp"]
+        for parent in column_parents(plans.get(layer.name, {})):
+            module = model.get_submodule(resolve(model, layer, parent))
+            count = next((name for name in HEAD_COUNTS if isinstance(getattr(module, name, None), int)), None)
+            if count is None:
+                continue
+            heads = getattr(module, count)
+            for table in HEAD_TABLES:
+                child = getattr(module, table, None)
+                if isinstance(child, nn.Embedding) and child.embedding_dim == heads:
+                    parallelize_module(module, mesh, {table: ColwiseParallel()})
+            setattr(module, count, heads // layer.tp)

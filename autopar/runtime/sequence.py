@@ -1,0 +1,195 @@
+"""Sequence blocks over tensor parallelism, and sequence parallelism on Hugging Face blocks.
+
+Under sequence parallelism (Korthikanti et al. 2022) the activations between a layer's tensor-parallel pairs are
+split over the tp ranks on the sequence (dim 1): norms and residual adds run on this rank's block, the column-parallel
+linears all-gather it, the row-parallel ones reduce-scatter their output (autopar.runtime.tp). ``SplitSequence`` and
+``GatherSequence`` move a tensor between the whole sequence and this rank's block where a layer needs the other
+(also the experts' tokens: autopar.runtime.ep).
+
+A Hugging Face model's own code between its layers (positions, attention masks, rotary tables, T5's position bias)
+reads the sequence length from the hidden state it holds, and its attention modules read it again
+(``hidden_states.shape[:-1]``) to split the heads. So on a Hugging Face model (``apply_hf_sequence``):
+
+- the embeddings stay whole: vocab-parallel, their output all-reduced rather than reduce-scattered, so the glue after
+  them reads the whole sequence;
+- a layer that runs on sequence blocks (a block, a norm) takes its block when it receives the whole sequence (the
+  first block after the embeddings): a slice, whose backward all-gathers the gradient;
+- a module holding a pair's column-parallel linears (the attention, the MLP) sees its activation inputs as DTensors
+  sharded on the sequence: their shape is the whole sequence's, and the linears gather them (one all-gather forward,
+  one reduce-scatter backward, as Megatron's);
+- a layer without a tensor-parallel pattern (a rotary embedding, BERT's head) runs whole, on the whole sequence
+  (gathered when it receives a block).
+
+What it costs beside Megatron's sequence parallelism: the embedding's output all-reduced (an all-gather of
+b·s·h more per micro-batch forward), and the first block's input sliced (no communication).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, Shard
+
+from autopar.plan import LayerAssignment
+from autopar.runtime.mesh import Meshes
+
+
+def _gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _block(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    return x.chunk(dist.get_world_size(group), dim=1)[dist.get_rank(group)].contiguous()
+
+
+class SplitSequence(torch.autograd.Function):
+    """Forward: this tp rank's block of a tensor every tp rank holds whole (dim 1, the sequence); backward: the
+    blocks' gradients gathered, so every rank has the whole gradient (Megatron's scatter-to-region)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _block(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return _gather(grad, ctx.group), None
+
+
+class GatherSequence(torch.autograd.Function):
+    """Forward: the tp ranks' blocks gathered whole; backward: this rank's block of the gradient (the gradient
+    of a tensor every tp rank holds whole is the same on each)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return _block(grad, ctx.group), None
+
+
+# -- Hugging Face blocks -----------------------------------------------------------------------------------
+def apply_hf_sequence(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]],
+                      meshes: Meshes, *, seq_len: int,
+                      resolve: Callable[[nn.Module, LayerAssignment, str], str]) -> None:
+    """The hooks of the module docstring, on every layer with tp > 1 (after ``apply_tp``). ``seq_len``: the whole
+    sequence a rank holds (the plan's, divided by cp); ``resolve`` finds a plan entry's module (autopar.runtime.tp)."""
+    for layer in layers:
+        if layer.tp == 1:
+            continue
+        mesh = meshes.layer_mesh(layer.tp)["tp"]
+        plan = plans.get(layer.name, {})
+        role = _role(model, layer, plan)
+        for unit in layer.units:
+            module = model.get_submodule(unit)
+            if role == "blocks":
+                module.register_forward_pre_hook(_take_block(mesh.get_group(), seq_len), prepend=True)
+            elif role == "whole":
+                module.register_forward_pre_hook(_whole(mesh.get_group(), seq_len // layer.tp), prepend=True)
+        for parent in column_parents(plan):
+            resolved = resolve(model, layer, parent)
+            model.get_submodule(resolved).register_forward_pre_hook(_sequence_dtensors(mesh), with_kwargs=True)
+
+
+def _role(model: nn.Module, layer: LayerAssignment, plan: dict[str, str]) -> str:
+    """How a layer meets the sequence: "whole" (no tensor-parallel pattern), "embedding" and "head" (their styles
+    take the whole sequence / its blocks themselves), else "blocks"."""
+    if not plan:
+        return "whole"
+    if plan.get("") == "rowwise" and all(isinstance(model.get_submodule(u), nn.Embedding) for u in layer.units):
+        return "embedding"
+    if plan.get("") == "colwise":
+        return "head"
+    return "blocks"
+
+
+def column_parents(plan: dict[str, str]) -> list[str]:
+    """The modules (relative to the layer) holding column-parallel linears, other than the layer itself."""
+    return sorted({rel.rpartition(".")[0] for rel, style in plan.items() if style == "colwise"} - {""})
+
+
+def _take_block(group: dist.ProcessGroup, seq_len: int) -> Callable:
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        if not args or not _is_activation(args[0]) or args[0].shape[1] != seq_len:
+            return None
+        return (SplitSequence.apply(args[0], group),) + args[1:]
+    return hook
+
+
+def _whole(group: dist.ProcessGroup, block_len: int) -> Callable:
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        if not args or not _is_activation(args[0]) or args[0].shape[1] != block_len:
+            return None
+        return (GatherSequence.apply(args[0], group),) + args[1:]
+    return hook
+
+
+def _is_activation(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point() and x.dim() >= 2
+
+
+def _sequence_dtensors(mesh: Any) -> Callable:
+    """A column parent's activation inputs (its first, positional or by keyword, and any of the same batch, block
+    length and width: the encoder output a cross-attention reads) as DTensors sharded on the sequence."""
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        if not _is_activation(first) or first.dim() != 3:
+            return None
+        like = first.shape
+
+        def wrap(t: Any) -> Any:
+            if _is_activation(t) and t.dim() == 3 and t.shape[0] == like[0] and t.shape[1:] == like[1:]:
+                return DTensor.from_local(t, mesh, [Shard(1)], run_check=False)
+            return t
+        return tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}
+    return hook
+
+
+def partial_over_tp(parts: dict[int, nn.Module], layers_of: Callable[[int], list[LayerAssignment]],
+                    plans: dict[str, dict[str, str]], meshes: Meshes,
+                    skip: set[int]) -> list[tuple[torch.Tensor, dist.ProcessGroup]]:
+    """Parameters a layer on sequence blocks uses outside its tensor-parallel styles (a MoE block's router, its
+    experts at ep 1): each tp rank's gradient covers its block of the sequence only, so the gradients are summed
+    over tp once per step (``sum_over_tp``). ``skip``: the routed experts of expert parallelism (reduced over edp).
+    The final parameters (after FSDP2), before DDP wraps the parts."""
+    out: dict[int, tuple[torch.Tensor, dist.ProcessGroup]] = {}
+    for c, part in parts.items():
+        for layer in layers_of(c):
+            if layer.tp == 1 or _role(part, layer, plans.get(layer.name, {})) != "blocks":
+                continue
+            group = meshes.layer_mesh(layer.tp)["tp"].get_group()
+            parents = column_parents(plans.get(layer.name, {}))
+            for unit in layer.units:  # inside an attention or MLP: the whole sequence (autopar.runtime.latent)
+                held = [part.get_submodule(f"{unit}.{parent}") for parent in parents if _has(part, f"{unit}.{parent}")]
+                inner = {id(q) for module in held for q in module.parameters()}
+                for p in part.get_submodule(unit).parameters():
+                    if id(p) in inner:
+                        continue
+                    names = p.device_mesh.mesh_dim_names or () if isinstance(p, DTensor) else ()
+                    if id(p) not in skip and "tp" not in names and p.requires_grad:
+                        out.setdefault(id(p), (p, group))
+    return list(out.values())
+
+
+def _has(model: nn.Module, fqn: str) -> bool:
+    try:
+        model.get_submodule(fqn)
+    except AttributeError:
+        return False
+    return True
+
+
+def sum_over_tp(pairs: list[tuple[torch.Tensor, dist.ProcessGroup]]) -> None:
+    """Sum the gradients ``partial_over_tp`` found over their tp group (a rank whose tokens reached none of an
+    expert's weights still takes part, with zeros)."""
+    for p, group in pairs:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        dist.all_reduce(local, group=group)

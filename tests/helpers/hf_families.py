@@ -1,0 +1,106 @@
+"""Hugging Face families at a tiny shape and the plans each must train like one process under: pipelines (1F1B and
+interleaved), tensor parallelism with sequence parallelism, context parallelism, expert parallelism for the mixtures
+of experts, and their combinations on 4 and 8 ranks.
+
+The families are transformers' own classes built from a config: the corpus's (examples/hf, shrunk with ``--set`` as
+tests/helpers/solved_plans.py does) and tiny configs of the families the corpus does not bundle (tests/data/hf:
+Qwen3, Gemma-3, OLMo-2). Plans are written as the solver writes them (tests/helpers/runtime_worker.py ``plan``),
+with the layer names capture finds; tests/integration/test_hf_plans.py runs them under torchrun
+(tests/helpers/runtime_worker.py ``--plans``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from helpers import ROOT
+from helpers import solved_plans as sp
+
+SEQ = 16
+# family -> (config, tiny overrides)
+FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
+    "llama": sp.MODELS["hf/llama-3-8b"],
+    "qwen3": ("tests/data/hf/qwen3-tiny.json", {}),
+    "gemma2": sp.MODELS["hf/gemma-2-2b"],
+    "gemma3": ("tests/data/hf/gemma3-tiny.json", {}),
+    "olmo2": ("tests/data/hf/olmo2-tiny.json", {}),
+    "mixtral": sp.MODELS["hf/mixtral-8x7b-v0.1"],
+    "qwen3moe": sp.MODELS["hf/qwen3-30b-a3b"],
+    "deepseek": sp.MODELS["hf/deepseek-v2-lite"],
+    "t5": sp.MODELS["hf/t5-base"],
+}
+MOE = {"mixtral", "qwen3moe", "deepseek"}
+# family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
+REFUSED: dict[str, dict[str, str]] = {
+    "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
+    "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
+    "t5": {"cp": "splits token ids"},  # an encoder-decoder
+    "deepseek": {"etp": "gate and up rows"},
+    "mixtral": {"etp": "gate and up rows"},  # transformers' gate_up_proj: the experts at etp 1
+    "qwen3moe": {"etp": "gate and up rows"},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def layer_names(family: str) -> tuple[str, ...]:
+    from autopar.capture import capture_model
+
+    source, overrides = FAMILIES[family]
+    return tuple(layer.name for layer in capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32").layers)
+
+
+def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
+         mb: int = 2, m: int = 2, zero: int = 0, sp_: bool = False, schedule: str = "1f1b", v: int = 1,
+         recompute: str = "none") -> dict[str, Any]:
+    """A plan dict as the solver emits it, layers split as evenly as the chunks allow."""
+    source, overrides = FAMILIES[family]
+    names = layer_names(family)
+    chunks = pp * v
+    base, extra = divmod(len(names), chunks)
+    sizes = [base + (1 if c < extra else 0) for c in range(chunks)]
+    stages = [c for c, size in enumerate(sizes) for _ in range(size)]
+    return {"world_size": tp * pp * dp * cp,
+            "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": "fp32"},
+            "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
+                            "zero_stage": zero, "recompute": recompute, "sequence_parallel": sp_,
+                            "schedule": schedule, "virtual_stages": v, "offload_activations": False,
+                            "ep": ep, "etp": etp, "cp": cp},
+            "layers": [{"name": n, "stage": s, "tp": tp, "recompute": recompute} for n, s in zip(names, stages)]}
+
+
+def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
+    """The plan shapes one family runs on ``world`` ranks (names -> ``plan`` keywords)."""
+    moe = family in MOE
+    if world == 2:
+        out = {"pp2_1f1b": dict(pp=2, m=4, mb=1), "pp2_interleaved": dict(pp=2, v=2, m=4, mb=1, schedule="interleaved"),
+               "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
+        if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
+            out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
+        return out
+    if world == 4:
+        out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
+               "cp2_tp2": dict(cp=2, tp=2)}
+        if moe:
+            out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1)}
+        return out
+    if world == 8:
+        out = {"pp2_tp2_dp2_sp": dict(pp=2, tp=2, dp=2, sp_=True, m=2, mb=1),
+               "pp2_tp2_cp2": dict(pp=2, tp=2, cp=2, m=2, mb=1)}
+        if moe:
+            out["pp2_tp2_dp2_ep2_sp"] = dict(pp=2, tp=2, dp=2, ep=2, etp=1, sp_=True, m=2, mb=1)
+        return out
+    return {}
+
+
+def features(kwargs: dict[str, Any]) -> set[str]:
+    """The features (autopar.runtime.support.FEATURES) a shape uses."""
+    used = {name for name in ("pp", "tp", "cp", "ep") if kwargs.get(name, 1) > 1}
+    used |= {"etp"} if kwargs.get("etp", kwargs.get("tp", 1)) > 1 and kwargs.get("ep", 1) > 1 else set()
+    return used | ({"sequence_parallel"} if kwargs.get("sp_") else set())
+
+
+def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{family/shape: plan}`` of one torchrun job: the shapes whose features the family runs (``REFUSED``)."""
+    return {f"{family}/{name}": plan(family, **kwargs)
+            for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
+            if not features(kwargs) & set(REFUSED.get(family, {}))}
