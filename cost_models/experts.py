@@ -89,7 +89,7 @@ class DenseView:
     """A MoE layer without its routed experts (what remains is priced like any layer)."""
 
     def __init__(self, layer: LayerLike, seq_len: int):
-        moe = layer.moe  # type: ignore[attr-defined]
+        moe = layer.moe
         per_sample = seq_len * moe.top_k * capacity(moe)  # routed token-expert pairs per sample
         mem = layer.fwd_memory_bytes_per_sample
         routed_mem = min(mem, per_sample * moe.expert_memory_bytes_per_token)
@@ -128,7 +128,7 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     ``hide_s`` of it (the layer's dense forward and backward). Selective recomputation with ``modules``
     (recompute.py) naming moe re-runs the experts as full recomputation does (Megatron-Core checkpoints the whole
     MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute)."""
-    moe = layer.moe  # type: ignore[attr-defined]
+    moe = layer.moe
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
     received = dispatched * imbalance                   # the busiest GPU's

@@ -7,7 +7,7 @@ micro-batch ``b`` so no other module repeats that arithmetic.
 """
 from __future__ import annotations
 
-from typing import Literal, Mapping, Protocol, Sequence, get_args
+from typing import Any, Literal, Mapping, Protocol, Sequence, get_args
 
 Dtype = Literal["bf16", "fp16", "fp32"]  # the training dtypes: the one list (--dtype, profiles, plans)
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -46,6 +46,9 @@ class LayerLike(Protocol):
     cut_bytes_per_sample: int
     cut_bytes_fixed: int
     tp: TPPatternLike
+    moe: Any                  # the routed experts (autopar.profile.MoEProfile), None for a dense layer
+    autocast_saved_bytes_per_sample: int | None   # saved under torch.autocast, where capture measured it
+    autocast_saved_bytes_fixed: int
 
 
 class ModelLike(Protocol):
@@ -57,17 +60,17 @@ class ModelLike(Protocol):
 
 
 # -- a layer's quantities at micro-batch b (whole layer, before any tensor-parallel split) -----------
-def fwd_flops(layer: LayerLike, b: int) -> float:
+def fwd_flops(layer: LayerLike, b: float) -> float:
     return layer.fwd_flops_per_sample * b + layer.fwd_flops_fixed
 
 
-def fwd_matmul_flops(layer: LayerLike, b: int) -> float:
+def fwd_matmul_flops(layer: LayerLike, b: float) -> float:
     """torch.utils.flop_counter only counts matmul-like ops (mm, bmm, addmm, attention), so the fixed
     FLOPs, when any, are matmul FLOPs too."""
     return layer.fwd_matmul_flops_per_sample * b + layer.fwd_flops_fixed
 
 
-def fwd_memory_bytes(layer: LayerLike, b: int) -> float:
+def fwd_memory_bytes(layer: LayerLike, b: float) -> float:
     return layer.fwd_memory_bytes_per_sample * b + layer.fwd_memory_bytes_fixed
 
 
@@ -98,7 +101,7 @@ def saved_bytes(layer: LayerLike, b: int, autocast: bool = False) -> int:
     with fp32 weights under torch.autocast saves them, where capture measured that (autopar/capture/measure.py)."""
     per_sample = getattr(layer, "autocast_saved_bytes_per_sample", None) if autocast else None
     if per_sample is not None:
-        return per_sample * b + layer.autocast_saved_bytes_fixed  # type: ignore[attr-defined]
+        return per_sample * b + layer.autocast_saved_bytes_fixed
     return layer.saved_bytes_per_sample * b + layer.saved_bytes_fixed
 
 

@@ -121,7 +121,7 @@ def check_layer_degree(name: str, t: int, *, tp: int, dp: int, micro_batch_size:
 
 def model_experts(model: ModelLike) -> tuple[int | None, int | None]:
     """(routed experts, expert FFN width) of the model's MoE layers, or (None, None) without any."""
-    moes = [layer.moe for layer in model.layers if getattr(layer, "moe", None)]  # type: ignore[attr-defined]
+    moes = [layer.moe for layer in model.layers if getattr(layer, "moe", None)]
     if not moes:
         return None, None
     experts = sorted({m.num_experts for m in moes})

@@ -231,7 +231,7 @@ class CostModel:
         key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
-            moe = layer.moe  # type: ignore[attr-defined]
+            moe = layer.moe
             b = cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size
             pairs = b * self.model.seq_len * moe.top_k / cfg.tp  # a GPU's token-expert pairs, on average
             e = self._experts[key] = expert_cost(

@@ -132,7 +132,7 @@ def megatron_profiles() -> dict:
 
     from autopar.capture import capture_model
     from helpers import EX
-    from helpers.megatron import ROWS, SEQ, VOCAB
+    from helpers.megatron_table import ROWS, SEQ, VOCAB
 
     gpt = EX / "gpt.py"
     return {name: capture_model(str(gpt), overrides={"n_layer": str(layers), "n_embd": str(hidden),

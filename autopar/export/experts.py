@@ -5,7 +5,7 @@ Megatron-LM's flags and NeMo's model keys are Megatron-Core's ``TransformerConfi
 names: routed experts and top-k, the expert FFN width, the shared experts' total width (shared experts × their
 width), which transformer layers are MoE (``moe_layer_freq`` as a 0/1 list), the plan's token dispatcher
 (``moe_token_dispatcher_type`` alltoall / allgather / flex; flex is DeepEP, ``moe_flex_dispatcher_backend`` deepep),
-grouped GEMMs, and a model with a capacity factor padded to it (the cost model prices capacity-padded expert work:
+grouped GEMMs (the plan's moe_grouped_gemm; None, the Megatron engine's default: on), and a model with a capacity factor padded to it (the cost model prices capacity-padded expert work:
 ``moe_pad_expert_input_to_capacity``, which DeepEP refuses: warned).
 
 Megatron-Core's MoE layer refuses to train under tensor parallelism without sequence parallelism
@@ -39,7 +39,7 @@ def megatron_core_moe(plan: Plan, target: str, warnings: list[str]) -> dict[str,
     fields["moe_token_dispatcher_type"] = dispatcher
     if dispatcher == "flex":  # DeepEP (moe_enable_deepep is deprecated in 0.16: TransformerConfig sets this backend)
         fields["moe_flex_dispatcher_backend"] = "deepep"
-    fields["moe_grouped_gemm"] = True
+    fields["moe_grouped_gemm"] = plan.parallelism.moe_grouped_gemm is not False  # None: the Megatron engine's, on
     if experts.capacity_factor:
         fields["moe_expert_capacity_factor"] = experts.capacity_factor
         if dispatcher != "flex":

@@ -24,7 +24,7 @@ from autopar.export.common import megatron_recompute, precision
 from autopar.plan import Plan
 from cost_models.engines import ENGINES
 
-READS = frozenset({"moe_dispatcher", "moe_overlap", "overlap_grad_reduce", "overlap_param_gather",
+READS = frozenset({"moe_dispatcher", "moe_grouped_gemm", "moe_overlap", "overlap_grad_reduce", "overlap_param_gather",
                    "tp_comm_overlap", "recompute_modules"})
 
 

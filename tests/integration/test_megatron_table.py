@@ -26,7 +26,7 @@ import pytest
 from cost_models import CostModel, ParallelConfig, load_hardware, make_config
 from cost_models.engines import ENGINES
 from helpers import ROOT
-from helpers.megatron import ROWS, SEQ, VOCAB
+from helpers.megatron_table import ROWS, SEQ, VOCAB
 
 EX = ROOT / "examples"
 TOLERANCE = 0.10

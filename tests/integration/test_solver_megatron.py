@@ -6,7 +6,7 @@ import pytest
 
 from autopar.search.engine import search
 from cost_models import CostModel, load_hardware, make_config
-from helpers.megatron import ROWS
+from helpers.megatron_table import ROWS
 
 A100 = load_hardware("a100-80gb")
 
