@@ -63,7 +63,7 @@ def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tens
                        top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts module's forward under expert parallelism (module docstring). ``route``: autopar.runtime.ep's
     Route of this layer."""
-    from autopar.runtime.ep import dispatch_combine
+    from autopar.runtime.dispatch import dispatch_combine
     from autopar.runtime.sequence import GatherSequence, SplitSequence
 
     tokens = hidden_states.to_local() if isinstance(hidden_states, DTensor) else hidden_states
