@@ -168,7 +168,7 @@ def main() -> None:
     print()
     whole = [r for r in rows if not r["missing"] and r["precision"] == "bf16"]
     for label, subset in (("all", rows), ("BF16", [r for r in rows if r["precision"] == "bf16"]),
-                          ("FP8 (priced as BF16)", [r for r in rows if r["precision"] != "bf16"]),
+                          ("FP8", [r for r in rows if r["precision"] != "bf16"]),
                           ("MoE", [r for r in rows if r["moe"]]), ("dense", [r for r in rows if not r["moe"]]),
                           ("BF16 and nothing missing", whole)):
         print(summary(label, subset))

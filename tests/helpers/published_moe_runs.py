@@ -120,7 +120,7 @@ class PublishedRun:
     def estimate_choices(self) -> dict[str, Any]:
         """autopar.estimate's keywords for the nearest configuration autopar can express: the dispatcher (HybridEP
         and DeepEP as flex: both send a token once per destination node), the overlaps the run lists, per-module
-        recomputation as selective with its modules, forced balance as an imbalance of 1, every FP8 recipe as BF16.
+        recomputation as selective with its modules, forced balance as an imbalance of 1, each FP8 recipe as autopar's (FP8_RECIPES) or its nearest.
         A run that names no data-parallel overlap ran without it where its scripts predate the recipes that set it
         (FlagPerf's Megatron-Core 0.6 scripts), else with its engine's default."""
         listed = " ".join(self.features + self.missing)
@@ -141,6 +141,8 @@ class PublishedRun:
             out.update(overlap_grad_reduce=False, overlap_param_gather=False)
         if "TP comm overlap" in listed:
             out["tp_comm_overlap"] = True
+        if self.fp8:
+            out["fp8"] = FP8_RECIPES.get(self.precision) or FP8_NEAREST[self.precision]
         if self.moe:
             out.update(ep=self.ep, etp=self.etp if self.etp is not None else self.tp)
             out["moe_dispatcher"] = "flex" if self.dispatcher.startswith("flex") else \
@@ -155,9 +157,22 @@ class PublishedRun:
 
     @property
     def unexpressed(self) -> tuple[str, ...]:
-        """What the run used that autopar still cannot express (``missing`` less EXPRESSED)."""
-        return tuple(m for m in self.missing if not m.startswith(EXPRESSED))
+        """What the run used that autopar still cannot express (``missing`` less EXPRESSED; FP8 as what of it is
+        priced: the linears in the run's recipe or its nearest, the routed experts in bf16)."""
+        out = [m for m in self.missing if not m.startswith(EXPRESSED) and m != "FP8"]
+        if self.fp8 and self.precision not in FP8_RECIPES:
+            out.append(f"FP8 {self.precision} (priced as {FP8_NEAREST[self.precision]})")
+        if self.fp8 and self.moe:
+            out.append("FP8 experts (priced in bf16)")
+        return tuple(out)
 
+
+# FP8 recipes as autopar's fp8 decision (cost_models/fp8.py): Transformer Engine's current scaling and torchao's
+# tensorwise float8 scale per tensor; NeMo's FP8 of 2024 is Transformer Engine's delayed scaling. Blockwise scaling
+# (DeepSeek-V3's 1×128 / 128×128 tiles, Transformer Engine's Float8BlockScaling) has no recipe of its own: priced
+# as rowwise, the nearest finer-grained scaling.
+FP8_RECIPES = {"fp8-cs": "tensorwise", "float8-tensorwise": "tensorwise", "fp8-delayed": "delayed"}
+FP8_NEAREST = {"fp8-blockwise": "rowwise"}
 
 # What ``missing`` lists that autopar now expresses (estimate_choices maps each).
 EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",

@@ -261,6 +261,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_torchtitan_0_2_reads_the_expert_degrees(plans, tmp_path):
     """torchtitan 0.2.2's ConfigManager reads ep and etp from the TOML and its ParallelDims accepts them (etp
     is 1 or tp); ep × etp divides dp_shard × tp, as its sparse mesh needs."""
