@@ -170,9 +170,10 @@ class PublishedRun:
 # FP8 recipes as autopar's fp8 decision (cost_models/fp8.py): Transformer Engine's current scaling and torchao's
 # tensorwise float8 scale per tensor; NeMo's FP8 of 2024 is Transformer Engine's delayed scaling. Blockwise scaling
 # (DeepSeek-V3's 1×128 / 128×128 tiles, Transformer Engine's Float8BlockScaling) has no recipe of its own: priced
-# as rowwise, the nearest finer-grained scaling.
+# as tensorwise, Transformer Engine's current scaling, the nearest recipe the megatron engine runs (its casts
+# read and write each tensor as often; the block scales' bytes are not counted).
 FP8_RECIPES = {"fp8-cs": "tensorwise", "float8-tensorwise": "tensorwise", "fp8-delayed": "delayed"}
-FP8_NEAREST = {"fp8-blockwise": "rowwise"}
+FP8_NEAREST = {"fp8-blockwise": "tensorwise"}
 
 # What ``missing`` lists that autopar now expresses (estimate_choices maps each).
 EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",
