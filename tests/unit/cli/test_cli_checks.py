@@ -16,7 +16,7 @@ from autopar.cli import app
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.report.plan_summary import print_plan
-from helpers import ROOT
+from helpers import ROOT, cli
 
 GPT = str(ROOT / "examples" / "gpt.py")
 SMALL = ["--set", "n_layer=4", "--set", "n_embd=128", "--set", "n_head=4", "--seq-len", "64"]
@@ -24,11 +24,7 @@ runner = CliRunner()
 
 
 def one_line_error(*args: str) -> str:
-    result = runner.invoke(app, list(args), env={"COLUMNS": "80"})
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
-    return lines[0]
+    return cli.one_line_error(*args, env={"COLUMNS": "80"})
 
 
 @pytest.fixture(scope="module")

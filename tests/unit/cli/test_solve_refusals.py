@@ -17,7 +17,7 @@ from autopar.pricing import THIN_MARGIN, plan_of
 from autopar.search.explain import Elsewhere, explain_infeasible, least_memory
 from cost_models import CostModel, ParallelConfig
 from cost_models.config import Pins
-from helpers import ROOT
+from helpers import ROOT, cli
 from helpers.builders import A100, random_profile
 
 GPT = str(ROOT / "examples" / "gpt.py")
@@ -61,11 +61,7 @@ runner = CliRunner()
 
 
 def one_line_error(*args: str) -> str:
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
-    return lines[0]
+    return cli.one_line_error(*args)
 
 
 @pytest.fixture(scope="module")
