@@ -175,6 +175,11 @@ class LayerProfile(_Frozen):
         default=None, description="the same with fp32 weights under torch.autocast, as autopar's runtime runs a "
                                   "mixed-precision plan without FSDP2 (None: not measured, an fp32 capture)")
     autocast_saved_bytes_fixed: int | None = None
+    fp8_saved_delta_bytes_per_sample: int = Field(
+        default=0, description="how the saved bytes change when the layer's linears (not its routed experts) keep "
+                               "their activation inputs in FP8, as Transformer Engine does (capture/measure.py "
+                               "attribute_fp8): negative where only the GEMMs saved them")
+    fp8_saved_delta_bytes_fixed: int = 0
     input_bytes_per_sample: int = Field(description="bytes of the layer's external activation inputs")
     cut_bytes_per_sample: int = Field(description="activation bytes crossing the cut after this layer")
     cut_bytes_fixed: int = 0

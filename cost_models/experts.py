@@ -120,14 +120,15 @@ class DenseView:
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
                 dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
-                hide_s: float = 0.0, modules: Sequence[str] | None = None) -> LayerCost:
+                hide_s: float = 0.0, modules: Sequence[str] | None = None, fp8_inputs: bool = False) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
     reach the experts (dispatch_time); ``overlap``: the all-to-alls hide behind another micro-batch's compute,
     ``hide_s`` of it (the layer's dense forward and backward). Selective recomputation with ``modules``
     (recompute.py) naming moe re-runs the experts as full recomputation does (Megatron-Core checkpoints the whole
-    MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute)."""
+    MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute).
+    ``fp8_inputs``: the grouped GEMMs keep their inputs in FP8 (Transformer Engine's GroupedLinear; _saved_per_pair)."""
     moe = layer.moe
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
@@ -140,7 +141,8 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     bwd = BACKWARD_FACTOR * t_gemm + mem_bwd
     routed = b * seq_len * k * moe.expert_fwd_flops_per_token  # one replica's useful routed FLOPs
     executed = 3.0 * routed * cf
-    saved = received * _saved_per_pair(moe, etp, dtype_bytes, hw) * (autocast_ratio(layer) if autocast else 1.0)
+    saved = received * _saved_per_pair(moe, etp, dtype_bytes, hw, fp8_inputs) * \
+        (autocast_ratio(layer) if autocast else 1.0)
     a2a = dispatch_time(moe, dispatcher, received=received, tokens=b * seq_len / tp, ep=ep, etp=etp,
                         gpus_per_node=gpus_per_node, hw=hw, dtype_bytes=dtype_bytes)
     tp_fwd, tp_bwd = _tensor_parallel(layer, b=b, tp=tp, etp=etp, gathered=received * etp * h * dtype_bytes,
@@ -237,15 +239,19 @@ def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: 
     return total
 
 
-def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile) -> float:
+def _saved_per_pair(moe: Any, etp: int, dtype_bytes: int, hw: HardwareProfile, fp8_inputs: bool = False) -> float:
     """Activation bytes one token-expert pair keeps for backward: what the loop capture measured saves, or as a
     grouped GEMM path keeps them (Megatron-Core's TEGroupedMLP, torchtitan's GroupedExperts): the permuted input
     (for the first GEMM's weight gradient), the gate and up projections (for SwiGLU's backward), the activation's
     output (for the second GEMM's weight gradient), and the routing weight (fp32). Per pair the GPU receives: with
-    the experts' tensor parallelism it holds etp pairs' inputs (gathered) through 1/etp of each expert's width."""
+    the experts' tensor parallelism it holds etp pairs' inputs (gathered) through 1/etp of each expert's width.
+    ``fp8_inputs``: the two GEMMs' inputs (the permuted tokens, the activation's output) kept in FP8, 1 byte an
+    element, as Transformer Engine's GroupedLinear saves them under an FP8 recipe (transformer_engine/pytorch/module/
+    grouped_linear.py; the gate and up projections stay in the dtype for SwiGLU's backward)."""
     if not hw.grouped_experts:
         return moe.expert_saved_bytes_per_token
-    return etp * (dtype_bytes * (moe.hidden_size + 3 * moe.expert_ffn_size / etp) + 4)
+    inputs = 1 if fp8_inputs else dtype_bytes
+    return etp * (inputs * (moe.hidden_size + moe.expert_ffn_size / etp) + dtype_bytes * 2 * moe.expert_ffn_size / etp + 4)
 
 
 def remote_nodes(moe: Any, ep: int, per_node: int) -> tuple[float, int]:

@@ -73,6 +73,11 @@ RECIPES: dict[str, Recipe] = {
 # weight and its transpose across a step's micro-batches (``is_first_microbatch``: transformer_engine/pytorch/
 # module/linear.py), 2 B; torchao casts the weight again at each use and keeps nothing.
 WEIGHT_COPY_BYTES = {TORCHAO_FLOAT8: 0.0, TORCHAO: 0.0, TRANSFORMER_ENGINE: 2.0}
+# The same where the weights are FP8 parameters (Megatron-Core's --fp8-param-gather builds the model under Transformer
+# Engine's fp8_model_init, and Megatron-Bridge's current-scaling recipe sets it: bf16_with_fp8_current_scaling_mixed in
+# megatron/bridge/training/mixed_precision.py): the parameter is the FP8 row-wise copy, and only the column-wise
+# (transposed) one Hopper's GEMMs need is kept beside it (transformer_engine/pytorch/tensor/float8_tensor.py), 1 B.
+FP8_PARAM_COPY_BYTES = {TORCHAO_FLOAT8: 0.0, TORCHAO: 0.0, TRANSFORMER_ENGINE: 1.0}
 # Which data-parallel stages gather FP8 weights where the recipe allows it: torchao's
 # ``enable_fsdp_float8_all_gather`` under FSDP2 (ZeRO-2/3 as autopar launch and torchtitan run them), Megatron's
 # ``--fp8-param-gather`` under its distributed optimizer (ZeRO-1 on).
@@ -194,6 +199,9 @@ def step_precision(precision: Precision, name: str | None, zero_stage: int, hw: 
     return replace(precision, name=f"{precision.name}+fp8-gather", param_bytes=1)
 
 
-def fp8_weight_copy_bytes(params_per_gpu: float, hw: HardwareProfile) -> float:
-    """Bytes of FP8 weight copies an FP8 layer's library keeps between micro-batches (WEIGHT_COPY_BYTES)."""
-    return params_per_gpu * WEIGHT_COPY_BYTES.get(hw.fp8_library, 0.0)
+def fp8_weight_copy_bytes(params_per_gpu: float, hw: HardwareProfile, fp8_params: bool = False) -> float:
+    """Bytes of FP8 weight copies an FP8 layer's library keeps between micro-batches (WEIGHT_COPY_BYTES).
+    ``fp8_params``: the weights themselves are FP8 (step_precision gathers them in FP8): Transformer Engine then
+    keeps only their transposes (FP8_PARAM_COPY_BYTES)."""
+    table = FP8_PARAM_COPY_BYTES if fp8_params else WEIGHT_COPY_BYTES
+    return params_per_gpu * table.get(hw.fp8_library, 0.0)

@@ -95,6 +95,18 @@ def tp_saved_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool, a
     return replicated + (total - replicated) / tp
 
 
+def fp8_saved_delta(layer: LayerLike, b: float, tp: int, sequence_parallel: bool) -> float:
+    """How one tp rank's saved bytes change when the layer's linears keep their activation inputs in FP8 (capture
+    measured it whole: LayerProfile.fp8_saved_delta_bytes_*), split by tp as the layer's saved bytes are
+    (tp_saved_bytes): an assumption, as the inputs of column linears stay whole under tp without SP."""
+    delta = getattr(layer, "fp8_saved_delta_bytes_per_sample", 0) * b + getattr(layer, "fp8_saved_delta_bytes_fixed", 0)
+    if not delta:
+        return 0.0
+    whole = float(saved_bytes(layer, int(max(1, round(b)))))
+    share = tp_saved_bytes(layer, int(max(1, round(b))), tp, sequence_parallel) / whole if whole > 0 else 1.0
+    return delta * share
+
+
 def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype_bytes: int,
                        attention_kernel: str, attention_dropout: bool) -> float:
     """Extra bytes an unfused attention saves (the S×S softmax output, dropout mask and output), split
@@ -109,7 +121,7 @@ def scores_saved_bytes(layer: LayerLike, *, b: int, tp: int, seq_len: int, dtype
 def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                           seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
                           attention_dropout: bool = False, autocast: bool = False,
-                          modules: Sequence[str] | None = None, fused: bool = False) -> float:
+                          modules: Sequence[str] | None = None, fused: bool = False, fp8_inputs: bool = False) -> float:
     """Bytes one micro-batch of ``layer`` keeps on one GPU from its forward until its backward.
 
     ``recompute`` is this layer's mode. Full recomputation keeps the layer's input (split by tp under
@@ -117,12 +129,15 @@ def kept_activation_bytes(layer: LayerLike, *, b: int, tp: int, sequence_paralle
     recomputation drops what its ``modules`` (recompute.py; None: the attention core) save beyond their inputs.
     ``autocast``: the forward runs under torch.autocast with fp32 weights (saved_bytes), its input (the residual
     stream) in fp32. ``fused`` (hardware.fused_elementwise): the engine's fused norms and gated activation keep
-    less than the traced eager ops (recompute.unfused_bytes)."""
+    less than the traced eager ops (recompute.unfused_bytes). ``fp8_inputs``: its linears keep their activation
+    inputs in FP8 (Transformer Engine under an FP8 recipe: fp8_saved_delta)."""
     scores = scores_saved_bytes(layer, b=b, tp=tp, seq_len=seq_len, dtype_bytes=dtype_bytes,
                                 attention_kernel=attention_kernel, attention_dropout=attention_dropout)
     saved = tp_saved_bytes(layer, b, tp, sequence_parallel, autocast) + scores
     if fused:
         saved = max(0.0, saved - unfused_bytes(layer, b=b, tp=tp, sequence_parallel=sequence_parallel))
+    if fp8_inputs:
+        saved = max(0.0, saved + fp8_saved_delta(layer, b, tp, sequence_parallel))
     if recompute == "full":
         widen = 4 / dtype_bytes if autocast else 1
         kept = input_bytes(layer, b) * widen / (tp if sequence_parallel and tp > 1 else 1)
@@ -155,13 +170,14 @@ def core_recomputed_bytes(layer: LayerLike, *, b: float, tp: int, seq_len: int, 
 def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bool, recompute: str,
                      seq_len: int, dtype_bytes: int, attention_kernel: str = "fused",
                      attention_dropout: bool = False, autocast: bool = False,
-                     modules: Sequence[str] | None = None, fused: bool = False) -> float:
+                     modules: Sequence[str] | None = None, fused: bool = False, fp8_inputs: bool = False) -> float:
     """Extra bytes alive while this layer's backward re-runs its forward (one micro-batch): all it dropped under full
     recomputation; under selective, the largest one recomputed module's (each is re-run and released in turn)."""
     if recompute == "none":
         return 0.0
     kw = dict(b=b, tp=tp, sequence_parallel=sequence_parallel, seq_len=seq_len, dtype_bytes=dtype_bytes,
-              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast, fused=fused)
+              attention_kernel=attention_kernel, attention_dropout=attention_dropout, autocast=autocast, fused=fused,
+              fp8_inputs=fp8_inputs)
     dropped = kept_activation_bytes(layer, recompute="none", **kw) - \
         kept_activation_bytes(layer, recompute=recompute, modules=modules, **kw)
     if recompute != "selective":

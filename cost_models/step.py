@@ -23,7 +23,14 @@ from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
-from cost_models.fp8 import check_recipe, fp8_blocks, fp8_weight_copy_bytes, step_precision, with_fp8
+from cost_models.fp8 import (
+    TRANSFORMER_ENGINE,
+    check_recipe,
+    fp8_blocks,
+    fp8_weight_copy_bytes,
+    step_precision,
+    with_fp8,
+)
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import (
     NO_STEP_WORK,
@@ -123,7 +130,7 @@ class CostModel:
         split = tp if is_tp_sharded(layer, tp) else 1
         kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
                   attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast, modules=modules,
-                  fused=hw.fused_elementwise)
+                  fused=hw.fused_elementwise, fp8_inputs=fp8 is not None and hw.fp8_library == TRANSFORMER_ENGINE)
         exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1],
                                 recompute=core_mode(mode, modules),
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
@@ -201,7 +208,7 @@ class CostModel:
                                   c.compute.model_flops * share),
                           added(c.traffic, Traffic(tp_fwd_s=enter, tp_bwd_s=leave)), c.held, NO_STEP_WORK)
         if getattr(layer, "moe", None):
-            c = self._with_experts(c, layer, cfg, mode, autocast)
+            c = self._with_experts(c, layer, cfg, mode, autocast, self.fp8_layers(cfg)[i])
         return c
 
     def domain(self, cfg: ParallelConfig) -> int:
@@ -226,9 +233,12 @@ class CostModel:
         return self.hw.autocast and data_parallel_engines(cfg, self.model.dtype).autocast
 
     def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str,
-                      autocast: bool) -> LayerCost:
-        """A MoE layer's dense cost with its routed experts added (experts.py), record by record."""
-        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast)
+                      autocast: bool, fp8: bool = False) -> LayerCost:
+        """A MoE layer's dense cost with its routed experts added (experts.py), record by record; ``fp8``: the layer
+        runs in FP8 (its experts keep their GEMM inputs in FP8 under Transformer Engine; their GEMMs are priced in
+        the dtype)."""
+        fp8_inputs = fp8 and self.hw.fp8_library == TRANSFORMER_ENGINE
+        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast, fp8_inputs)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             moe = layer.moe
@@ -241,7 +251,8 @@ class CostModel:
                 gpus_per_node=self.domain(cfg), dtype=self.model.dtype,
                 hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
-                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s, modules=cfg.recompute_modules)
+                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s, modules=cfg.recompute_modules,
+                fp8_inputs=fp8_inputs)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,
@@ -273,7 +284,7 @@ class CostModel:
         # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
         fwd = c.compute.fwd_s + work.zero3_copy_fwd_s
         z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
-        copies = fp8_weight_copy_bytes(own, self.hw) if fp8 else 0.0
+        copies = fp8_weight_copy_bytes(own, self.hw, fp8_params=precision.param_bytes == 1) if fp8 else 0.0
         rest = StepWork(tied_sync_s=tied, zero3_sync_s=z3_sync, state_params_bytes=copies,
                         gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0)
         return LayerCost(c.compute, c.traffic, c.held, added(work, rest))

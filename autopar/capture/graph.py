@@ -154,7 +154,7 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
             "scores": n.name in (scores or ()),
         }
         for field in ("out_bytes", "flops", "matmul_flops", "memory_bytes", "heavy_bytes", "saved_bytes",
-                      "saved_score_bytes", "autocast_saved_bytes"):
+                      "saved_score_bytes", "autocast_saved_bytes", "fp8_saved_delta"):
             per_sample, fixed = split(getattr(c1, field), getattr(c2, field), batch2, cost1 is cost2)
             attrs[f"{field}_per_sample"], attrs[f"{field}_fixed"] = per_sample, fixed
         attrs["saves"] = {label: split(c1.saves.get(label, 0), c2.saves.get(label, 0), batch2, cost1 is cost2)

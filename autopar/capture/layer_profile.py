@@ -35,6 +35,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     saved, saved_fixed = (a - b for a, b in zip(total("saved_bytes"), total("saved_score_bytes")))
     # an eager attention's scores are priced apart, in the model's dtype (attention.py): left out of both
     cast, cast_fixed = (a - b for a, b in zip(total("autocast_saved_bytes"), total("saved_score_bytes")))
+    fp8, fp8_fixed = total("fp8_saved_delta")
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
     moe, extra, experts = None, 0.0, {}
@@ -45,6 +46,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]
         mem, saved = mem + extra * experts["memory_bytes"], saved + extra * experts["saved_bytes"]
         cast += extra * experts["autocast_saved_bytes"]
+        fp8 -= experts["fp8_saved_delta"]  # the routed experts' inputs stay in the dtype, as their GEMMs (experts.py)
     is_head = layer.index == head
     pattern = _pattern(layer, unit, module, gm, g, is_head, moe, cores)
     parts = layer_parts(unit, module, g, nodes, cores, pattern, moe.module if moe else None) \
@@ -62,6 +64,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),
+        fp8_saved_delta_bytes_per_sample=round(fp8), fp8_saved_delta_bytes_fixed=round(fp8_fixed),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe, parts=parts,
         attention_causal=any(core.causal for name, core in cores.items() if name in set(nodes)))

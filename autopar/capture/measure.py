@@ -109,6 +109,7 @@ class NodeCost:
     saved_bytes: int = 0
     saved_score_bytes: int = 0  # of the saved bytes, those of an eager attention's S×S scores
     autocast_saved_bytes: int = 0  # what autograd would save with fp32 weights under torch.autocast (attribute_autocast)
+    fp8_saved_delta: int = 0  # how its saves change when its weight GEMM keeps its input in FP8 (attribute_fp8)
     aten_ops: int = 0
     saves: dict[str, int] = dataclasses.field(default_factory=dict)  # every storage it saves, by label (attribute_saves)
 
@@ -167,6 +168,7 @@ class _Meter(torch.fx.Interpreter):
         self._inputs: set[int] = set()  # the storages of the running node's tensor inputs
         self._dropout = False  # the running node is a dropout
         self._fp32: dict[str, bool] = {}  # node → its output would be fp32 under autocast (fp32 weights)
+        self._weight_gemms: set[str] = set()  # nodes multiplying by a parameter (a linear's GEMM, grouped experts')
         self._flops = FlopCounterMode(display=False, custom_mapping={aten._grouped_mm: grouped_mm_flops})
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -225,6 +227,25 @@ class _Meter(torch.fx.Interpreter):
                 scaled = nbytes if not floating or fp32 is None else nbytes // size * (4 if fp32 else half_bytes)
                 self.costs[node].autocast_saved_bytes += scaled
 
+    def attribute_fp8(self) -> None:
+        """Each weight GEMM's change in saved bytes when it keeps its activation input in FP8, as Transformer Engine's
+        linears do under an FP8 recipe (transformer_engine/pytorch/module/linear.py ``_Linear.forward``: the quantized
+        input, column-wise data only, is what it saves for the weight gradient; layernorm_linear.py and
+        grouped_linear.py likewise): an input only weight GEMMs save is kept at 1 byte an element instead of its own
+        size; one that another op saves too (attention's output, saved by the kernel) stays and gains an FP8 copy.
+        Each storage counts once, at the first GEMM that saves it (q, k and v share their input)."""
+        savers: dict[int, set[str]] = {}
+        for key, _, _, _, node, _ in self._saves:
+            savers.setdefault(key, set()).add(node)
+        done: set[int] = set()
+        for key, nbytes, size, floating, node, is_input in self._saves:
+            if key in done or not (floating and is_input and node in self._weight_gemms):
+                continue
+            done.add(key)
+            elements = nbytes // size
+            only_gemms = savers[key] <= self._weight_gemms
+            self.costs[node].fp8_saved_delta += elements - nbytes if only_gemms else elements
+
     def _autocast_dtype(self, n: torch.fx.Node, result: Any) -> bool:
         """Whether ``n``'s output would be fp32 under autocast with fp32 weights and inputs."""
         name = op_name(n)
@@ -252,6 +273,8 @@ class _Meter(torch.fx.Interpreter):
             result = super().run_node(n)
         cost.aten_ops = ops.count
         cost.flops += self._flops.get_total_flops() - before
+        if cost.flops > 0 and self._inputs & self._excluded:
+            self._weight_gemms.add(n.name)
         cost.out_bytes = tensor_bytes(result)
         for t in (result if isinstance(result, (tuple, list)) else (result,)):
             if isinstance(t, torch.Tensor):
@@ -333,6 +356,7 @@ def measure(traced: Traced, wrapper: nn.Module, spec: ModelSpec, batch_size: int
             meter.run(*args)
         meter.attribute_scores()
         meter.attribute_saves()
+        meter.attribute_fp8()
         if dtype in (torch.bfloat16, torch.float16):  # mixed precision: autopar's runtime may run it under autocast
             meter.attribute_autocast(torch.finfo(dtype).bits // 8)
     except Exception as e:  # an op of the graph failed on these inputs: say where it was traced from

@@ -136,7 +136,7 @@ def measured(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str],
     prefix = f"{unit}.{moe.experts}" if unit else moe.experts
     inside = [n for n in nodes if g.nodes[n]["module"] == prefix or g.nodes[n]["module"].startswith(prefix + ".")]
     totals = {f: sum(g.nodes[n][f"{f}_per_sample"] for n in inside)
-              for f in ("flops", "matmul_flops", "memory_bytes", "saved_bytes", "autocast_saved_bytes")}
+              for f in ("flops", "matmul_flops", "memory_bytes", "saved_bytes", "autocast_saved_bytes", "fp8_saved_delta")}
     pairs = tokens * moe.profile.top_k * ((moe.profile.capacity_factor or 1.0) if moe.padded else 1.0)
     profile = moe.profile.model_copy(update={
         "expert_fwd_flops_per_token": totals["flops"] / pairs,

@@ -230,6 +230,7 @@ def test_attention_implementation_is_recorded_and_eager_scores_left_out() -> Non
     assert (pair.kind, pair.heads, pair.kv_heads, pair.head_dim) == ("attention", 8, 4, 256)
 
 
+@pytest.mark.slow
 def test_latent_attention_shards_by_head_and_keeps_the_latent_projections_whole() -> None:
     block = next(lp for lp in captured("deepseek-v3").layers if lp.moe)
     attention = block.tp.pairs[0]

@@ -194,3 +194,21 @@ def test_an_engine_with_fused_norms_and_swiglu_keeps_what_they_keep(blocks):
     gpt = blocks["0.0"]
     assert gpt.parts["layernorm"].unfused_bytes_per_sample == 2 * 2 * 4 * S and \
         gpt.parts["mlp_act"].unfused_bytes_per_sample == 0
+
+
+@pytest.mark.slow
+def test_fp8_linears_keep_the_inputs_only_they_save_at_one_byte(blocks):
+    """Transformer Engine's FP8 linears save their inputs quantized (capture's fp8_saved_delta): an input that only
+    GEMMs save — the two norms' outputs (2·sbh each), fc2's 4h GELU output (8·sbh) — keeps 1 byte an element instead
+    of 2; the projection's input is the attention kernel's output, which the kernel saves too, so it gains an FP8
+    copy (+sbh). 5·sbh less: the layer's 32·sbh without dropout (fused kernel) down to 27·sbh."""
+    layer = blocks["0.0"]
+    assert layer.fp8_saved_delta_bytes_per_sample == pytest.approx(-5 * SBH, rel=TOLERANCE)
+    plain = _kept(layer, kernel="fused", dropout=False)
+    fp8 = kept_activation_bytes(layer, b=1, tp=1, sequence_parallel=False, recompute="none", seq_len=S, dtype_bytes=2,
+                                attention_kernel="fused", fp8_inputs=True)
+    assert plain - fp8 == pytest.approx(5 * SBH, rel=TOLERANCE)
+    t = 8  # under tensor and sequence parallelism every rank keeps 1/t of it
+    split = kept_activation_bytes(layer, b=1, tp=t, sequence_parallel=True, recompute="none", seq_len=S, dtype_bytes=2,
+                                  attention_kernel="fused", fp8_inputs=True)
+    assert split == pytest.approx(fp8 / t, rel=TOLERANCE)

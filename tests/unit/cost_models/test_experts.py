@@ -16,6 +16,7 @@ from autopar.cli import app
 from autopar.plan import Plan
 from cost_models import ConfigError, CostModel, comm, load_hardware, make_config
 from cost_models.compute import memory_time
+from cost_models.engines import ENGINES
 from cost_models.experts import (
     EXPERT_SPREAD_AUX_LOSS,
     DenseView,
@@ -228,6 +229,7 @@ def test_grouped_experts_run_at_the_large_gemm_rate_unless_their_operands_bound_
     assert memory_time(operands, H100) > 2 * 128 * projections * 8 / (H100.peak("bf16") * top)
 
 
+@pytest.mark.slow
 def test_the_grouped_gemm_decision_prices_the_loop_it_names() -> None:
     """moe_grouped_gemm false under the megatron engine prices Megatron-Core's SequentialMLP (a GEMM per expert at
     its own rows, the per-token efficiency of one expert); the engine's default is its grouped GEMM."""
@@ -237,3 +239,18 @@ def test_the_grouped_gemm_decision_prices_the_loop_it_names() -> None:
     loop = autopar.estimate(str(EX / "moe.py"), **common, moe_grouped_gemm=False)
     assert grouped.parallelism.moe_grouped_gemm is None and loop.parallelism.moe_grouped_gemm is False
     assert loop.prediction.step_time_s > grouped.prediction.step_time_s
+
+
+def test_transformer_engine_keeps_the_grouped_gemms_inputs_in_fp8(tiny) -> None:
+    """Per routed token-expert pair the grouped GEMMs keep the permuted token (h wide), the gate and up projections
+    and the activation's output (ffn wide each) and the routing weight (fp32); under an FP8 recipe Transformer
+    Engine's GroupedLinear keeps the two GEMM inputs at 1 byte an element, the projections stay in bf16."""
+    layer = next(layer for layer in tiny.layers if layer.moe)
+    te = ENGINES["megatron"].on(H100)
+    common = dict(b=4, seq_len=SEQ, tp=1, etp=1, ep=2, sequence_parallel=False, recompute="none", imbalance=1.0,
+                  gpus_per_node=8, hw=te, dtype="bf16", dtype_bytes=2)
+    pairs = 4 * SEQ * 2 * 1.5  # b·s·k·cf
+    bf16 = expert_cost(layer, **common).held.kept_bytes
+    fp8 = expert_cost(layer, fp8_inputs=True, **common).held.kept_bytes
+    assert bf16 == pytest.approx(pairs * (2 * (64 + 3 * 96) + 4))
+    assert fp8 == pytest.approx(pairs * ((64 + 96) + 2 * 2 * 96 + 4))

@@ -106,6 +106,22 @@ def test_a_plan_prices_only_its_fp8_blocks_and_keeps_fp8_state_as_the_engine_doe
     assert te_fp8 - te_base == pytest.approx(4 * 2 * (2 * H * INNER), rel=0.02)
 
 
+def test_transformer_engine_keeps_linear_inputs_and_weights_in_fp8_torchao_does_not() -> None:
+    """Transformer Engine saves each FP8 linear's input quantized (capture measures the change: fp8_saved_delta) and,
+    its weights FP8 parameters under --fp8-param-gather, keeps their transposes only (1 B + 1 B for the 2 B bf16
+    weight); torchao saves the bf16 inputs and casts the weights again at each use."""
+    delta = -SEQ * (H + INNER)  # both linears' inputs, 2 B → 1 B an element
+    blocks = [mlp_block(i).model_copy(update={"fp8_saved_delta_bytes_per_sample": delta}) for i in range(1, 5)]
+    cfg = make_config(8, global_batch_size=8, tp=1, pp=1, micro_batch_size=1, zero_stage=1, recompute="none")
+
+    def peak(engine: str, **kw: object) -> float:
+        return CostModel(model(blocks, seq_len=SEQ), ENGINES[engine].on(FP8_HW)).evaluate(
+            replace(cfg, **kw)).peak_memory_bytes
+
+    assert peak("megatron", fp8="delayed", fp8_bf16_blocks=0) - peak("megatron") == pytest.approx(4 * delta, rel=0.02)
+    assert peak("autopar", fp8="tensorwise", fp8_bf16_blocks=0) == pytest.approx(peak("autopar"), rel=1e-6)
+
+
 def test_fp8_gathers_follow_the_recipe_and_the_engines_data_parallelism() -> None:
     bf16 = default_precision("bf16")
     torchao, te = ENGINES["autopar"].on(FP8_HW), ENGINES["megatron"].on(FP8_HW)
