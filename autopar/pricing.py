@@ -76,8 +76,10 @@ def engine_model(profile: ModelProfile, hw: HardwareProfile, engine: str) -> Cos
 
 def attention_kernel(profile: ModelProfile, requested: str = "fused") -> str:
     """The attention kernel a run of this model uses: an eager (unfused) implementation materialises the
-    S×S scores whatever the plan asks."""
-    return "unfused" if getattr(profile, "attention_impl", "sdpa") == "eager" else requested
+    S×S scores whatever the plan asks, but for learned attention sinks (GPT-OSS), which the cost model prices as
+    each engine runs them (cost_models.compute.engine_attention_kernel)."""
+    sinks = any(getattr(layer, "attention_sinks", False) for layer in profile.layers)
+    return "unfused" if getattr(profile, "attention_impl", "sdpa") == "eager" and not sinks else requested
 
 
 def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:

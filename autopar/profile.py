@@ -189,8 +189,17 @@ class LayerProfile(_Frozen):
         default_factory=dict, description="the parts Megatron-Core's --recompute-modules names (core_attn, "
         "layernorm, mlp, moe, shared_experts, mla_up_proj) that the layer has, measured (empty: captured before)")
     attention_causal: bool = Field(
-        default=False, description="its fused attention is causal (SDPA is_causal): a flash kernel computes only "
-                                   "the unmasked half of the S×S the FLOP count holds")
+        default=False, description="its attention is causal (SDPA is_causal, or the attention module's is_causal): "
+                                   "a flash kernel computes only the unmasked half of the S×S the FLOP count holds")
+    attention_window: int | None = Field(
+        default=None, description="a causal sliding window: each query attends the W keys i − W < j ≤ i (the "
+                                  "attention module's sliding_window); a flash kernel skips the blocks outside it")
+    attention_dense: bool = Field(
+        default=False, description="the traced attention computes every S×S score (eager ops, or SDPA given a mask "
+                                   "tensor): what runs where the engine runs the model's own attention")
+    attention_sinks: bool = Field(
+        default=False, description="eager attention with learned per-head sink logits (GPT-OSS): fused where the "
+                                   "engine's flash kernel takes sinks, else the unfused kernel")
 
 
 class CaptureInfo(_Frozen):

@@ -111,11 +111,40 @@ def tp_memory_bytes(layer: LayerLike, b: int, tp: int, sequence_parallel: bool) 
     return replicated + (total - replicated) / tp
 
 
-def flash_fraction(layer: LayerLike) -> float:
-    """Share of the counted S×S attention FLOPs a fused kernel executes: a causal kernel skips the masked upper
+def flash_fraction(layer: LayerLike, seq_len: int, hw: HardwareProfile) -> float:
+    """Share of the counted S×S attention FLOPs a fused kernel executes. A causal kernel skips the masked upper
     triangle (FlashAttention-2, Dao 2023, §3.1.1: "skip the computation of blocks whose column indices are larger
-    than the row indices"), half of it at long sequences."""
+    than the row indices"), half of it at long sequences; an engine whose kernel takes the sliding window
+    (``hw.kernel_masks``) skips the blocks outside it too (window_pairs). Where the engine runs the model's own
+    attention, a traced mask tensor (eager, or SDPA given a mask) is applied to all S×S."""
+    if not hw.kernel_masks and getattr(layer, "attention_dense", False):
+        return 1.0
+    window = getattr(layer, "attention_window", None) if hw.kernel_masks else None
+    if window and window < seq_len:
+        return window_pairs(seq_len, window) / (seq_len * seq_len)
     return 0.5 if getattr(layer, "attention_causal", False) else 1.0
+
+
+def window_pairs(seq_len: int, window: int) -> float:
+    """(query, key) pairs of a causal sliding window over ``seq_len`` tokens, each query i attending the ``window``
+    keys i − window < j ≤ i (transformers' sliding_window_overlay; FlashAttention's window_size = (window − 1, 0)
+    with causal: "query at position i will only attend to keys between [i − window_size[0], i]", flash-attn
+    README): the first ``window`` queries see i + 1 keys, the rest ``window``: S·W − W(W − 1)/2."""
+    w = min(window, seq_len)
+    return seq_len * w - w * (w - 1) / 2.0
+
+
+def flash_length(layer: LayerLike, seq_len: int, hw: HardwareProfile) -> int:
+    """The sequence length at which to read the flash kernel's efficiency: a windowed kernel does ``window`` keys
+    per query, as a causal kernel does on average over 2·window tokens (its table, measured causal)."""
+    window = getattr(layer, "attention_window", None) if hw.kernel_masks else None
+    return min(seq_len, 2 * window) if window else seq_len
+
+
+def engine_attention_kernel(layer: LayerLike, requested: str, hw: HardwareProfile) -> str:
+    """The attention kernel the engine runs for ``layer``: learned attention sinks (GPT-OSS) run fused only where
+    the engine's kernel takes them (hw.fused_sinks), else as the model's eager ops (the unfused kernel)."""
+    return "unfused" if getattr(layer, "attention_sinks", False) and not hw.fused_sinks else requested
 
 
 def _matmul_split(layer: LayerLike, b: float, seq_len: int, split: int,
@@ -144,7 +173,7 @@ def fused_attention_times(flops: float, layer: LayerLike, seq_len: int, hw: Hard
     flash = hw.flash()
     assert flash is not None
     table, backward = flash
-    fwd = flops * flash_fraction(layer) / (hw.peak(dtype) * table(seq_len))
+    fwd = flops * flash_fraction(layer, seq_len, hw) / (hw.peak(dtype) * table(flash_length(layer, seq_len, hw)))
     return fwd, backward * fwd
 
 

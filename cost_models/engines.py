@@ -51,6 +51,8 @@ class Engine:
     autocast: bool = False
     fp8_library: str = TORCHAO  # who runs its FP8 linears (fp8.py): torchao, Transformer Engine, or "" (none)
     attention: str = "flash2"      # the fused attention kernel it runs (hardware.HardwareProfile.flash_attention)
+    kernel_masks: bool = False     # its kernel skips the causal / sliding-window blocks itself (compute.flash_fraction)
+    fused_sinks: bool = False      # its fused kernel takes learned attention sinks (GPT-OSS)
     param_gather_overlap: bool = False  # ZeRO-1/2's gather of the updated parameters hidden (overlap_param_gather)
     grouped_experts: bool = False  # a MoE layer's experts as one grouped GEMM (experts._expert_kernels)
     fused_elementwise: bool = False  # fused norms and gated activation (recompute.unfused_bytes)
@@ -65,6 +67,7 @@ class Engine:
         return replace(hw, layer_overhead_s=hw.layer_overhead_s + self.layer_overhead_s,
                        zero3_copies=self.zero3_copies if self.zero3_copies != "none" else hw.zero3_copies,
                        autocast=self.autocast or hw.autocast, attention_kernel=self.attention, fp8_library=self.fp8_library,
+                       kernel_masks=self.kernel_masks, fused_sinks=self.fused_sinks,
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
@@ -92,9 +95,13 @@ ENGINES: dict[str, Engine] = {
     "megatron": Engine(
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
-        fused_elementwise=True,
+        fused_elementwise=True, kernel_masks=True, fused_sinks=True,
         fp8_library=TRANSFORMER_ENGINE,
         sources={
+            "kernel_masks": "Megatron-Core passes attn_mask_type causal and the layer's window_size to Transformer "
+                            "Engine's DotProductAttention (TransformerConfig.window_size, window_attn_skip_freq)",
+            "fused_sinks": "Megatron-Bridge's GPTOSSProvider (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py): "
+                           "softmax_type 'learnable', window_size (128, 0); 'Fused sink attention requires TE >= 2.8'",
             "fused_elementwise": "Megatron-Core's layer spec with Transformer Engine: the norms fused into "
                                  "TELayerNormColumnParallelLinear / TENorm (input and rstd kept), SwiGLU as "
                                  "bias_swiglu_impl (its input kept, its output the next linear's input)",
@@ -114,8 +121,13 @@ ENGINES: dict[str, Engine] = {
                                     "NeMo's recipes; the export sets it)"}),
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
-        compute=1.04, zero3_copies="per_parameter", grouped_experts=True,
+        compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
         sources={
+            "kernel_masks": "torchtitan builds causal and sliding-window masks as FlexAttention BlockMasks "
+                            "(torchtitan/models/attention.py: get_causal_mask_mod, get_sliding_window_mask_mod), "
+                            "whose kernel skips the empty blocks; flash SDPA runs is_causal",
+            "fused_sinks": "torchtitan's GPT-OSS (torchtitan/models/gpt_oss/model/model.py, Attention.forward): "
+                           "FlexAttention with return_lse, the sinks applied to its output as sigmoid(lse - sink)",
             "fp8_library": "torchtitan converts linears with torchao: float8 and its MX formats (--model.converters "
                            "float8 / mx; torchtitan/components/quantization/float8.py, mx.py)",
             "grouped_experts": "torchtitan's MoE runs its experts with torch._grouped_mm "
@@ -140,6 +152,9 @@ ENGINES: dict[str, Engine] = {
             "memory": "1: not separable from compute on these runs",
             "attention": "torch.nn.functional.scaled_dot_product_attention, whose flash backend on CUDA is "
                          "FlashAttention-2 (PyTorch docs, torch.nn.attention.SDPBackend.FLASH_ATTENTION)",
+            "kernel_masks": "off: the runtime runs transformers' own attention: SDPA's is_causal skips the upper "
+                            "triangle, a sliding window is a mask tensor over all S×S (the memory-efficient kernel), "
+                            "eager attention (Gemma-2, GPT-OSS's sinks) materialises the scores",
             "dp_overlap": "DDP and FSDP2 reduce gradients during the backward",
             "zero3_overlap": "FSDP2 prefetches the next layer's all-gather",
             "zero3_copies": FSDP2_COPIES,
@@ -147,8 +162,12 @@ ENGINES: dict[str, Engine] = {
                         "cast runs under torch.autocast with fp32 weights (data_parallel_engines)"}),
     "deepspeed": Engine(
         "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
-        compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055, fp8_library="",
+        compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055, fp8_library="", kernel_masks=True,
         sources={
+            "kernel_masks": "flash-attn's flash_attn_func takes causal and window_size (Hugging Face's flash path passes "
+                            "(sliding_window - 1, sliding_window - 1)) and skips the blocks outside them",
+            "fused_sinks": "off: Hugging Face's GPT-OSS has no SDPA path (_supports_sdpa False) and runs flash only "
+                           "through the kernels hub's vllm-flash-attn3, not the flash-attn package; eager by default",
             "fp8_library": "DeepSpeed has no FP8 training setting of its own (its config has none; FP8 runs through "
                            "Transformer Engine modules the model itself uses)",
             "compute": "fitted with layer_overhead_s to BLOOM-176B's Megatron-DeepSpeed runs (bigscience "

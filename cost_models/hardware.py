@@ -208,6 +208,10 @@ class HardwareProfile:
     # backward / forward time ratio. ``attention_kernel`` is the one the engine runs (cost_models.engines).
     flash_attention: Mapping[str, tuple[EfficiencyTable, float]] = field(default_factory=dict)
     attention_kernel: str = "flash2"
+    # The engine's kernel takes the model's causal and sliding-window masks as its arguments and skips the blocks
+    # they mask (not a mask tensor over all S×S), and takes learned attention sinks; set by cost_models.engines.
+    kernel_masks: bool = False
+    fused_sinks: bool = False
     # The engine's defaults for overlapping the data-parallel sync (a plan's overlap_grad_reduce and
     # overlap_param_gather decide where they are given); set by cost_models.engines.
     grad_reduce_overlap: float = 1.0

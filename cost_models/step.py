@@ -17,7 +17,7 @@ from dataclasses import replace
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
 from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_chunks, device_cuts, named_terms
-from cost_models.compute import attention_core_times, layer_compute
+from cost_models.compute import attention_core_times, engine_attention_kernel, layer_compute
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
@@ -106,6 +106,7 @@ class CostModel:
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
         every per-token figure and 1/cp of the attention (context.py)."""
         seq, hw = self.model.seq_len, self.hw
+        attn = (engine_attention_kernel(layer, attn[0], hw), attn[1])
         cp = context[0] if context else 1
         share = b / cp if cp > 1 else b  # samples' worth of tokens on this GPU
         if getattr(layer, "moe", None):

@@ -5,6 +5,13 @@ An eager core materialises the S×S scores between its two matmuls (scale, soft-
 dropout). capture profiles every attention as the fused kernel — the scores' traffic and saved bytes
 left out — and marks the model ``attention_impl="eager"``, so that the planner adds them back as the
 unfused kernel it prices (cost_models: attention_kernel="unfused", Korthikanti et al. 2022).
+
+An eager core may append learned per-head "sink" logits to the scores before the softmax and drop their column
+after it (GPT-OSS: QKᵀ → scale, mask → cat(scores, sinks) → minus the row max → softmax → probs[..., :-1] → AV):
+its FLOPs are QKᵀ and AV (the sink adds one logit per query row and head, left out), and engines whose flash
+kernel takes the sinks run it fused (cost_models.engines: fused_sinks). The module that runs a core says what
+an engine's own kernel masks (``core_masks``): HF attention modules set ``is_causal`` and, on a sliding-window
+layer, ``sliding_window`` (query i attends keys i − W < j ≤ i, transformers' masking_utils.sliding_window_overlay).
 """
 from __future__ import annotations
 
@@ -12,6 +19,8 @@ import dataclasses
 from typing import Literal
 
 import torch.fx
+
+from autopar.capture.graph import module_path
 
 _SDPA = ("scaled_dot_product_attention", "_scaled_dot_product")
 _SOFTMAX = {"softmax", "_softmax", "_safe_softmax"}
@@ -29,6 +38,8 @@ class AttentionCore:
     value: torch.fx.Node
     scores: set[str] = dataclasses.field(default_factory=set)  # eager: the nodes between QKᵀ and AV
     causal: bool = False             # SDPA with is_causal: a flash kernel skips the masked half of S×S
+    sinks: bool = False              # eager: learned sink logits concatenated to the scores before the softmax
+    dense: bool = False              # computes every S×S score (eager, or SDPA given a mask tensor)
 
 
 def _op(node: torch.fx.Node) -> str:
@@ -46,8 +57,9 @@ def attention_cores(gm: torch.fx.GraphModule) -> list[AttentionCore]:
         if any(k in op for k in _SDPA) and len(node.args) >= 3:
             # (query, key, value, attn_mask, dropout_p, is_causal, ...)
             causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
+            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
             cores.append(AttentionCore("sdpa", node.name, node.args[0], node.args[1], node.args[2],
-                                       causal=causal is True))
+                                       causal=causal is True, dense=mask is not None))
         elif op in _SOFTMAX:
             core = _eager_core(node)
             if core is not None:
@@ -63,21 +75,54 @@ def attention_impl(cores: list[AttentionCore]) -> Literal["sdpa", "eager", "none
 
 
 def _eager_core(softmax: torch.fx.Node) -> AttentionCore | None:
-    """QKᵀ → (scale, cap, mask) → softmax → (cast, dropout) → AV, every step keeping the score shape."""
+    """QKᵀ → (scale, cap, mask, sinks) → softmax → (drop the sinks, cast, dropout) → AV, every step keeping the
+    score shape but for the sink columns (_score_step)."""
     shape = _shape(softmax)
     if shape is None or len(shape) < 3:
         return None
     qk = softmax
     while qk is not None and _op(qk) not in _MATMUL:
-        qk = next((a for a in qk.all_input_nodes if _shape(a) == shape), None)
+        qk = _score_step(qk, qk.all_input_nodes)
     av = softmax
     while av is not None and (av is softmax or _op(av) not in _MATMUL):
-        av = next((u for u in av.users if _shape(u) == shape or _op(u) in _MATMUL), None)
+        av = next((u for u in av.users if _op(u) in _MATMUL), None) or _score_step(av, list(av.users))
     if qk is None or av is None or len(qk.args) < 2 or len(av.args) < 2:
         return None
     scores = (_descendants(qk) & _ancestors(av)) - {qk.name, av.name}
     return AttentionCore("eager", softmax.name, _four_d(qk.args[0]), _four_d(qk.args[1]), _four_d(av.args[1]),
-                         scores | {qk.name})
+                         scores | {qk.name}, sinks=_shape(qk) != shape, dense=True)
+
+
+def _score_step(node: torch.fx.Node, nodes: list[torch.fx.Node]) -> torch.fx.Node | None:
+    """The next score tensor among ``nodes``: the same shape as ``node``, else (a sink column concatenated or sliced
+    off) the same leading dims with the widest last dim, a row statistic (the row max: last dim 1) never."""
+    shape = _shape(node)
+    same = next((n for n in nodes if _shape(n) == shape), None)
+    if same is not None or shape is None:
+        return same
+    wider = [(_size(s[-1]), n) for n in nodes if (s := _shape(n)) and s[:-1] == shape[:-1] and _size(s[-1]) > 1]
+    return max(wider, key=lambda pair: pair[0])[1] if wider else None
+
+
+def _size(dim: str) -> int:
+    return int(dim) if dim.isdigit() else 2**62  # a symbolic length is a sequence, never a sink column
+
+
+def core_masks(core: AttentionCore, gm: torch.fx.GraphModule, model: torch.nn.Module) -> tuple[bool, int | None]:
+    """(causal, sliding window) of the attention the core runs, as the module that calls it declares them
+    (``is_causal``, ``sliding_window``), else as its SDPA call does (is_causal; no window)."""
+    node = next((n for n in gm.graph.nodes if n.name == core.node), None)
+    path = module_path(node) if node is not None else ""
+    causal, window = core.causal, None
+    while path:
+        module = model.get_submodule(path)
+        if isinstance(getattr(module, "is_causal", None), bool) or hasattr(module, "sliding_window"):
+            causal = causal or getattr(module, "is_causal", False) is True
+            value = getattr(module, "sliding_window", None)
+            window = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+            break
+        path = path.rpartition(".")[0]
+    return causal, window if causal else None
 
 
 def _shape(node: object) -> tuple[str, ...] | None:

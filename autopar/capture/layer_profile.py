@@ -10,7 +10,7 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from autopar.capture.attention import AttentionCore
+from autopar.capture.attention import AttentionCore, core_masks
 from autopar.capture.graph import Layer, layer_inputs
 from autopar.capture.moe import find_moe, measured
 from autopar.capture.parts import layer_parts
@@ -67,7 +67,17 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         fp8_saved_delta_bytes_per_sample=round(fp8), fp8_saved_delta_bytes_fixed=round(fp8_fixed),
         input_bytes_per_sample=round(layer_inputs(g, layer.index)),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe, parts=parts,
-        attention_causal=any(core.causal for name, core in cores.items() if name in set(nodes)))
+        **_attention_masks([core for name, core in cores.items() if name in set(nodes)], gm, model))
+
+
+def _attention_masks(cores: list[AttentionCore], gm: torch.fx.GraphModule, model: torch.nn.Module) -> dict:
+    """What the layer's attention cores compute of S×S: causal and windowed as their modules declare them (what an
+    engine's own flash kernel skips), every score where the traced call takes a mask tensor, and sink logits."""
+    masks = [core_masks(core, gm, model) for core in cores]
+    windows = {window for _, window in masks}
+    return dict(attention_causal=any(causal for causal, _ in masks),
+                attention_window=windows.pop() if len(windows) == 1 else None,
+                attention_dense=any(core.dense for core in cores), attention_sinks=any(core.sinks for core in cores))
 
 
 def _with_extra(part: PartProfile, extra: float, experts: dict[str, float]) -> PartProfile:

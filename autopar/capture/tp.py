@@ -50,7 +50,8 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
     norms = _whole_vector_norms(nodes, module, unit)
     projection_norms = _projection_norms(g, nodes, module, unit, linears, norms, cores)
     norms -= {v for group in projection_norms.values() for v in group}
-    feeds = {a: _reached(g, nodes, a, members, set(linears), norms) for a in linears}
+    scores = {n for core in cores.values() for n in core.scores}
+    feeds = {a: _reached(g, nodes, a, members, set(linears), norms, scores) for a in linears}
     rows = {b for targets in feeds.values() for b in targets}
     cols = {a for a, targets in feeds.items() if targets}
     if not rows:
@@ -212,10 +213,11 @@ def _linear_module(module: nn.Module, unit: str, n: torch.fx.Node) -> nn.Module 
 
 
 def _reached(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], start: str, members: set[str],
-             linears: set[str], norms: set[str]) -> set[str]:
+             linears: set[str], norms: set[str], scores: frozenset[str] | set[str] = frozenset()) -> set[str]:
     """Linears that ``start``'s output reaches with no reduction over features in between: the walk
     stops at other linears (found), at whole-vector normalisations, and at residual adds (an add of two
-    hidden-size tensors, one of which does not come from ``start``). A linear that reaches both a
+    hidden-size tensors, one of which does not come from ``start``; an eager attention's mask added to its
+    ``scores`` is none, whatever the sequence length). A linear that reaches both a
     normalisation and another linear is a latent projection: it feeds none (it stays replicated)."""
     hidden = nodes[start].args[0].meta["val"].shape[-1] if nodes[start].args else None
     found: set[str] = set()
@@ -232,7 +234,7 @@ def _reached(g: nx.DiGraph, nodes: dict[str, torch.fx.Node], start: str, members
         if v in norms:
             normalised = True
             continue
-        if g.nodes[v]["op"] in ("add", "add_") and _is_residual(nodes[v], reach, hidden):
+        if g.nodes[v]["op"] in ("add", "add_") and v not in scores and _is_residual(nodes[v], reach, hidden):
             continue
         reach.add(v)
         stack.extend(g.successors(v))

@@ -67,10 +67,8 @@ CORPUS: dict[str, tuple[str, str]] = {
 }
 
 
-# Known gaps of capture, each a finding of issue #29's published runs (tests/helpers/published_moe_runs.py):
-# GPT-OSS's eager attention appends a learned sink column to the scores before the softmax, so the S×(S+1)
-# softmax is not recognised as an attention core; its blocks get no attention pair and its S×S scores are
-# priced as memory-bound ops (the model records attention_impl "none").
+# GPT-OSS's eager attention appends a learned sink column to the scores before the softmax (S×(S+1)): an eager
+# core with sinks (attention.py), which engines with a fused sink kernel run as flash attention.
 ATTENTION_SINKS = {"gpt-oss-20b", "gpt-oss-120b"}
 
 # The fast loop traces one config per kind of architecture; the whole corpus runs as `slow` (CI runs it all).
@@ -152,9 +150,7 @@ def test_block_cut_bytes_are_the_hidden_state(name: str) -> None:
         assert lp.input_bytes_per_sample <= 1.02 * (lp.cut_bytes_per_sample + expected), lp.name
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=(*p.marks, pytest.mark.xfail(strict=True, reason="attention sinks: no attention core found")))
-    if n in ATTENTION_SINKS else p for n, p in zip(sorted(CORPUS), names(CORPUS))])
+@pytest.mark.parametrize("name", names(CORPUS))
 def test_every_block_has_its_tensor_parallel_pairs(name: str) -> None:
     """Every block shards as Megatron does: an attention pair with the config's heads, and an MLP pair
     (a MoE block's shared experts; routed experts are left to expert parallelism). GPT-2's Conv1D
@@ -222,7 +218,8 @@ def test_attention_implementation_is_recorded_and_eager_scores_left_out() -> Non
     """Gemma-2 runs eager attention (transformers has no SDPA path for its soft-capping): recorded, and its
     blocks profiled as the fused kernel — saved bytes grow linearly with the sequence, not with S²."""
     assert {n: captured(n).attention_impl for n in CORPUS if captured(n).attention_impl != "sdpa"} == \
-        {"gemma-2-2b": "eager", **{n: "none" for n in ATTENTION_SINKS}}
+        {"gemma-2-2b": "eager", **{n: "eager" for n in ATTENTION_SINKS}}
+    assert all(lp.attention_sinks for n in ATTENTION_SINKS for lp in captured(n).layers if lp.kind == "block")
     short, long = (capture_model(str(HF / "gemma-2-2b.json"), {"num_hidden_layers": "4"}, seq_len=s) for s in (128, 512))
     block = [next(lp for lp in p.layers if lp.kind == "block") for p in (short, long)]
     assert block[1].saved_bytes_per_sample == pytest.approx(4 * block[0].saved_bytes_per_sample, rel=0.01)
