@@ -41,7 +41,7 @@ def _ep1(block: torch.nn.Module) -> torch.nn.Module:
     """The block with its experts on expert parallelism's path at ep 1."""
     experts = block.experts
     route = types.SimpleNamespace(ep=1, num_experts=experts.gate_up_proj.shape[0], share=False,
-                                  sequence_parallel=False, tp_group=None)
+                                  sequence_parallel=False, tp_group=None, mesh=types.SimpleNamespace(ndim=1))
     experts.forward = functools.partial(hf_experts_forward, experts, route)
     return block
 
