@@ -12,6 +12,14 @@ over the experts in Python; under expert parallelism (autopar.runtime.ep) this m
    expert and run through ``torch._grouped_mm`` (one GEMM per weight for all local experts, offsets per expert:
    torchtitan's and transformers' ``grouped_mm`` experts), the outputs weighted by the router and summed per token.
 
+With etp > 1 (etp = tp) every tp rank dispatches all of its tp group's tokens (gathered first under sequence
+parallelism, its block of the output kept after) and holds a contiguous block of each expert's ``gate_up_proj``
+rows and of ``down_proj``'s columns (DTensors over ("ep", "etp")). ``gate_up_proj`` stacks the gate rows over the
+up rows, so a block is not a gate block with its up block: the first grouped GEMM's output is gathered over etp
+(backward: a reduce-scatter), each rank takes its block of the SwiGLU product, the second grouped GEMM's partial
+sums are all-reduced over etp, and the tokens' gradient is summed over etp (Megatron's fused gate|up under expert
+tensor parallelism, and what autopar.runtime.ep's DTensors do for a model file's fused weight).
+
 Gradients: the router's weights reach the experts' outputs through the combine (differentiable), the experts' weights
 are DTensors sharded over ep whose gradients autopar.runtime.ep reduces over edp.
 """
@@ -21,6 +29,8 @@ import inspect
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -53,10 +63,7 @@ def check_hf_experts(unit: str, experts: nn.Module, num_experts: int) -> None:
                            f"({', '.join(params)}) does not: run this model with ep 1")
 
 
-def check_hf_etp(unit: str, etp: int) -> None:
-    if etp > 1:
-        raise AutoparError(f"layer {unit}: transformers' gate_up_proj stacks each expert's gate and up rows on the "
-                           "dimension an etp above 1 would split; use etp 1")
+FFN_DIMS = {"gate_up_proj": 1, "down_proj": 2}  # the dimension etp splits: 2·ffn rows, ffn columns
 
 
 def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -72,32 +79,90 @@ def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tens
     routed = torch.zeros(tokens.shape[0], num, dtype=torch.bool, device=tokens.device).scatter(
         1, top_k_index, True)
     split = route.share and not route.sequence_parallel  # every tp rank holds the same tokens: each keeps a block
+    whole = not route.share and route.sequence_parallel  # etp = tp: every tp rank dispatches all the tokens
+    group = route.tp_group
     if split:
-        group = route.tp_group
         tokens = SplitSequence.apply(tokens.unsqueeze(0), group)[0]
         weights = SplitSequence.apply(weights.unsqueeze(0), group)[0]
         routed = routed.chunk(group.size())[group.rank()]
+    elif whole:
+        tokens = GatherSequence.apply(tokens.unsqueeze(0), group)[0]
+        weights = GatherSequence.apply(weights.unsqueeze(0), group)[0]
+        routed = GatherSequence.apply(routed.to(torch.uint8).unsqueeze(0), group)[0].bool()
     out = dispatch_combine(tokens, weights, route, routed=routed, run=_grouped(experts))
-    return GatherSequence.apply(out.unsqueeze(0), route.tp_group)[0] if split else out
+    if whole:
+        return SplitSequence.apply(out.unsqueeze(0), group)[0]
+    return GatherSequence.apply(out.unsqueeze(0), group)[0] if split else out
 
 
 def _grouped(experts: nn.Module) -> Any:
     def run(inbound: torch.Tensor, counts: torch.Tensor, route: Any) -> torch.Tensor:
-        return grouped_experts(experts, inbound, counts)
+        etp = route.mesh.get_group("etp") if route.mesh.ndim > 1 else None
+        return grouped_experts(experts, inbound, counts, etp=etp)
     return run
 
 
-def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Tensor,
+                    etp: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's experts on the tokens it received, ``counts[r, j]`` of them from ep rank r for local expert j,
-    in (r, j) order: sorted by local expert, two grouped GEMMs with one offset per expert, sorted back."""
+    in (r, j) order: sorted by local expert, two grouped GEMMs with one offset per expert, sorted back. ``etp``:
+    the experts' tensor-parallel group, whose ranks hold blocks of the same experts and receive the same tokens."""
     local = counts.shape[1]
     expert = torch.arange(local, device=counts.device).repeat(counts.shape[0]).repeat_interleave(counts.reshape(-1))
     order = torch.argsort(expert, stable=True)
     offsets = counts.sum(0).cumsum(0).to(torch.int32)
     gate_up, down = (w.to_local() if isinstance(w, DTensor) else w for w in (experts.gate_up_proj, experts.down_proj))
-    if inbound.shape[0] == 0:  # no token routed here: zero gradients for this rank's experts (grouped_mm needs rows)
-        return inbound.new_zeros(0, down.shape[1]) + 0 * (gate_up.sum() + down.sum())
-    x = inbound[order]
-    gate, up = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
-    y = torch._grouped_mm((experts.act_fn(gate) * up).contiguous(), down.transpose(-2, -1), offs=offsets)
+    if inbound.shape[0] == 0:  # no token routed here: zero gradients for this rank's experts (grouped_mm needs rows);
+        # the output still depends on ``inbound`` so that the backward runs the dispatch's all-to-all, as its peers do
+        return inbound.new_zeros(0, down.shape[1]) + 0 * (inbound.sum() + gate_up.sum() + down.sum())
+    x = inbound[order] if etp is None else _SumGradient.apply(inbound[order], etp)
+    both = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offsets)
+    if etp is not None:
+        both = _GatherColumns.apply(both, etp)
+    gate, up = both.chunk(2, dim=-1)
+    product = experts.act_fn(gate) * up
+    if etp is not None:
+        product = product.chunk(etp.size(), dim=-1)[etp.rank()]
+    y = torch._grouped_mm(product.contiguous(), down.transpose(-2, -1), offs=offsets)
+    if etp is not None:
+        y = _SumOutput.apply(y, etp)
     return torch.empty_like(y).index_copy(0, order, y)
+
+
+class _SumGradient(torch.autograd.Function):
+    """Forward: the tokens as they are (the same on every etp rank); backward: their gradient summed over etp."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", ctx.group)), None
+
+
+class _SumOutput(torch.autograd.Function):
+    """Forward: the etp ranks' partial sums added; backward: the output's gradient (the same on every etp rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        return funcol.wait_tensor(funcol.all_reduce(y.contiguous(), "sum", group))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+class _GatherColumns(torch.autograd.Function):
+    """Forward: the etp ranks' column blocks concatenated; backward: the gradients summed, each rank its block."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), x.dim() - 1, group))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return funcol.wait_tensor(funcol.reduce_scatter_tensor(grad.contiguous(), "sum", grad.dim() - 1,
+                                                               ctx.group)), None

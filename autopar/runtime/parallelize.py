@@ -79,7 +79,13 @@ from autopar.runtime.pp import (
     split_model,
 )
 from autopar.runtime.sequence import apply_hf_sequence, partial_over_tp, sum_over_tp
-from autopar.runtime.tied import TiedCopy, apply_tied_sync, sync_tied_gradients, tied_across_chunks
+from autopar.runtime.tied import (
+    TiedCopy,
+    apply_tied_sync,
+    share_across_chunks,
+    sync_tied_gradients,
+    tied_across_chunks,
+)
 from autopar.runtime.tp import apply_relayout, apply_tp, resolve
 from cost_models.engines import DataParallelEngines, data_parallel_engines
 
@@ -294,19 +300,11 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         bool(tp_plans.get(spec.layers[-1].name))
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for c, part in parts.items():
+        apply_fp8(part, _layers_of(spec, c), p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
+        _apply_tensor_parallel(part, _layers_of(spec, c), spec, meshes, tp_plans, loss_parallel=loss_parallel, hf=hf)
+    share_across_chunks(ties, parts)  # tensor parallelism gave each chunk of a tied weight its own parameter
+    for c, part in parts.items():
         layers = _layers_of(spec, c)
-        apply_fp8(part, layers, p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
-        if any(layer.tp > 1 for layer in spec.layers):
-            apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
-                     loss_parallel=loss_parallel, whole_embeddings=hf)
-            apply_latent(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
-                         seq_len=spec.model.seq_len // p.cp, resolve=resolve)
-            if hf:
-                apply_head_tables(part, layers, tp_plans, meshes, resolve=resolve)
-            if hf and p.sequence_parallel:
-                apply_hf_sequence(part, layers, tp_plans, meshes, seq_len=spec.model.seq_len // p.cp, resolve=resolve)
-        if not spec.uniform_tp:
-            apply_relayout(part, layers, p.tp, meshes.stage_group)
         experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
         if cp is not None:
             apply_cp(part, layers, cp)
@@ -339,6 +337,24 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
                          expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp,
                          pipeline_inputs=inputs, tp_partial=tp_partial)
+
+
+def _apply_tensor_parallel(part: nn.Module, layers: list[LayerAssignment], spec: RunPlan, meshes: Meshes,
+                           tp_plans: dict[str, dict[str, str]], *, loss_parallel: bool, hf: bool) -> None:
+    """One chunk's tensor parallelism: the layers' styles, DeepSeek's latent projection, T5's per-head tables, a
+    Hugging Face model's sequence blocks, and the moves between per-layer degrees."""
+    p = spec.parallelism
+    if any(layer.tp > 1 for layer in spec.layers):
+        apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
+                 loss_parallel=loss_parallel, whole_embeddings=hf)
+        apply_latent(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
+                     seq_len=spec.model.seq_len // p.cp, resolve=resolve)
+        if hf:
+            apply_head_tables(part, layers, tp_plans, meshes, resolve=resolve)
+        if hf and p.sequence_parallel:
+            apply_hf_sequence(part, layers, tp_plans, meshes, seq_len=spec.model.seq_len // p.cp, resolve=resolve)
+    if not spec.uniform_tp:
+        apply_relayout(part, layers, p.tp, meshes.stage_group)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:

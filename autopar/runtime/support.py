@@ -11,8 +11,7 @@ model's into module stages: autopar.runtime.stages), ``tp`` (no replicated proje
 directly: autopar.runtime.train.model_layers), ``sequence_parallel`` (every model: autopar.runtime.sequence),
 ``cp`` (one token-id input, a ``positions`` argument, a next-token loss, attention without an explicit mask:
 autopar.runtime.cp), ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers'
-experts layout: autopar.runtime.hf_experts) and ``etp`` above 1 (not transformers' experts, whose gate and up rows
-share one weight).
+experts layout: autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
 """
 from __future__ import annotations
 
@@ -133,11 +132,6 @@ def _experts(profile: Any, loaded: Any, model: Any) -> None:
 
 
 def _expert_tp(profile: Any, loaded: Any, model: Any) -> None:
-    from autopar.runtime.ep import moe_modules
-    from autopar.runtime.hf_experts import check_hf_etp, is_hf_experts
-
-    for layer in profile.layers:
-        for unit in layer.name.split("+") if layer.moe is not None else ():
-            found = moe_modules(model.get_submodule(unit))
-            if found is not None and is_hf_experts(found[1]):
-                check_hf_etp(unit, 2)
+    """Every MoE layer the runtime routes splits its experts' FFN width over etp, transformers' stacked gate and up
+    rows included (autopar.runtime.hf_experts); a degree that does not divide it is the launcher's per-plan check
+    (autopar.runtime.ep.check_experts)."""

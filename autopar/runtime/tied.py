@@ -46,6 +46,35 @@ def tied_across_chunks(model: nn.Module, layers: list[LayerAssignment] | tuple[L
     return {name: chunks for name, chunks in users.values() if len(chunks) > 1}
 
 
+def share_across_chunks(ties: dict[str, dict[int, str]], parts: dict[int, nn.Module]) -> None:
+    """The chunks of one rank share a tied weight as one parameter (autopar.runtime.stages), but tensor
+    parallelism, applied chunk by chunk, gives each its own shard (T5's decoder embedding and LM head on the
+    chunks of one rank under an interleaved schedule): make the later chunks use the first's again, so that their
+    gradients add up in it and one update moves it. Both sides must be sharded alike."""
+    for name, chunks in sorted(ties.items()):
+        mine = [c for c in chunks if c in parts]
+        if len(mine) < 2:
+            continue
+        keep = parts[mine[0]].get_parameter(chunks[mine[0]])
+        for c in mine[1:]:
+            other = parts[c].get_parameter(chunks[c])
+            if other is keep:
+                continue
+            if _placements(keep) != _placements(other):
+                raise AutoparError(f"weight {name} is tied between chunks {mine[0]} and {c} of one pipeline rank, "
+                                   "sharded differently there: give both layers the same tp, or untie them")
+            for full, p in list(parts[c].named_parameters(remove_duplicate=False)):
+                if p is other:
+                    path, _, attr = full.rpartition(".")
+                    parts[c].get_submodule(path)._parameters[attr] = keep
+
+
+def _placements(t: torch.Tensor) -> tuple:
+    if not isinstance(t, DTensor):
+        return ("full", tuple(t.shape))
+    return tuple(t.placements), t.device_mesh, tuple(t.shape)
+
+
 def _layout(t: torch.Tensor) -> tuple:
     if not isinstance(t, DTensor):
         return ("full", tuple(t.shape))

@@ -1,6 +1,6 @@
 """Hugging Face families at a tiny shape and the plans each must train like one process under: pipelines (1F1B and
 interleaved), tensor parallelism with sequence parallelism, context parallelism, expert parallelism for the mixtures
-of experts, and their combinations on 4 and 8 ranks.
+of experts (etp 1 and etp = tp), and their combinations on 4 and 8 ranks.
 
 The families are transformers' own classes built from a config: the corpus's (examples/hf, shrunk with ``--set`` as
 tests/helpers/solved_plans.py does) and tiny configs of the families the corpus does not bundle (tests/data/hf:
@@ -35,9 +35,6 @@ REFUSED: dict[str, dict[str, str]] = {
     "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
     "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
-    "deepseek": {"etp": "gate and up rows"},
-    "mixtral": {"etp": "gate and up rows"},  # transformers' gate_up_proj: the experts at etp 1
-    "qwen3moe": {"etp": "gate and up rows"},
 }
 
 
@@ -80,14 +77,20 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
     if world == 4:
         out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
                "cp2_tp2": dict(cp=2, tp=2)}
-        if moe:
-            out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1)}
+        if moe:  # the experts folded off tp (etp 1), and over etp = tp (gate|up blocks: autopar.runtime.hf_experts)
+            out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1),
+                    "tp2_dp2_ep2_etp2_sp": dict(tp=2, dp=2, ep=2, etp=2, sp_=True)}
         return out
-    if world == 8:
+    if world == 8:  # each pipeline schedule with tp + SP and with dp or cp; the experts over ep inside a stage
         out = {"pp2_tp2_dp2_sp": dict(pp=2, tp=2, dp=2, sp_=True, m=2, mb=1),
-               "pp2_tp2_cp2": dict(pp=2, tp=2, cp=2, m=2, mb=1)}
+               "pp2_interleaved_tp2_dp2_sp": dict(pp=2, v=2, tp=2, dp=2, sp_=True, m=2, mb=1, schedule="interleaved"),
+               "pp2_tp2_cp2": dict(pp=2, tp=2, cp=2, m=2, mb=1),
+               "pp2_interleaved_tp2_cp2_sp": dict(pp=2, v=2, tp=2, cp=2, sp_=True, m=2, mb=1, schedule="interleaved")}
         if moe:
-            out["pp2_tp2_dp2_ep2_sp"] = dict(pp=2, tp=2, dp=2, ep=2, etp=1, sp_=True, m=2, mb=1)
+            out |= {"pp2_tp2_dp2_ep2_sp": dict(pp=2, tp=2, dp=2, ep=2, etp=1, sp_=True, m=2, mb=1),
+                    "pp2_interleaved_tp2_dp2_ep2": dict(pp=2, v=2, tp=2, dp=2, ep=2, etp=1, m=2, mb=1,
+                                                        schedule="interleaved"),
+                    "cp2_tp2_dp2_ep2_sp": dict(cp=2, tp=2, dp=2, ep=2, etp=1, sp_=True)}
         return out
     return {}
 

@@ -296,6 +296,14 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
     return counts
 
 
+def most_of_every_rank(counts: dict[str, int]) -> dict[str, int]:
+    """The most of each kind any rank issued (collective): rank 0's counts miss what a later pipeline stage runs
+    (its MoE layers' grouped GEMMs)."""
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, counts)
+    return {kind: max(c[kind] for c in every) for kind in counts}
+
+
 def _nested_in(event, name: str) -> bool:
     parent = event.cpu_parent
     while parent is not None and parent.name != name:
@@ -351,11 +359,13 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
             losses, grads, pm = run_shape(loaded, spec, device)
             counted = name in COUNT_SHAPES or pm.meshes.experts is not None
             counts = collective_counts(pm, loaded, spec) if counted else None
+            most = most_of_every_rank(counts) if counted else None
             ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
                          if name in CHECKPOINT_SHAPES else None)
             if rank == 0:
                 r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
-                                            collectives=counts, wall_s=round(time.perf_counter() - start, 2))
+                                            collectives=counts, collectives_most=most,
+                                            wall_s=round(time.perf_counter() - start, 2))
                 print(f"[{name}] loss_diff={r['loss_diff']:.2e} grad_diff={r['grad_diff']:.2e} "
                       f"param_diff={r['param_diff']:.2e} "
                       f"init_diff={r['init_diff']:.1e} {'MISSING ' + str(r['missing_grads']) if r['missing_grads'] else ''}"

@@ -41,7 +41,7 @@ def _ep1(block: torch.nn.Module) -> torch.nn.Module:
     """The block with its experts on expert parallelism's path at ep 1."""
     experts = block.experts
     route = types.SimpleNamespace(ep=1, num_experts=experts.gate_up_proj.shape[0], share=False,
-                                  sequence_parallel=False, tp_group=None)
+                                  sequence_parallel=False, tp_group=None, mesh=types.SimpleNamespace(ndim=1))
     experts.forward = functools.partial(hf_experts_forward, experts, route)
     return block
 
@@ -74,9 +74,13 @@ def test_experts_outside_transformers_layout_are_one_line() -> None:
 
 
 def test_a_rank_that_receives_no_token_gives_its_experts_zero_gradients() -> None:
+    """... and still hands a gradient back to the (empty) tokens it received: the backward of the dispatch's
+    all-to-all runs there as on its ep peers (without it, a world-8 pipeline with ep hung in the backward)."""
     from autopar.runtime.hf_experts import grouped_experts
 
     experts = _block("mixtral").experts
-    out = grouped_experts(experts, torch.zeros(0, 32), torch.zeros(1, 4, dtype=torch.long))
+    inbound = torch.zeros(0, 32, requires_grad=True)
+    out = grouped_experts(experts, inbound, torch.zeros(1, 4, dtype=torch.long))
+    (grad,) = torch.autograd.grad(out.sum(), inbound, retain_graph=True)  # unused -> RuntimeError
     out.sum().backward()
-    assert out.shape == (0, 32) and experts.gate_up_proj.grad.abs().sum() == 0
+    assert out.shape == (0, 32) and grad.shape == (0, 32) and experts.gate_up_proj.grad.abs().sum() == 0
