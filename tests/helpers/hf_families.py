@@ -76,6 +76,8 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
         if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
+        if family == "llama":  # tensor parallelism without SP: whole activations, the rotary table whole on each rank
+            out["tp2"] = dict(tp=2)
         return out
     if world == 4:
         out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
@@ -104,3 +106,14 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
     return {f"{family}/{name}": plan(family, **kwargs)
             for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
             if not features(kwargs) & set(REFUSED.get(family, {}))}
+
+
+# Every family runs each feature alone on 2 ranks; their combinations on 4 ranks run on one family of each kind of
+# layer (dense with rotary positions, experts as grouped GEMMs, latent attention with experts, encoder-decoder),
+# which keeps the two jobs inside CI's time.
+FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["llama", "qwen3moe", "deepseek", "t5"]}
+
+
+def job_shapes(world: int) -> dict[str, dict[str, Any]]:
+    """The shapes tests/integration/test_hf_plans.py runs on ``world`` ranks (none but on 2 and 4)."""
+    return shapes(world, FAMILIES_AT[world]) if world in FAMILIES_AT else {}
