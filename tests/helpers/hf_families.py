@@ -42,11 +42,16 @@ REFUSED: dict[str, dict[str, str]] = {
 
 
 @functools.lru_cache(maxsize=None)
-def layer_names(family: str) -> tuple[str, ...]:
+def profile(family: str):  # noqa: ANN201 - a ModelProfile (autopar.profile imports no torch; capture does)
+    """The family captured at SEQ in fp32, once per test session (the plans' layer names, the runtime's refusals)."""
     from autopar.capture import capture_model
 
     source, overrides = FAMILIES[family]
-    return tuple(layer.name for layer in capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32").layers)
+    return capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32")
+
+
+def layer_names(family: str) -> tuple[str, ...]:
+    return tuple(layer.name for layer in profile(family).layers)
 
 
 def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,

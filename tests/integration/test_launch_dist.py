@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from autopar.cli import app
 from helpers import ROOT, torchrun
+from helpers.solved_plans import captures_once
 
 GPT = str(ROOT / "examples" / "gpt.py")
 SIZE = {"n_layer": "8", "n_embd": "512", "n_head": "8", "vocab_size": "8192", "block_size": "32"}
@@ -39,10 +40,12 @@ pytestmark = [pytest.mark.dist,
 
 
 def _solve(tmp: Path, name: str, *pins: str) -> Path:
+    """`autopar solve` in this process, the model traced once for all the solves (capture is deterministic)."""
     out = tmp / f"{name}.json"
     sets = [a for k, v in SIZE.items() for a in ("--set", f"{k}={v}")]
-    result = CliRunner().invoke(app, ["solve", GPT, *pins, "--dtype", "fp32", "--seq-len", str(SEQ),
-                                      "--global-batch-size", str(BATCH), *sets, "-o", str(out)])
+    with captures_once():
+        result = CliRunner().invoke(app, ["solve", GPT, *pins, "--dtype", "fp32", "--seq-len", str(SEQ),
+                                          "--global-batch-size", str(BATCH), *sets, "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
@@ -88,7 +91,8 @@ def test_solved_tp2_pp2_plan_trains_like_the_one_process_plan(runs: dict) -> Non
 def _largest_layer_bytes() -> int:
     from autopar.models import load_profile
 
-    profile = load_profile(GPT, overrides=SIZE, seq_len=SEQ, dtype="fp32")
+    with captures_once():  # the solves' trace
+        profile = load_profile(GPT, overrides=SIZE, seq_len=SEQ, dtype="fp32")
     return 4 * max(layer.params for layer in profile.layers)  # fp32, whole (unsharded)
 
 
