@@ -148,3 +148,12 @@ def llama():
     from helpers.builders import LLAMA, LLAMA_SEQ, LLAMA_SHAPE
 
     return capture_model(LLAMA, LLAMA_SHAPE, seq_len=LLAMA_SEQ)
+
+
+@pytest.fixture(scope="session")
+def runtime_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """``runtime_jobs(world)``: the results of the world size's torchrun job that test_runtime_dist.py and
+    test_hf_plans.py share (tests/helpers/runtime_jobs.py)."""
+    from helpers.runtime_jobs import RuntimeJobs
+
+    return RuntimeJobs(request.session, tmp_path_factory.getbasetemp())

@@ -11,6 +11,7 @@ with the layer names capture finds; tests/integration/test_hf_plans.py runs them
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from helpers import ROOT
@@ -39,11 +40,16 @@ REFUSED: dict[str, dict[str, str]] = {
 
 
 @functools.lru_cache(maxsize=None)
-def layer_names(family: str) -> tuple[str, ...]:
+def profile(family: str):  # noqa: ANN201 - a ModelProfile (autopar.profile imports no torch; capture does)
+    """The family captured at SEQ in fp32, once per test session (the plans' layer names, the runtime's refusals)."""
     from autopar.capture import capture_model
 
     source, overrides = FAMILIES[family]
-    return tuple(layer.name for layer in capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32").layers)
+    return capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32")
+
+
+def layer_names(family: str) -> tuple[str, ...]:
+    return tuple(layer.name for layer in profile(family).layers)
 
 
 def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
@@ -73,6 +79,8 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
         if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
+        if family == "llama":  # tensor parallelism without SP: whole activations, the rotary table whole on each rank
+            out["tp2"] = dict(tp=2)
         return out
     if world == 4:
         out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
@@ -107,3 +115,23 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
     return {f"{family}/{name}": plan(family, **kwargs)
             for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
             if not features(kwargs) & set(REFUSED.get(family, {}))}
+
+
+# Every family runs each feature alone on 2 ranks; their combinations on 4 ranks run on one family of each kind of
+# layer (dense with rotary positions, experts as grouped GEMMs, latent attention with experts, encoder-decoder),
+# and on 8 ranks each kind of combination runs once, on one of the families, which keeps the jobs inside CI's time.
+# AUTOPAR_HF_ALL=1 runs every family's every shape at each world (the last such run at 8: docs/runtime.md, "Hugging
+# Face plans on 8 ranks").
+FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["llama", "qwen3moe", "deepseek", "t5"], 8: None}
+ONLY_AT = {8: {"llama/pp2_tp2_dp2_sp", "t5/pp2_interleaved_tp2_dp2_sp", "deepseek/pp2_tp2_cp2",
+               "olmo2/pp2_interleaved_tp2_cp2_sp", "qwen3moe/pp2_tp2_dp2_ep2_sp", "deepseek/pp2_interleaved_tp2_dp2_ep2",
+               "mixtral/cp2_tp2_dp2_ep2_sp"}}
+ALL = os.environ.get("AUTOPAR_HF_ALL") == "1"
+
+
+def job_shapes(world: int) -> dict[str, dict[str, Any]]:
+    """The shapes tests/integration/test_hf_plans.py runs on ``world`` ranks (on 2, 4 and 8)."""
+    if world not in FAMILIES_AT:
+        return {}
+    found = shapes(world, None if ALL else FAMILIES_AT[world])
+    return {name: plan for name, plan in found.items() if ALL or world not in ONLY_AT or name in ONLY_AT[world]}

@@ -50,12 +50,6 @@ MODELS = {
                                 "block_size": "16"}),
     "llama": ("examples/llama.py", {"n_layer": "4", "dim": "32", "n_head": "4", "n_kv_head": "2",
                                     "vocab_size": "64", "max_seq_len": "16", "multiple_of": "16"}),
-    # a Hugging Face config (transformers' own LlamaForCausalLM and its init): its rotary-table layer has no
-    # weights and no tensor-parallel pattern, and runs whole on each tp rank
-    "hf-llama": ("examples/hf/llama-3-8b.json", {"hidden_size": "32", "num_hidden_layers": "2",
-                                                 "num_attention_heads": "4", "num_key_value_heads": "2",
-                                                 "intermediate_size": "64", "vocab_size": "64",
-                                                 "max_position_embeddings": "16"}),
     # mixtures of experts (8 experts, top-2; capacity_factor = E / top_k drops nothing): Mixtral-style, and
     # DeepSeek-style with 2 shared experts and the first block dense
     "moe": ("examples/moe.py", {**_TINY_MOE, "style": "mixtral"}),
@@ -64,9 +58,7 @@ MODELS = {
 NAMES = {"gpt": ["wte", "wpe", "h.0", "h.1", "h.2", "h.3", "ln_f", "lm_head"],
          "llama": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"],
          "moe": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"],
-         "moeds": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"],
-         "hf-llama": ["hf.model.embed_tokens", "hf.model.rotary_emb", "hf.model.layers.0", "hf.model.layers.1",
-                      "hf.model.norm", "hf.lm_head"]}
+         "moeds": ["tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"]}
 
 
 def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: int = 2, zero: int = 0,
@@ -93,11 +85,9 @@ def plan(model: str, *, tp: int = 1, pp: int = 1, dp: int = 1, mb: int = 2, m: i
 
 
 def shapes(world: int) -> dict[str, dict]:
-    """The plan shapes of one torchrun job, for both example models."""
+    """The plan shapes of one torchrun job, for both example models and the mixtures of experts. (Hugging Face
+    models' shapes: tests/helpers/hf_families.py, run in the same job by tests/helpers/runtime_jobs.py.)"""
     out: dict[str, dict] = {}
-    if world == 2:  # a Hugging Face model under tensor parallelism (its forward does not split into fx stages)
-        out["hf-llama/tp2"] = plan("hf-llama", tp=2)
-        out["hf-llama/cp2"] = plan("hf-llama", cp=2)  # position_ids follow the chunks
     for model in ("gpt", "llama"):
         blocks = NAMES[model][1:-2] if model == "llama" else NAMES[model][2:-2]
         mixed_ac = {blocks[0]: "full", blocks[2]: "selective"}
@@ -283,13 +273,14 @@ def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
         pm.forward_backward(tuple(t.to(pm.meshes.device) for t in synthetic_batch(loaded, spec, 0)))
     names = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
     counts = {short: 0 for short in names.values()}
-    for event in prof.key_averages():
+    averages = prof.key_averages()  # most of the profiler's cost: once
+    for event in averages:
         op = event.key.removeprefix("_c10d_functional::")
         if event.key.startswith("_c10d_functional::") and op in names:
             counts[names[op]] += event.count
     # the experts' kernels: grouped GEMMs (transformers' experts under ep), a per-expert loop's one_hot
-    counts["grouped_mm"] = sum(e.count for e in prof.key_averages() if e.key == "aten::_grouped_mm")
-    counts["one_hot"] = sum(e.count for e in prof.key_averages() if e.key == "aten::one_hot")
+    counts["grouped_mm"] = sum(e.count for e in averages if e.key == "aten::_grouped_mm")
+    counts["one_hot"] = sum(e.count for e in averages if e.key == "aten::one_hot")
     # every all-to-all sent (functional or not); one run under a dispatch mode (recomputation) nests two events
     counts["all_to_all"] = sum(1 for event in prof.events() if event.name == "c10d::alltoall_base_"
                                and not _nested_in(event, "c10d::alltoall_base_"))
@@ -350,7 +341,8 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
     ref_cache: dict[tuple, tuple] = {}
     for name, raw in todo.items():
         start = time.perf_counter()
-        key = json.dumps(raw["model"], sort_keys=True)
+        # the model captured once whatever the plan's dtype: its layer names and tensor-parallel plans are the same
+        key = json.dumps({k: v for k, v in raw["model"].items() if k != "dtype"}, sort_keys=True)
         try:
             spec = parse_run_plan(raw)
             if key not in loaded_cache:
@@ -410,12 +402,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="", help="comma-separated shape names (default: all of this world size)")
     parser.add_argument("--plans", default="", help="a JSON file of {shape: plan} to run instead (tests/helpers/"
-                        "hf_families.py: Hugging Face families)")
+                        "runtime_jobs.py: these shapes and the Hugging Face families')")
+    parser.add_argument("--scale", default=None, help="comma-separated scale checks (default: all on 4 ranks "
+                        "without --plans, else none)")
     args = parser.parse_args()
     device = init_distributed()
     world = dist.get_world_size()
     todo = json.loads(Path(args.plans).read_text()) if args.plans else shapes(world)
-    scale = list(SCALE_CHECKS) if world == 4 and not args.plans else []
+    if args.scale is None:
+        scale = list(SCALE_CHECKS) if world == 4 and not args.plans else []
+    else:
+        scale = [name for name in args.scale.split(",") if name]
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
         scale = [k for k in scale if k in args.only.split(",")]

@@ -8,15 +8,11 @@ it stays within 1e-4 of the loss, not 1e-5.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import torchrun
 
 pytest.importorskip("torchao.float8", reason="torchao is not installed (pip install 'autopar[fp8]')")
 pytestmark = [pytest.mark.dist, pytest.mark.slow,
@@ -27,14 +23,7 @@ FP8_LINEARS = 14
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("fp8") / "fp8.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests" / "helpers" / "fp8_worker.py"), "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    if not Path(out).exists():
-        raise AssertionError(f"torchrun failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return torchrun.job(2, "fp8_worker.py", tmp_path_factory.mktemp("fp8") / "fp8.json", timeout=300)
 
 
 @pytest.mark.parametrize("shape,tolerance", [("tp2_tensorwise", 1e-5), ("dp2_tensorwise", 1e-5),

@@ -23,7 +23,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autopar.cli import app
-from helpers import ROOT
+from helpers import ROOT, torchrun
+from helpers.solved_plans import captures_once
 
 GPT = str(ROOT / "examples" / "gpt.py")
 SIZE = {"n_layer": "8", "n_embd": "512", "n_head": "8", "vocab_size": "8192", "block_size": "32"}
@@ -38,24 +39,20 @@ pytestmark = [pytest.mark.dist,
               pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")]
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    return env
-
-
 def _solve(tmp: Path, name: str, *pins: str) -> Path:
+    """`autopar solve` in this process, the model traced once for all the solves (capture is deterministic)."""
     out = tmp / f"{name}.json"
     sets = [a for k, v in SIZE.items() for a in ("--set", f"{k}={v}")]
-    result = CliRunner().invoke(app, ["solve", GPT, *pins, "--dtype", "fp32", "--seq-len", str(SEQ),
-                                      "--global-batch-size", str(BATCH), *sets, "-o", str(out)])
+    with captures_once():
+        result = CliRunner().invoke(app, ["solve", GPT, *pins, "--dtype", "fp32", "--seq-len", str(SEQ),
+                                          "--global-batch-size", str(BATCH), *sets, "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
 
 def _launch(plan: Path, *extra: str, model: list[str] = [GPT]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "autopar.cli", "launch", str(plan), *model, "--steps", str(STEPS),
-                           *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+                           *extra], cwd=ROOT, env=torchrun.env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
 
 
 def _report(proc: subprocess.CompletedProcess) -> dict:
@@ -94,7 +91,8 @@ def test_solved_tp2_pp2_plan_trains_like_the_one_process_plan(runs: dict) -> Non
 def _largest_layer_bytes() -> int:
     from autopar.models import load_profile
 
-    profile = load_profile(GPT, overrides=SIZE, seq_len=SEQ, dtype="fp32")
+    with captures_once():  # the solves' trace
+        profile = load_profile(GPT, overrides=SIZE, seq_len=SEQ, dtype="fp32")
     return 4 * max(layer.params for layer in profile.layers)  # fp32, whole (unsharded)
 
 
@@ -152,7 +150,7 @@ def test_a_failure_inside_the_ranks_is_one_line(tmp_path: Path) -> None:
     path.write_text(json.dumps(raw))
     save_file({"wte.weight": torch.zeros(65, 32)}, str(tmp_path / "w.safetensors"))
     proc = subprocess.run([sys.executable, "-m", "autopar.cli", "launch", str(path), raw["model"]["source"],
-                           "--weights", str(tmp_path / "w.safetensors")], cwd=ROOT, env=_env(), capture_output=True,
+                           "--weights", str(tmp_path / "w.safetensors")], cwd=ROOT, env=torchrun.env(), capture_output=True,
                           text=True, timeout=JOB_TIMEOUT_S)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()

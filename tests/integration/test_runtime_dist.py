@@ -5,8 +5,9 @@ expert-parallel plans (autopar.runtime.ep) composed with TP, PP, FSDP2 and recom
 resumes checkpoints under other plans (dense and expert-parallel), loads safetensors weights into two plans and
 trains on a token file (tests/helpers/runtime_scale_checks.py).
 
-One torchrun job per world size (2, 4, 8) runs all its shapes (tests/helpers/runtime_worker.py): torchrun
-start-up costs 4-9 s, so shapes are grouped, and each test below reads its shape's result.
+One torchrun job per world size (1, 2, 4, 8) runs all its shapes (tests/helpers/runtime_worker.py), with
+tests/integration/test_hf_plans.py's where both files run (tests/helpers/runtime_jobs.py): torchrun start-up costs
+4-9 s, so shapes are grouped, and each test below reads its shape's result.
 OMP_NUM_THREADS=1 and a 120 s process-group timeout make a hang fail fast. Set AUTOPAR_SKIP_DIST=1 to skip.
 """
 from __future__ import annotations
@@ -15,12 +16,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, torchrun
+from helpers.runtime_jobs import RuntimeJobs, assert_trains_like_one_process
 from helpers.runtime_worker import COUNT_SHAPES, moe_shapes, shapes  # noqa: E402
 
 RESUME_TOLERANCE = 1e-6  # fp32: a resumed run's losses against the uninterrupted run's
@@ -28,66 +29,29 @@ RESUME_TOLERANCE = 1e-6  # fp32: a resumed run's losses against the uninterrupte
 TOLERANCE = 1e-5
 # bf16 compute on both sides; its rounding (relative 3.9e-3) differs with how the work is split (up to 1.1e-3 seen)
 BF16_TOLERANCE = 5e-3
+TOLERANCES = {"fp32": TOLERANCE, "bf16": BF16_TOLERANCE}  # by the plan's dtype
 JOB_TIMEOUT_S = 300
 pytestmark = [pytest.mark.dist,
               pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")]
-
-_results: dict[int, dict] = {}
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("TORCH_DISTRIBUTED_DEBUG", None)  # DETAIL + DDP segfaults on gloo
-    return env
-
-
-def _run_world(world: int, tmp: Path) -> dict:
-    if world not in _results:
-        out = tmp / f"runtime_w{world}.json"
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={world}", str(ROOT / "tests" / "helpers" / "runtime_worker.py"),
-                               "--out", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                              timeout=JOB_TIMEOUT_S)
-        if not out.exists():
-            raise AssertionError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
-                                 f"\n{proc.stderr[-3000:]}")
-        _results[world] = json.loads(out.read_text())
-    return _results[world]
-
 
 CASES = [(world, name) for world in (1, 2, 4, 8) for name in shapes(world)]
 
 
 @pytest.mark.parametrize("world,shape", CASES, ids=[f"w{w}-{n}" for w, n in CASES])
-def test_plan_shape_matches_single_process(world: int, shape: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    results = _run_world(world, tmp_path_factory.getbasetemp())
-    assert shape in results, f"{shape} produced no result"
-    r = results[shape]
-    assert "error" not in r, r.get("error")
-    assert not r["missing_grads"], f"gradients missing for {r['missing_grads']}"
-    tolerance = TOLERANCE if r["dtype"] == "fp32" else BF16_TOLERANCE
-    assert r["loss_diff"] <= tolerance, f"max |loss diff| {r['loss_diff']:.3e} over {len(r['losses'])} steps"
-    assert r["grad_diff"] <= tolerance, f"max |grad diff| {r['grad_diff']:.3e}"
-    assert r["param_diff"] <= tolerance, f"weights after {len(r['losses'])} steps differ by {r['param_diff']:.3e}"
-    assert r["init_diff"] == 0.0, f"sharded initialisation differs from the single-process model's by {r['init_diff']}"
-    # fp32 master weights and gradients whatever the plan's dtype; the linears compute in the plan's dtype
-    computes = {"fp32": "float32", "bf16": "bfloat16"}[r["dtype"]]
-    assert r["dtypes"] == {"linear_outputs": [computes], "parameters": ["float32"]}, r["dtypes"]
-    assert r["grad_dtypes"] == ["float32"]
-    if r.get("ckpt_diff") is not None:
-        assert r["ckpt_diff"] == 0.0, f"checkpoint round trip changed weights by {r['ckpt_diff']:.3e}"
+def test_plan_shape_matches_single_process(world: int, shape: str, runtime_jobs: RuntimeJobs) -> None:
+    tolerance = TOLERANCES[shapes(world)[shape]["model"]["dtype"]]
+    assert_trains_like_one_process(runtime_jobs(world).get(shape), shape, tolerance)
 
 
 @pytest.mark.parametrize("shape", sorted(COUNT_SHAPES))
-def test_tensor_parallel_collectives_are_those_the_cost_model_prices(shape: str,
-                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_tensor_parallel_collectives_are_those_the_cost_model_prices(shape: str, runtime_jobs: RuntimeJobs) -> None:
     """One forward_backward issues exactly the all-gathers, reduce-scatters and all-reduces that
     lockstep.tp_collectives counts per layer (and comm.tp_layer_comm prices), times the micro-batches:
     e.g. Llama's separate q/k/v projections share one gather of their sequence-sharded input."""
     from autopar.capture import capture_model
     from cost_models.lockstep import tp_collectives
 
-    r = _run_world(2, tmp_path_factory.getbasetemp())[shape]
+    r = runtime_jobs(2)[shape]
     assert "error" not in r, r.get("error")
     raw = shapes(2)[shape]
     model, p = raw["model"], raw["parallelism"]
@@ -105,7 +69,7 @@ EXPERT_CASES = [(world, name) for world in (2, 4, 8) for name in moe_shapes(worl
 
 @pytest.mark.parametrize("world,shape", EXPERT_CASES, ids=[f"w{w}-{n}" for w, n in EXPERT_CASES])
 def test_expert_parallel_plans_shard_experts_and_exchange_tokens(world: int, shape: str,
-                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+                                                                 runtime_jobs: RuntimeJobs) -> None:
     """Each rank holds at most E/ep of a layer's experts (fewer where FSDP2 shards them over edp; under ep 1
     with tp > 1 the experts are DTensors over etp), and one
     forward_backward on rank 0 sends, for every MoE layer of its pipeline chunks and micro-batch, the routed
@@ -114,7 +78,7 @@ def test_expert_parallel_plans_shard_experts_and_exchange_tokens(world: int, sha
     one process: test_plan_shape_matches_single_process."""
     from autopar.plan import parse_run_plan
 
-    r = _run_world(world, tmp_path_factory.getbasetemp())[shape]
+    r = runtime_jobs(world)[shape]
     assert "error" not in r, r.get("error")
     spec = parse_run_plan(moe_shapes(world)[shape])
     experts = int(spec.model.overrides["n_experts"])
@@ -128,27 +92,27 @@ def test_expert_parallel_plans_shard_experts_and_exchange_tokens(world: int, sha
     assert r["collectives"]["all_to_all"] == spec.parallelism.num_microbatches * sends, r["collectives"]
 
 
-def test_expert_parallel_checkpoint_resumes_under_other_expert_degrees(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_expert_parallel_checkpoint_resumes_under_other_expert_degrees(runtime_jobs: RuntimeJobs) -> None:
     """DCP checkpoints of an expert-parallel plan (experts as DTensors over ep, FSDP2 over edp) re-shard: resumed
     under ep 4 and from there without expert parallelism, every resumed loss equals the uninterrupted run's."""
-    r = _scale("scale/expert_checkpoint", tmp_path_factory)
+    r = _scale("scale/expert_checkpoint", runtime_jobs)
     assert len(r["ep4"]) == 1 and len(r["ep1"]) == 1
     assert r["diff_other_plans"] <= RESUME_TOLERANCE, r
     assert len(set(r["uninterrupted"])) == 4
 
 
-def _scale(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    r = _run_world(4, tmp_path_factory.getbasetemp()).get(name)
+def _scale(name: str, runtime_jobs: RuntimeJobs) -> dict:
+    r = runtime_jobs(4).get(name)
     assert r is not None, f"{name} produced no result"
     assert "error" not in r, r["error"]
     return r
 
 
-def test_checkpoint_resumes_under_the_same_and_other_plans(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_checkpoint_resumes_under_the_same_and_other_plans(runtime_jobs: RuntimeJobs) -> None:
     """Stopped after 2 AdamW steps (pipelined TP, tied embedding on both stages); resumed under the same plan,
     under ZeRO-1 (ZeroRedundancyOptimizer, which saves at step 3) and from that under FSDP2 over TP: every
     resumed step's loss equals the uninterrupted run's (model and optimizer state restored and re-sharded)."""
-    r = _scale("scale/checkpoint", tmp_path_factory)
+    r = _scale("scale/checkpoint", runtime_jobs)
     assert len(r["same_plan"]) == 2 and len(r["zero1"]) == 1 and len(r["fsdp"]) == 1
     assert r["diff_first"] == 0.0
     assert r["diff_same_plan"] <= RESUME_TOLERANCE, r
@@ -156,20 +120,20 @@ def test_checkpoint_resumes_under_the_same_and_other_plans(tmp_path_factory: pyt
     assert len(set(r["uninterrupted"])) == 4  # the steps train: every loss differs
 
 
-def test_safetensors_weights_load_into_any_plan(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_safetensors_weights_load_into_any_plan(runtime_jobs: RuntimeJobs) -> None:
     """A two-shard Hugging Face checkpoint without the tied LM head, read slice by slice: every weight of the
     pipelined and of the FSDP2 plan equals the file's, and the first loss the single-process model's."""
-    r = _scale("scale/weights", tmp_path_factory)
+    r = _scale("scale/weights", runtime_jobs)
     for plan_name in ("pp2_tp2", "tp2_dp2_sp_zero3"):
         assert r[plan_name]["missing"] == [], r
         assert r[plan_name]["weight_diff"] == 0.0, r
         assert r[plan_name]["loss_diff"] <= TOLERANCE, r
 
 
-def test_token_file_trains_like_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_token_file_trains_like_one_process(runtime_jobs: RuntimeJobs) -> None:
     """Two data-parallel ranks each reading their samples of a token file (wrapping in step 3) train as one
     process on the whole global batches."""
-    r = _scale("scale/data", tmp_path_factory)
+    r = _scale("scale/data", runtime_jobs)
     assert r["loss_diff"] <= TOLERANCE, r
     assert len(set(r["losses"])) == 3
 
@@ -203,10 +167,7 @@ def assert_every_rank_failed(proc: subprocess.CompletedProcess, reason: str, ran
 
 def test_wrong_world_size_fails_on_every_rank_before_training(tmp_path: Path) -> None:
     path = _plan_file(tmp_path, model="gpt", dp=4)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "autopar.runtime.launch", str(path), "--trust-plan-model"], cwd=ROOT, env=_env(),
-                          capture_output=True,
-                          text=True, timeout=JOB_TIMEOUT_S)
+    proc = torchrun.run(2, "-m", "autopar.runtime.launch", str(path), "--trust-plan-model", timeout=JOB_TIMEOUT_S)
     assert_every_rank_failed(proc, "plan needs world_size 4 = pp(1) * dp(4) * tp(1)")
     assert "step" not in proc.stdout
 
@@ -219,8 +180,5 @@ def test_model_not_matching_plan_fails_on_every_rank(tmp_path: Path) -> None:
     raw["model"]["source"] = str(ROOT / raw["model"]["source"])  # run with --trust-plan-model from the plan's folder
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(raw))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "autopar.runtime.launch", str(path), "--trust-plan-model"], cwd=ROOT, env=_env(),
-                          capture_output=True,
-                          text=True, timeout=JOB_TIMEOUT_S)
+    proc = torchrun.run(2, "-m", "autopar.runtime.launch", str(path), "--trust-plan-model", timeout=JOB_TIMEOUT_S)
     assert_every_rank_failed(proc, "does not match the plan")

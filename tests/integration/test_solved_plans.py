@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
 from helpers import solved_plans as sp
+from helpers import torchrun
 
 TOLERANCE = 1e-5  # fp32: another order of the same sums (losses near 4: 1 ulp = 4.8e-7)
 JOB_TIMEOUT_S = 300
@@ -54,12 +52,6 @@ def _variant(model: str, world: int, label: str) -> sp.Variant:
     return sp.Variant(variant.label, variant.pins)
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    return env
-
-
 _jobs: dict[int, dict] = {}
 
 
@@ -84,14 +76,8 @@ def _job(world: int, tmp: Path) -> dict:
                     accepted[name] = {"plan": plan, "layers": checked}
     plans_file, result_file = tmp / f"solved_w{world}.json", tmp / f"solved_w{world}.out.json"
     plans_file.write_text(json.dumps(accepted))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                           str(ROOT / "tests" / "helpers" / "solved_plans_worker.py"), "--plans", str(plans_file), "--out",
-                           str(result_file)], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S)
-    if not result_file.exists():
-        raise AssertionError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}")
-    results = json.loads(result_file.read_text())
+    results = torchrun.job(world, "solved_plans_worker.py", result_file, "--plans", str(plans_file),
+                           timeout=JOB_TIMEOUT_S)
     _jobs[world] = {key: [(name, refusal if refusal else results.get(name, {"error": "no result"}))
                           for name, refusal in runs] for key, runs in out.items()}
     return _jobs[world]

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ROOT
 from helpers import hf_families as hf
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(hf.FAMILIES))
 def test_what_the_runtime_refuses_is_one_line_each(family: str) -> None:
-    from autopar.capture import capture_model
     from autopar.runtime.support import unsupported
 
-    source, overrides = hf.FAMILIES[family]
-    profile = capture_model(str(ROOT / source), overrides, seq_len=hf.SEQ, dtype="fp32")
-    refused = unsupported(profile)
+    refused = unsupported(hf.profile(family))  # the capture tests/integration/test_hf_plans.py's plans are made from
     expected = hf.REFUSED.get(family, {})
     assert set(refused) == set(expected), refused
     for feature, why in expected.items():

@@ -1,6 +1,7 @@
 """The planner: exact against brute force, consistent with the cost model, deterministic, pinnable."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -8,13 +9,26 @@ import pytest
 from autopar.errors import AutoparError
 from autopar.search.brute import brute_force
 from autopar.search.cpsat import solve_inner
-from autopar.search.engine import search
+from autopar.search.engine import SearchResult, search
 from autopar.search.space import Pins
 from cost_models import CostModel, ParallelConfig, load_hardware
 from helpers import ROOT
 from helpers.builders import random_instance
 
 HW = load_hardware("a100-80gb")
+RANDOM_SEEDS = range(200)
+
+
+@functools.lru_cache(maxsize=len(RANDOM_SEEDS))
+def _solve_random(seed: int) -> SearchResult | None:
+    """The solver's result on random instance ``seed`` (None: the pins leave no valid configuration at all), once
+    for the two tests below."""
+    profile, hw, gpus, gpn, batch, pins = random_instance(seed)
+    try:
+        return search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins,
+                      time_limit_s=30)
+    except AutoparError:
+        return None
 
 
 @pytest.mark.slow
@@ -22,13 +36,11 @@ HW = load_hardware("a100-80gb")
 def test_solver_equals_brute_force_on_random_instances(chunk: int) -> None:
     """25 instances per chunk, 200 in all: the same optimum (or both infeasible)."""
     feasible = 0
-    for seed in range(chunk * 25, chunk * 25 + 25):
+    for seed in RANDOM_SEEDS[chunk * 25:chunk * 25 + 25]:
         profile, hw, gpus, gpn, batch, pins = random_instance(seed)
         reference = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
-        try:
-            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins,
-                            time_limit_s=30)
-        except AutoparError:  # the pins leave no valid configuration at all
+        result = _solve_random(seed)
+        if result is None:  # the pins leave no valid configuration at all
             assert reference is None
             continue
         if reference is None:
@@ -146,13 +158,9 @@ def test_random_optima_use_every_decision() -> None:
     per-layer tensor-parallel degrees, expert and context parallelism (so the brute-force agreement above covers
     all five)."""
     seen = {"cuts": 0, "recompute": 0, "layer_tp": 0, "expert_parallel": 0, "context_parallel": 0}
-    for seed in range(200):
-        profile, hw, gpus, gpn, batch, pins = random_instance(seed)
-        try:
-            result = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins)
-        except AutoparError:
-            continue
-        if result.best:
+    for seed in RANDOM_SEEDS:
+        result = _solve_random(seed)
+        if result is not None and result.best:
             cfg = result.best[0].config
             seen["cuts"] += cfg.pp > 1 and len(set(cfg.stage_layers or ())) > 1
             seen["recompute"] += len(set(cfg.layer_recompute or ())) > 1
