@@ -69,12 +69,12 @@ def apply_latent(model: nn.Module, layers: list[LayerAssignment], plans: dict[st
             module = model.get_submodule(resolve(model, layer, rel))
             module.register_forward_hook(_summed(start, stop, mesh.get_group()))
             if sequence_parallel:
-                module.register_forward_pre_hook(_whole_input, prepend=True)
+                module.register_forward_pre_hook(whole_input, prepend=True)
         if sequence_parallel:
             for rel, style in plans[layer.name].items():
                 if style == "colwise" and rel:
                     model.get_submodule(resolve(model, layer, rel)).register_forward_pre_hook(
-                        _replicated_if_whole(mesh, seq_len), prepend=True)
+                        replicated_if_whole(mesh, seq_len), prepend=True)
 
 
 def _summed(start: int, stop: int, group: dist.ProcessGroup) -> Callable:
@@ -83,13 +83,13 @@ def _summed(start: int, stop: int, group: dist.ProcessGroup) -> Callable:
     return hook
 
 
-def _whole_input(module: nn.Module, args: tuple) -> tuple | None:
+def whole_input(module: nn.Module, args: tuple) -> tuple | None:
     if args and isinstance(args[0], DTensor):
         return (args[0].full_tensor(), *args[1:])
     return None
 
 
-def _replicated_if_whole(mesh: Any, seq_len: int) -> Callable:
+def replicated_if_whole(mesh: Any, seq_len: int) -> Callable:
     """A column-parallel linear's plain input of the whole sequence (made inside the attention from a projection
     every rank computes whole) as a replicated DTensor; its block of the sequence stays a block."""
     def hook(module: nn.Module, args: tuple) -> tuple | None:

@@ -78,7 +78,7 @@ from autopar.runtime.pp import (
     micro_batch_of,
     split_model,
 )
-from autopar.runtime.sequence import apply_hf_sequence, partial_over_tp, sum_over_tp
+from autopar.runtime.sequence import apply_hf_sequence, partial_over_tp, sum_over_tp, whole_norms
 from autopar.runtime.tied import (
     TiedCopy,
     apply_tied_sync,
@@ -288,6 +288,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         has_unused_parameters(model, example_inputs, loss_fn, spec.model.seq_len)
     pipelined = spec.num_chunks > 1
     hf = is_hf(model)  # its glue reads the whole sequence: autopar.runtime.sequence
+    if hf and p.sequence_parallel:
+        tp_plans = whole_norms(spec.layers, tp_plans)
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
     canonical = aliases(model)
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
@@ -297,7 +299,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined and \
-        bool(tp_plans.get(spec.layers[-1].name))
+        bool(tp_plans.get(spec.layers[-1].name)) and not (hf and _logits_glue(model))
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for c, part in parts.items():
         apply_fp8(part, _layers_of(spec, c), p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
@@ -337,6 +339,15 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
                          grad_pairs=pairs if engines.manual_sync else None, tied=tied, canonical=canonical,
                          expert_grads=[] if engines.fsdp else expert_gradient_groups(experts, meshes), cp=cp,
                          pipeline_inputs=inputs, tp_partial=tp_partial)
+
+
+LOGITS_GLUE = ("final_logits_bias",)  # tensors a Hugging Face model adds to its LM head's logits (BART's)
+
+
+def _logits_glue(model: nn.Module) -> bool:
+    """The model's own code adds a whole-vocabulary tensor to the head's logits: they must reach it whole, not as the
+    vocabulary shards of the parallel loss."""
+    return any(isinstance(getattr(model.hf, name, None), torch.Tensor) for name in LOGITS_GLUE)
 
 
 def _apply_tensor_parallel(part: nn.Module, layers: list[LayerAssignment], spec: RunPlan, meshes: Meshes,

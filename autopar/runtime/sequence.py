@@ -17,8 +17,9 @@ reads the sequence length from the hidden state it holds, and its attention modu
 - a module holding a pair's column-parallel linears (the attention, the MLP) sees its activation inputs as DTensors
   sharded on the sequence: their shape is the whole sequence's, and the linears gather them (one all-gather forward,
   one reduce-scatter backward, as Megatron's);
-- a layer without a tensor-parallel pattern (a rotary embedding, BERT's head) runs whole, on the whole sequence
-  (gathered when it receives a block).
+- a layer without a tensor-parallel pattern (a rotary embedding, BERT's head, GPT-2's Conv1D blocks) runs whole, on
+  the whole sequence (gathered when it receives a block), and so does a lone norm after one (``whole_norms``: GPT-2
+  views ``ln_f``'s output at the whole sequence's length); the LM head takes its block when it receives the whole.
 
 What it costs beside Megatron's sequence parallelism: the embedding's output all-reduced (an all-gather of
 b·s·h more per micro-batch forward), and the first block's input sliced (no communication).
@@ -33,6 +34,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
 from autopar.plan import LayerAssignment
+from autopar.runtime.latent import replicated_if_whole, whole_input
 from autopar.runtime.mesh import Meshes
 
 
@@ -88,13 +90,32 @@ def apply_hf_sequence(model: nn.Module, layers: list[LayerAssignment], plans: di
         role = _role(model, layer, plan)
         for unit in layer.units:
             module = model.get_submodule(unit)
-            if role == "blocks":
+            if role in ("blocks", "head"):  # the head's style gathers its block (a whole norm before it: GPT-2's)
                 module.register_forward_pre_hook(_take_block(mesh.get_group(), seq_len), prepend=True)
             elif role == "whole":
                 module.register_forward_pre_hook(_whole(mesh.get_group(), seq_len // layer.tp), prepend=True)
         for parent in column_parents(plan):
             resolved = resolve(model, layer, parent)
             model.get_submodule(resolved).register_forward_pre_hook(_sequence_dtensors(mesh), with_kwargs=True)
+        _whole_projections(model, layer, plan, mesh, seq_len, resolve)
+
+
+def _whole_projections(model: nn.Module, layer: LayerAssignment, plan: dict[str, str], mesh: Any, seq_len: int,
+                       resolve: Callable[[nn.Module, LayerAssignment, str], str]) -> None:
+    """A linear inside a column parent that no style shards (DeepSeek-V3's q LoRA ``q_a_proj``, every rank's whole)
+    takes the whole sequence, and a column-parallel linear fed from it the whole sequence as a replicated DTensor: as
+    the latent KV projection does (autopar.runtime.latent)."""
+    found = False
+    for parent in column_parents(plan):
+        for name, sub in model.get_submodule(resolve(model, layer, parent)).named_modules():
+            if isinstance(sub, nn.Linear) and name and f"{parent}.{name}" not in plan:
+                sub.register_forward_pre_hook(whole_input, prepend=True)
+                found = True
+    if found:
+        for rel, style in plan.items():
+            if style == "colwise" and rel:
+                model.get_submodule(resolve(model, layer, rel)).register_forward_pre_hook(
+                    replicated_if_whole(mesh, seq_len), prepend=True)
 
 
 def _role(model: nn.Module, layer: LayerAssignment, plan: dict[str, str]) -> str:
@@ -107,6 +128,19 @@ def _role(model: nn.Module, layer: LayerAssignment, plan: dict[str, str]) -> str
     if plan.get("") == "colwise":
         return "head"
     return "blocks"
+
+
+def whole_norms(layers: list[LayerAssignment], plans: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The plans with a lone norm layer (its plan its own ``sequence_parallel``) after a layer that runs whole made a
+    whole layer too: GPT-2's ``ln_f`` after its Conv1D blocks, whose output GPT-2's glue views at the whole
+    sequence's length. It has the whole sequence already, and the LM head takes its block (``apply_hf_sequence``)."""
+    out, after_whole = dict(plans), False
+    for layer in layers:
+        plan = plans.get(layer.name, {})
+        if after_whole and plan == {"": "sequence_parallel"}:
+            out[layer.name] = {}
+        after_whole = not out.get(layer.name)
+    return out
 
 
 def column_parents(plan: dict[str, str]) -> list[str]:
@@ -136,16 +170,18 @@ def _is_activation(x: Any) -> bool:
 
 def _sequence_dtensors(mesh: Any) -> Callable:
     """A column parent's activation inputs (its first, positional or by keyword, and any of the same batch, block
-    length and width: the encoder output a cross-attention reads) as DTensors sharded on the sequence."""
+    length and width: the encoder output a cross-attention reads) as DTensors sharded on the sequence; a 2-D input
+    (tokens, width) flattened from this rank's block (Qwen2-MoE's shared expert) as sharded on the tokens, whose
+    order the gather changes, which a token-wise MLP does not see (its row-parallel output scatters them back)."""
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
-        if not _is_activation(first) or first.dim() != 3:
+        if not _is_activation(first) or first.dim() not in (2, 3):
             return None
         like = first.shape
 
         def wrap(t: Any) -> Any:
-            if _is_activation(t) and t.dim() == 3 and t.shape[0] == like[0] and t.shape[1:] == like[1:]:
-                return DTensor.from_local(t, mesh, [Shard(1)], run_check=False)
+            if _is_activation(t) and t.dim() == len(like) and t.shape[0] == like[0] and t.shape[1:] == like[1:]:
+                return DTensor.from_local(t, mesh, [Shard(t.dim() - 2)], run_check=False)
             return t
         return tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}
     return hook

@@ -8,10 +8,11 @@ own code and are searched in full.
 
 The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar.runtime.pp, or a Hugging Face
 model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
-directly: autopar.runtime.train.model_layers), ``sequence_parallel`` (every model: autopar.runtime.sequence),
-``cp`` (one token-id input, a ``positions`` argument, a next-token loss, attention without an explicit mask:
-autopar.runtime.cp), ``ep`` (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers'
-experts layout: autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
+directly, no column-parallel linear holds projections the model splits: autopar.runtime.train.model_layers),
+``sequence_parallel`` (every model whose sequence splits in two: autopar.runtime.sequence), ``cp`` (one token-id
+input, a ``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp), ``ep``
+(the MoE modules follow the expert contract: autopar.runtime.ep, or transformers' experts layout:
+autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
 """
 from __future__ import annotations
 
@@ -77,6 +78,28 @@ def check_heads(layers: Any) -> None:
                                "on the features): the runtime cannot sum their gradient over tp")
 
 
+FUSED_COLUMNS = ("qkv_proj", "gate_up_proj")  # Phi-3's: q|k|v and gate|up rows in one linear
+
+
+def check_fused(layers: Any) -> None:
+    """A column-parallel linear whose output rows are several projections the model splits at offsets of the whole
+    width (Phi-3's ``qkv_proj`` at ``num_attention_heads * head_dim`` from its config, its ``gate_up_proj`` in two
+    halves): a tp rank's block of rows would mix them. The runtime shards rows in one block per rank."""
+    for layer in layers:
+        fused = [rel for rel, style in layer.tp.plan.items() if style == "colwise" and
+                 rel.rpartition(".")[2] in FUSED_COLUMNS]
+        if fused:
+            raise AutoparError(f"layer {layer.name}: {fused[0]} holds several projections the model splits at the "
+                               "whole width's offsets; the runtime's column-parallel blocks would mix them")
+
+
+def check_sequence_length(seq_len: int, tp: int) -> None:
+    """Sequence parallelism splits the sequence into tp equal blocks (a ViT's patches and [CLS]: 197 tokens, none)."""
+    if seq_len % tp:
+        raise AutoparError(f"the sequence ({seq_len} tokens) does not split into {tp} equal blocks for sequence "
+                           "parallelism")
+
+
 def check_attention(profile: Any) -> None:
     if profile.attention_impl == "eager":
         raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
@@ -85,6 +108,7 @@ def check_attention(profile: Any) -> None:
 
 def _tensor(profile: Any, loaded: Any, model: Any) -> None:
     check_heads(profile.layers)
+    check_fused(profile.layers)
 
 
 def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
@@ -92,6 +116,7 @@ def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
     tensor-parallel pattern needs it (autopar.runtime.sequence). A model file's layers must each take a shard
     (check_sequence_shards); a pattern that does not divide a plan's degree is the launcher's per-plan check
     (autopar.runtime.train.model_layers)."""
+    check_sequence_length(profile.seq_len, 2)  # an odd sequence: no tp degree the search tries
     if Path(profile.source).suffix != ".json":
         check_sequence_shards(profile.layers)
 

@@ -90,16 +90,26 @@ class _ReplicatedIndices(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _scatter_second_last(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: DTensor,
+                         device_mesh: Any) -> torch.Tensor:
+    outputs = outputs.redistribute(placements=[Shard(outputs.ndim - 2)], async_op=True)
+    return outputs.to_local() if use_local_output else outputs
+
+
 class _SequenceShardedEmbedding(_VocabParallelEmbedding):
     """Vocab-parallel embedding whose output is reduce-scattered on the *sequence* dimension, wherever
     that is: dim 1 for token ids ``(batch, seq)``, dim 0 for a position vector ``(seq,)``
     (``wpe(arange(T))``) — the second-to-last dimension of the output either way."""
 
-    @staticmethod
-    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: DTensor,
-                           device_mesh: Any) -> torch.Tensor:
-        outputs = outputs.redistribute(placements=[Shard(outputs.ndim - 2)], async_op=True)
-        return outputs.to_local() if use_local_output else outputs
+    _prepare_output_fn = staticmethod(_scatter_second_last)
+
+
+class _TokenShardedRowwise(RowwiseParallel):
+    """Row-parallel linear of a Hugging Face layer under sequence parallelism: its output reduce-scattered on the
+    second-to-last dimension, the sequence of ``(batch, seq, width)`` or the tokens of ``(tokens, width)`` (Qwen2-MoE's
+    shared expert reads the flattened tokens: autopar.runtime.sequence)."""
+
+    _prepare_output_fn = staticmethod(_scatter_second_last)
 
 
 class _SharedInput:
@@ -195,7 +205,8 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
                                if sequence_parallel and not whole_embeddings
                                else _VocabParallelEmbedding(input_layouts=Replicate(), output_layouts=Replicate()))
             else:
-                styles[fqn] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
+                styles[fqn] = (_TokenShardedRowwise() if sequence_parallel and whole_embeddings else
+                               RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()))
         else:
             raise AutoparError(f"layer {layer.name}: unknown tensor-parallel style '{style}' for '{rel}'")
     return styles

@@ -22,7 +22,7 @@ from autopar.runtime.data import Batches, SyntheticBatches
 from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
 from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
-from autopar.runtime.support import check_attention, check_heads, replan
+from autopar.runtime.support import check_attention, check_fused, check_heads, check_sequence_length, replan
 
 
 @dataclasses.dataclass
@@ -79,6 +79,10 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
         plans[layer.name] |= {rel: f"{SHARED} {start} {stop}" for rel, (start, stop) in captured.tp.shared_columns.items()}
         if layer.tp > 1:
             replan(check_heads, [captured], "--tp 1")
+            replan(check_fused, [captured], "--tp 1")
+            if spec.parallelism.sequence_parallel:
+                replan(lambda tp: check_sequence_length(spec.model.seq_len // spec.parallelism.cp, tp), layer.tp,
+                       "--no-sequence-parallel")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an

@@ -29,13 +29,20 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3moe": sp.MODELS["hf/qwen3-30b-a3b"],
     "deepseek": sp.MODELS["hf/deepseek-v2-lite"],
     "t5": sp.MODELS["hf/t5-base"],
+    # tensor with sequence parallelism only: what each needed of autopar.runtime.sequence (docs/runtime.md)
+    "gpt2": sp.MODELS["hf/gpt2"],  # Conv1D blocks and ln_f run whole, the head takes its block
+    "bart": sp.MODELS["hf/bart-base"],  # final_logits_bias on whole logits
+    "qwen15moe": sp.MODELS["hf/qwen1.5-moe-a2.7b"],  # a shared expert on flattened tokens
+    "deepseek3": sp.MODELS["hf/deepseek-v3"],  # the q LoRA projection, replicated, on the whole sequence
 }
-MOE = {"mixtral", "qwen3moe", "deepseek"}
+MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3"}
+ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}  # family -> its shapes
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 REFUSED: dict[str, dict[str, str]] = {
     "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
     "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
+    "bart": {"cp": "splits token ids"},
 }
 
 
@@ -114,7 +121,7 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
     """``{family/shape: plan}`` of one torchrun job: the shapes whose features the family runs (``REFUSED``)."""
     return {f"{family}/{name}": plan(family, **kwargs)
             for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
-            if not features(kwargs) & set(REFUSED.get(family, {}))}
+            if not features(kwargs) & set(REFUSED.get(family, {})) and name in ONLY.get(family, {name})}
 
 
 # Every family runs each feature alone on 2 ranks; their combinations on 4 ranks run on one family of each kind of

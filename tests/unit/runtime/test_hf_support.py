@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import ROOT
 from helpers import hf_families as hf
 
 
@@ -19,3 +20,27 @@ def test_what_the_runtime_refuses_is_one_line_each(family: str) -> None:
     assert set(refused) == set(expected), refused
     for feature, why in expected.items():
         assert why in refused[feature] and "\n" not in refused[feature], refused[feature]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,feature,why", [
+    ("hf/phi-3-mini-4k-instruct", "tp", "qkv_proj holds several projections"),  # fused q|k|v rows
+    ("hf/vit-base-patch16-224-in21k", "sequence_parallel", "17 tokens"),  # patches and [CLS]
+])
+def test_the_runtime_refuses_what_fails_in_the_ranks(model: str, feature: str, why: str) -> None:
+    from autopar.capture import capture_model
+    from autopar.runtime.support import unsupported
+    from helpers import solved_plans as sp
+
+    source, overrides = sp.MODELS[model]
+    profile = capture_model(str(ROOT / source), overrides, seq_len=sp.SEQ_OF.get(model, hf.SEQ), dtype="fp32")
+    assert why in unsupported(profile).get(feature, ""), unsupported(profile)
+
+
+def test_sequence_parallelism_needs_equal_blocks() -> None:
+    from autopar.errors import AutoparError
+    from autopar.runtime.support import check_sequence_length
+
+    check_sequence_length(16, 2)
+    with pytest.raises(AutoparError, match="does not split into 2 equal blocks"):
+        check_sequence_length(197, 2)
