@@ -170,17 +170,6 @@ def test_ctrl_c_before_any_plan_is_a_one_line_stop() -> None:
         solve_top_k(PROFILE, gpus=32, global_batch_size=64, budget=budget)
 
 
-def _hard_model() -> cp_model.CpModel:
-    """A 300-item knapsack: CP-SAT finds good solutions at once and takes long to prove the best."""
-    rng = random.Random(1)
-    model = cp_model.CpModel()
-    take = [model.new_bool_var(f"x{i}") for i in range(300)]
-    weight = [rng.randint(1000, 100000) for _ in take]
-    model.add(sum(w * x for w, x in zip(weight, take)) <= sum(weight) // 2)
-    model.maximize(sum((w + rng.randint(-500, 500)) * x for w, x in zip(weight, take)))
-    return model
-
-
 # A real SIGINT in a process of its own: in pytest's process one that lands a moment late would interrupt the session.
 # It is sent 0.2 s after CP-SAT's first solution (a timer from the start could land before presolve ends on a loaded
 # machine: no plan yet, UNKNOWN), long before the 3000-item knapsack could be proven optimal.
@@ -225,7 +214,7 @@ print(round(time.monotonic() - start, 1), stop.reason, solver.inner.status_name(
 
 def test_ctrl_c_stops_a_running_cp_sat_solve() -> None:
     """The handler runs while CP-SAT works (the solve is in a worker thread) and StopSearch ends it with the best
-    solution so far: a knapsack of 3000 items (a 300-item one, _hard_model, can be proven optimal within a second)
+    solution so far: a knapsack of 3000 items (one of 300 items can be proven optimal within a second)
     would take the whole minute to prove."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", CTRL_C_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
