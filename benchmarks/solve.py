@@ -3,7 +3,7 @@ GPUs, the gain of non-uniform plans over the best uniform one, and long context 
 Printed figures, not a test.
 
     python benchmarks/solve.py                 # everything
-    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe | long
+    python benchmarks/solve.py --part table    # table | layers | gpus | nonuniform | moe | long | random
     python benchmarks/solve.py --part table --against 90d8915   # and the table's solve times at another
                                                # revision (its own benchmark, from a temporary git worktree,
                                                # run first so the two never share the CPU): 90d8915 is the
@@ -211,7 +211,36 @@ def long_context(limit: float) -> None:
                   f"{plan:<40} {best.step_time_s:>7.2f} {best.peak_memory_bytes / 2**30:>5.1f} {100 * best.mfu:>5.1f}%")
 
 
-PARTS = ["table", "layers", "gpus", "nonuniform", "moe", "long"]
+def random_instances(limit: float, seeds: range = range(200, 700)) -> None:
+    """The solver against brute force on random instances beyond the 200 tests/unit/search/test_solver.py checks:
+    how many agree (the same optimum, or both infeasible)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from autopar.errors import AutoparError
+    from autopar.search.brute import brute_force
+    from helpers.builders import random_instance
+
+    agree, feasible, wrong = 0, 0, []
+    for seed in seeds:
+        profile, hw, gpus, gpn, batch, pins = random_instance(seed)
+        reference = brute_force(profile, hw, gpus=gpus, gpus_per_node=gpn, global_batch_size=batch, pins=pins)
+        try:
+            found = search(profile, hw, gpus=gpus, gpus_per_node=min(gpn, gpus), global_batch_size=batch, pins=pins,
+                           time_limit_s=limit)
+            best = found.best[0].estimate.step_time_s if found.best else None
+        except AutoparError:
+            best = None
+        want = None if reference is None else reference.step_time_s
+        same = best == want or (best is not None and want is not None and math.isclose(best, want, rel_tol=1e-5,
+                                                                                           abs_tol=1e-6))
+        agree += same
+        feasible += want is not None
+        if not same:
+            wrong.append(seed)
+    print(f"random instances {seeds.start}..{seeds.stop - 1}: {agree} of {len(seeds)} agree with brute force "
+          f"({feasible} feasible); differ: {wrong or 'none'}")
+
+
+PARTS = ["table", "layers", "gpus", "nonuniform", "moe", "long", "random"]
 
 
 def main() -> None:
@@ -223,7 +252,7 @@ def main() -> None:
     for part in args.part:
         start = time.perf_counter()
         parts = {"table": partial(table, against=args.against), "layers": layers_growth, "gpus": gpus_growth,
-                 "nonuniform": nonuniform, "moe": moe, "long": long_context}
+                 "nonuniform": nonuniform, "moe": moe, "long": long_context, "random": random_instances}
         parts[part](args.time_limit)
         print(f"[{part}: {time.perf_counter() - start:.1f} s]\n")
 

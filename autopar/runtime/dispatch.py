@@ -76,7 +76,9 @@ def run_padded(inbound: torch.Tensor, counts: torch.Tensor, route: Route) -> tor
     """The received tokens through the model's experts module, padded to the busiest local expert's count."""
     dim = inbound.shape[-1]
     slots, width = _slots(counts)
-    padded = inbound.new_zeros(counts.shape[1] * width, dim).index_copy(0, slots, inbound).view(-1, width, dim)
+    # (local experts, width, dim): width 0 where no token came (a view of -1 would be ambiguous)
+    local = counts.shape[1]
+    padded = inbound.new_zeros(local * width, dim).index_copy(0, slots, inbound).view(local, width, dim)
     return run_experts(padded, route).reshape(-1, dim)[slots]
 
 

@@ -47,7 +47,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.dispatch import Route, dispatch_combine
-from autopar.runtime.hf_experts import FFN_DIMS, check_hf_experts, hf_experts_forward, is_hf_experts
+from autopar.runtime.hf_experts import check_hf_experts, ffn_dims, hf_experts_forward, is_hf_experts
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import GatherSequence, SplitSequence
 
@@ -81,12 +81,16 @@ def check_moe_module(unit: str, moe: nn.Module, experts: nn.Module, num_experts:
         raise AutoparError(f"layer {unit}: {_CONTRACT}; {type(moe).__name__} does not: run this model with ep 1")
 
 
-def _placements(name: str, p: torch.Tensor, hidden: int, etp: int, hf: bool = False) -> tuple[Placement, ...]:
+def _placements(name: str, p: torch.Tensor, hidden: int, etp: int, experts: nn.Module) -> tuple[Placement, ...]:
     """Shard(0) over ep; with etp > 1 also the expert's FFN dimension (the one that is not the hidden size;
-    transformers' experts: ``FFN_DIMS``)."""
+    transformers' experts: ``hf_experts.ffn_dims``)."""
     if etp == 1:
         return (Shard(0),)
-    ffn = [FFN_DIMS[name.rpartition(".")[2]]] if hf else [d for d in range(1, p.dim()) if p.shape[d] != hidden]
+    if is_hf_experts(experts):
+        dim = ffn_dims(experts).get(name.rpartition(".")[2])
+        ffn = [] if dim is None else [dim]
+    else:
+        ffn = [d for d in range(1, p.dim()) if p.shape[d] != hidden]
     if len(ffn) > 1 or (ffn and p.shape[ffn[0]] % etp):
         raise AutoparError(f"experts' weight {name} {list(p.shape)}: cannot tell its FFN dimension or etp({etp}) "
                            "does not divide it; use etp 1")
@@ -97,7 +101,7 @@ def shard_experts(experts: nn.Module, mesh: DeviceMesh, hidden: int) -> None:
     """Replace each stacked weight with this rank's shard, a DTensor on ``mesh`` (no storage on meta)."""
     etp = mesh.size(1) if mesh.ndim > 1 else 1
     for name, p in list(experts.named_parameters(recurse=False)):
-        placements = _placements(name, p, hidden, etp, hf=is_hf_experts(experts))
+        placements = _placements(name, p, hidden, etp, experts)
         shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, placements)
         if p.is_meta:
             local = torch.empty(shape, dtype=p.dtype, device="meta")
@@ -125,7 +129,7 @@ def routes_experts(model: nn.Module, spec: RunPlan) -> bool:
             try:
                 check_moe_module(unit, module, experts, profile.num_experts)
                 for name, weight in experts.named_parameters(recurse=False):
-                    _placements(name, weight, profile.hidden_size, p.expert_tp, hf=is_hf_experts(experts))
+                    _placements(name, weight, profile.hidden_size, p.expert_tp, experts)
             except AutoparError:
                 return False
             if layer.tp != p.tp:
@@ -235,4 +239,4 @@ def check_experts(spec: RunPlan, profile: Any, model: nn.Module) -> None:
             moe_module, experts, found = moe_modules(model.get_submodule(unit))
             check_moe_module(unit, moe_module, experts, found.num_experts)
             for name, weight in experts.named_parameters(recurse=False):
-                _placements(f"{unit}.{name}", weight, found.hidden_size, p.expert_tp, hf=is_hf_experts(experts))
+                _placements(f"{unit}.{name}", weight, found.hidden_size, p.expert_tp, experts)

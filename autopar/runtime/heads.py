@@ -9,9 +9,10 @@ heads, its gradient each rank's own columns) and its own head count.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch.nn as nn
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from autopar.plan import LayerAssignment
@@ -20,6 +21,7 @@ from autopar.runtime.sequence import column_parents
 
 HEAD_COUNTS = ("n_heads",)  # attributes an attention module reads its head count from (T5)
 HEAD_TABLES = ("relative_attention_bias",)  # per-head embeddings (T5's relative position bias)
+HEAD_PARAMS = ("sinks",)  # one entry per head (GPT-OSS's attention sinks)
 
 
 def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]],
@@ -32,6 +34,7 @@ def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: di
         mesh = meshes.layer_mesh(layer.tp)["tp"]
         for parent in column_parents(plans.get(layer.name, {})):
             module = model.get_submodule(resolve(model, layer, parent))
+            _shard_head_params(module, mesh)
             count = next((name for name in HEAD_COUNTS if isinstance(getattr(module, name, None), int)), None)
             if count is None:
                 continue
@@ -41,3 +44,28 @@ def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: di
                 if isinstance(child, nn.Embedding) and child.embedding_dim == heads:
                     parallelize_module(module, mesh, {table: ColwiseParallel()})
             setattr(module, count, heads // layer.tp)
+
+
+def _shard_head_params(module: nn.Module, mesh: Any) -> None:
+    """Each per-head parameter (``HEAD_PARAMS``) of an attention module sharded on the heads over tp."""
+    for name in HEAD_PARAMS:
+        param = module._parameters.get(name)
+        if param is None or param.dim() != 1 or isinstance(param, DTensor):
+            continue
+        module.register_parameter(name, nn.Parameter(distribute_tensor(param.data, mesh, [Shard(0)]),
+                                                     requires_grad=param.requires_grad))
+        before, after = _local_during_forward(name)
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+
+
+def _local_during_forward(name: str) -> tuple[Callable, Callable]:
+    """A pre-hook giving the module's code this rank's block of the DTensor parameter ``name`` (differentiable,
+    the gradient reaching the DTensor), in the instance's dict, which attribute lookup reads before the parameters;
+    and the forward hook that removes it."""
+    def before(module: nn.Module, args: tuple) -> None:
+        module.__dict__[name] = module._parameters[name].to_local()
+
+    def after(module: nn.Module, args: tuple, output: Any) -> None:
+        module.__dict__.pop(name, None)
+    return before, after

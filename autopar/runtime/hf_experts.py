@@ -42,28 +42,48 @@ _LAYOUT = ("transformers' stacked experts: gate_up_proj (experts, 2·ffn, hidden
 
 
 def is_hf_experts(experts: nn.Module) -> bool:
-    """Is this a transformers experts module (called with the router's choice)?"""
+    """Is this a transformers experts module (called with the router's choice)? Its own names for the choice
+    (``top_k_index, top_k_weights``; GPT-OSS: ``router_indices, routing_weights``) or the layout flags transformers'
+    ``use_experts_implementation`` sets on every experts module it dispatches."""
     try:
         names = tuple(inspect.signature(experts.forward).parameters)
     except (TypeError, ValueError):
         return False
-    return names[:3] == _ARGS
+    return names[:3] == _ARGS or (len(names) >= 3 and names[0] == _ARGS[0] and hasattr(experts, "is_transposed"))
+
+
+def layout(experts: nn.Module) -> tuple[bool, bool, bool]:
+    """(transposed, concatenated, bias) of a transformers experts module, as ``use_experts_implementation`` declares
+    them: weights stored (E, in, out) rather than (E, out, in); gate and up rows [gate; up] rather than interleaved
+    (GPT-OSS: gate0, up0, gate1 …); a bias per expert on each projection."""
+    return (bool(getattr(experts, "is_transposed", False)), bool(getattr(experts, "is_concatenated", True)),
+            bool(getattr(experts, "has_bias", False)))
+
+
+def ffn_dims(experts: nn.Module) -> dict[str, int | None]:
+    """Parameter -> the dimension etp splits (the experts' FFN width; None: replicated over etp)."""
+    transposed, _, bias = layout(experts)
+    dims: dict[str, int | None] = {"gate_up_proj": 2 if transposed else 1, "down_proj": 1 if transposed else 2}
+    return dims | ({"gate_up_proj_bias": 1, "down_proj_bias": None} if bias else {})
 
 
 def check_hf_experts(unit: str, experts: nn.Module, num_experts: int) -> None:
-    """One line unless the experts follow transformers' layout (``_LAYOUT``)."""
+    """One line unless the experts follow transformers' layout (``_LAYOUT``, in any of ``layout``'s forms)."""
+    transposed, _, bias = layout(experts)
     gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     params = dict(experts.named_parameters(recurse=False))
-    ok = (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and set(params) ==
-          {"gate_up_proj", "down_proj"} and callable(getattr(experts, "act_fn", None)) and gate_up.dim() == 3 and
-          down.dim() == 3 and gate_up.shape[0] == down.shape[0] == num_experts and gate_up.shape[2] == down.shape[1] and
-          gate_up.shape[1] == 2 * down.shape[2])
+    ok = (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and set(params) == set(ffn_dims(experts))
+          and getattr(experts, "has_gate", True) and gate_up.dim() == 3 and down.dim() == 3 and
+          gate_up.shape[0] == down.shape[0] == num_experts)
+    if ok:
+        (e, two_ffn, hidden), (_, hidden2, ffn) = (
+            (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1]), (down.shape[0], down.shape[2], down.shape[1])) \
+            if transposed else (tuple(gate_up.shape), tuple(down.shape))
+        ok = hidden == hidden2 and two_ffn == 2 * ffn and (
+            callable(getattr(experts, "act_fn", None)) or callable(getattr(experts, "_apply_gate", None)))
     if not ok:
         raise AutoparError(f"layer {unit}: expert parallelism runs {_LAYOUT}; {type(experts).__name__} "
                            f"({', '.join(params)}) does not: run this model with ep 1")
-
-
-FFN_DIMS = {"gate_up_proj": 1, "down_proj": 2}  # the dimension etp splits: 2·ffn rows, ffn columns
 
 
 def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -105,28 +125,50 @@ def _grouped(experts: nn.Module) -> Any:
 def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Tensor,
                     etp: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's experts on the tokens it received, ``counts[r, j]`` of them from ep rank r for local expert j,
-    in (r, j) order: sorted by local expert, two grouped GEMMs with one offset per expert, sorted back. ``etp``:
-    the experts' tensor-parallel group, whose ranks hold blocks of the same experts and receive the same tokens."""
+    in (r, j) order: sorted by local expert, two grouped GEMMs with one offset per expert (and each row's expert's
+    bias, ``layout``), sorted back. ``etp``: the experts' tensor-parallel group, whose ranks hold blocks of the same
+    experts and receive the same tokens."""
+    transposed, concatenated, bias = layout(experts)
     local = counts.shape[1]
     expert = torch.arange(local, device=counts.device).repeat(counts.shape[0]).repeat_interleave(counts.reshape(-1))
     order = torch.argsort(expert, stable=True)
-    offsets = counts.sum(0).cumsum(0).to(torch.int32)
-    gate_up, down = (w.to_local() if isinstance(w, DTensor) else w for w in (experts.gate_up_proj, experts.down_proj))
+    per_expert = counts.sum(0)
+    offsets = per_expert.cumsum(0).to(torch.int32)
+    weights = [_local(getattr(experts, name)) for name in ffn_dims(experts)]
+    gate_up, down = weights[:2]
     if inbound.shape[0] == 0:  # no token routed here: zero gradients for this rank's experts (grouped_mm needs rows);
         # the output still depends on ``inbound`` so that the backward runs the dispatch's all-to-all, as its peers do
-        return inbound.new_zeros(0, down.shape[1]) + 0 * (inbound.sum() + gate_up.sum() + down.sum())
+        return inbound.new_zeros(0, down.shape[2 if transposed else 1]) + 0 * (inbound.sum() + sum(w.sum() for w in weights))
+    rows = torch.repeat_interleave(torch.arange(local, device=counts.device), per_expert) if bias else None
     x = inbound[order] if etp is None else _SumGradient.apply(inbound[order], etp)
-    both = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offsets)
-    if etp is not None:
+    both = torch._grouped_mm(x, gate_up if transposed else gate_up.transpose(-2, -1), offs=offsets)
+    if bias:
+        both = both + weights[2][rows]
+    if etp is not None and concatenated:  # [gate; up] blocks: the whole row first; interleaved pairs are local
         both = _GatherColumns.apply(both, etp)
-    gate, up = both.chunk(2, dim=-1)
-    product = experts.act_fn(gate) * up
-    if etp is not None:
+    product = _gate(experts, both)
+    if etp is not None and concatenated:
         product = product.chunk(etp.size(), dim=-1)[etp.rank()]
-    y = torch._grouped_mm(product.contiguous(), down.transpose(-2, -1), offs=offsets)
+    y = torch._grouped_mm(product.contiguous(), down if transposed else down.transpose(-2, -1), offs=offsets)
     if etp is not None:
         y = _SumOutput.apply(y, etp)
+    if bias:  # replicated over etp: added once, after the partial sums
+        y = y + weights[3][rows]
     return torch.empty_like(y).index_copy(0, order, y)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    return w.to_local() if isinstance(w, DTensor) else w
+
+
+def _gate(experts: nn.Module, both: torch.Tensor) -> torch.Tensor:
+    """The module's own gating of the first GEMM's output (transformers' ``_apply_gate``: GPT-OSS clamps and adds
+    one to ``up``), else SiLU-style ``act_fn(gate) * up``."""
+    apply = getattr(experts, "_apply_gate", None)
+    if callable(apply):
+        return apply(both)
+    gate, up = both.chunk(2, dim=-1)
+    return experts.act_fn(gate) * up
 
 
 class _SumGradient(torch.autograd.Function):

@@ -103,7 +103,7 @@ def check_sequence_length(seq_len: int, tp: int) -> None:
 def check_attention(profile: Any) -> None:
     if profile.attention_impl == "eager":
         raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
-                           "computes it op by op (eager attention: Gemma-2's logit soft-capping)")
+                           "computes it op by op (eager attention: Gemma-2's logit soft-capping, GPT-OSS's sinks)")
 
 
 def _tensor(profile: Any, loaded: Any, model: Any) -> None:

@@ -62,6 +62,11 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
 
     profile = capture_model(source, spec.model.overrides, batch_size=1, seq_len=spec.model.seq_len,
                             dtype=spec.model.dtype)
+    return layer_plans(spec, source, profile)
+
+
+def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """``model_layers`` from a profile already captured (a ModelProfile of the plan's model, any dtype)."""
     names = [layer.name for layer in profile.layers]
     check_model_matches(spec, names)
     plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}

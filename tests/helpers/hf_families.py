@@ -11,6 +11,7 @@ with the layer names capture finds; tests/integration/test_hf_plans.py runs them
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
@@ -34,8 +35,15 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "bart": sp.MODELS["hf/bart-base"],  # final_logits_bias on whole logits
     "qwen15moe": sp.MODELS["hf/qwen1.5-moe-a2.7b"],  # a shared expert on flattened tokens
     "deepseek3": sp.MODELS["hf/deepseek-v3"],  # the q LoRA projection, replicated, on the whole sequence
+    # attention sinks (one per head, sharded over tp), alternating sliding windows, experts stored (E, in, out) with
+    # biases and interleaved gate|up rows (autopar.runtime.hf_experts.layout)
+    "gptoss": ("examples/hf/gpt-oss-20b.json", {
+        "hidden_size": "32", "num_hidden_layers": "2", "num_attention_heads": "4", "num_key_value_heads": "2",
+        "head_dim": "8", "intermediate_size": "16", "vocab_size": "64", "num_local_experts": "4",
+        "num_experts_per_tok": "2", "experts_per_token": "2", "sliding_window": "8", "swiglu_limit": "0.5",
+        "layer_types": json.dumps(["sliding_attention", "full_attention"]), "pad_token_id": "0", "eos_token_id": "1"}),
 }
-MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3"}
+MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}  # family -> its shapes
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 REFUSED: dict[str, dict[str, str]] = {
@@ -43,6 +51,7 @@ REFUSED: dict[str, dict[str, str]] = {
     "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
     "bart": {"cp": "splits token ids"},
+    "gptoss": {"cp": "eager attention"},  # its sinks: attention op by op
 }
 
 
@@ -53,6 +62,17 @@ def profile(family: str):  # noqa: ANN201 - a ModelProfile (autopar.profile impo
 
     source, overrides = FAMILIES[family]
     return capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32")
+
+
+def captured(family: str, raw: dict[str, Any]) -> list:
+    """[layer names, {layer: tensor-parallel plan}] of the family's plan ``raw`` as rank 0 of a torchrun job would
+    capture and check them (autopar.runtime.train.layer_plans), from the session's capture: what the job's ranks
+    take instead of capturing the model again (autopar.runtime.train.load_model's ``layers``)."""
+    from autopar.plan import parse_run_plan
+    from autopar.runtime.train import layer_plans
+
+    names, plans = layer_plans(parse_run_plan(raw), str(ROOT / FAMILIES[family][0]), profile(family))
+    return [names, plans]
 
 
 def layer_names(family: str) -> tuple[str, ...]:
@@ -126,12 +146,12 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
 
 # Every family runs each feature alone on 2 ranks; their combinations on 4 ranks run on one family of each kind of
 # layer (rotary attention with experts as grouped GEMMs, latent attention with experts, encoder-decoder; the dense
-# rotary decoder's combinations are the same shapes as Qwen3-MoE's attention runs them), and on 8 ranks each kind of
-# combination runs once, on one of the families, which keeps the jobs inside CI's time. AUTOPAR_HF_ALL=1 runs every
+# rotary decoder's combinations are the same shapes as Qwen3-MoE's attention runs them), and on 8 ranks the three
+# that hold every feature between them (1F1B with tp, dp, SP and ep; interleaved with tp, SP and cp; cp with tp, dp,
+# SP and ep), each on one family, which keeps the jobs inside CI's time. AUTOPAR_HF_ALL=1 runs every
 # family's every shape at each world (the last such run at 8: docs/runtime.md, "Hugging Face plans on 8 ranks").
 FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["qwen3moe", "deepseek", "t5"], 8: None}
-ONLY_AT = {8: {"llama/pp2_tp2_dp2_sp", "olmo2/pp2_interleaved_tp2_cp2_sp", "qwen3moe/pp2_tp2_dp2_ep2_sp",
-               "mixtral/cp2_tp2_dp2_ep2_sp"}}
+ONLY_AT = {8: {"olmo2/pp2_interleaved_tp2_cp2_sp", "qwen3moe/pp2_tp2_dp2_ep2_sp", "mixtral/cp2_tp2_dp2_ep2_sp"}}
 ALL = os.environ.get("AUTOPAR_HF_ALL") == "1"
 
 

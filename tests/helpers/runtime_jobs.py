@@ -31,11 +31,12 @@ class RuntimeJobs:
         self.results: dict[int, dict] = {}
 
     def plans(self, world: int) -> dict[str, dict]:
-        from helpers.runtime_worker import shapes
+        from helpers.runtime_worker import CAPTURED, shapes
 
         out = shapes(world) if RUNTIME in self.files else {}
-        if HF in self.files:
-            out |= {HF_PREFIX + name: plan for name, plan in hf.job_shapes(world).items()}
+        if HF in self.files:  # each family captured once in this session, not again on rank 0 of every job
+            out |= {HF_PREFIX + name: {**plan, CAPTURED: hf.captured(name.split("/")[0], plan)}
+                    for name, plan in hf.job_shapes(world).items()}
         return out
 
     def __call__(self, world: int) -> dict:

@@ -18,8 +18,9 @@ from autopar.runtime.hf_experts import hf_experts_forward
 
 
 def _block(family: str) -> torch.nn.Module:
-    from transformers import DeepseekV2Config, MixtralConfig, Qwen3MoeConfig
+    from transformers import DeepseekV2Config, GptOssConfig, MixtralConfig, Qwen3MoeConfig
     from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
@@ -29,6 +30,9 @@ def _block(family: str) -> torch.nn.Module:
     elif family == "qwen3moe":
         block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=4,
                                                       num_experts_per_tok=2))
+    elif family == "gptoss":  # (E, in, out) weights, interleaved gate|up, biases, a clamped gate
+        block = GptOssMLP(GptOssConfig(hidden_size=32, intermediate_size=16, num_local_experts=4,
+                                       num_experts_per_tok=2, swiglu_limit=0.5))
     else:
         block = DeepseekV2Moe(DeepseekV2Config(hidden_size=32, moe_intermediate_size=16, n_routed_experts=4,
                                                num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1))
@@ -46,14 +50,18 @@ def _ep1(block: torch.nn.Module) -> torch.nn.Module:
     return block
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3moe", "deepseek"])
+def _output(out: torch.Tensor | tuple) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out  # GPT-OSS's block also returns its router's scores
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3moe", "deepseek", "gptoss"])
 def test_grouped_experts_compute_the_block_exactly(family: str) -> None:
     block = _block(family)
     ours = _ep1(copy.deepcopy(block))
     x = torch.randn(2, 8, 32)
-    expected = block(x)
+    expected = _output(block(x))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        got = ours(x)
+        got = _output(ours(x))
     expected.square().sum().backward()
     got.square().sum().backward()
     assert (got - expected).abs().max().item() < 1e-6
