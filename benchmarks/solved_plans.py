@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "helpers")]
 import solved_plans as sp  # noqa: E402
 
 TOLERANCE = 1e-5
-MOE = ("moe", "mixtral", "deepseek", "qwen1.5-moe", "qwen3")
+MOE = ("moe", "mixtral", "deepseek", "qwen1.5-moe", "qwen3", "gpt-oss")
 
 
 def plans_of(model: str, world: int) -> tuple[dict[str, dict], list[tuple[str, str, str]]]:

@@ -11,7 +11,6 @@ with the layer names capture finds; tests/integration/test_hf_plans.py runs them
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 
@@ -37,11 +36,7 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "deepseek3": sp.MODELS["hf/deepseek-v3"],  # the q LoRA projection, replicated, on the whole sequence
     # attention sinks (one per head, sharded over tp), alternating sliding windows, experts stored (E, in, out) with
     # biases and interleaved gate|up rows (autopar.runtime.hf_experts.layout)
-    "gptoss": ("examples/hf/gpt-oss-20b.json", {
-        "hidden_size": "32", "num_hidden_layers": "2", "num_attention_heads": "4", "num_key_value_heads": "2",
-        "head_dim": "8", "intermediate_size": "16", "vocab_size": "64", "num_local_experts": "4",
-        "num_experts_per_tok": "2", "experts_per_token": "2", "sliding_window": "8", "swiglu_limit": "0.5",
-        "layer_types": json.dumps(["sliding_attention", "full_attention"]), "pad_token_id": "0", "eos_token_id": "1"}),
+    "gptoss": sp.MODELS["hf/gpt-oss-20b"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}  # family -> its shapes

@@ -80,6 +80,12 @@ MODELS: dict[str, tuple[str, dict[str, str]]] = {
                          {**_TINY_LLAMA, "head_dim": "8", "moe_intermediate_size": "16", "num_experts": "4",
                           "num_experts_per_tok": "2", "max_window_layers": "2"}),
     "hf/deepseek-v2-lite": ("examples/hf/deepseek-v2-lite.json", _DEEPSEEK),
+    # attention sinks, alternating sliding windows, experts stored (E, in, out) with biases and interleaved gate|up
+    "hf/gpt-oss-20b": ("examples/hf/gpt-oss-20b.json", {
+        "hidden_size": "32", "num_hidden_layers": "2", "num_attention_heads": "4", "num_key_value_heads": "2",
+        "head_dim": "8", "intermediate_size": "16", "vocab_size": "64", "num_local_experts": "4",
+        "num_experts_per_tok": "2", "experts_per_token": "2", "sliding_window": "8", "swiglu_limit": "0.5",
+        "layer_types": json.dumps(["sliding_attention", "full_attention"]), "pad_token_id": "0", "eos_token_id": "1"}),
     "hf/deepseek-v3": ("examples/hf/deepseek-v3.json", {**_DEEPSEEK, "q_lora_rank": "16",
                                                         "num_nextn_predict_layers": "0"}),
     "hf/bert-base-uncased": ("examples/hf/bert-base-uncased.json", {**_BERT, "max_position_embeddings": "16"}),
