@@ -152,8 +152,33 @@ def sync_gradients(pairs: list[tuple[torch.Tensor, Any]], base_dp: int) -> None:
             local.div_(base_dp)
 
 
+class NoParameters:
+    """The optimizer of a rank that holds no parameters (a pipeline chunk of parameter-less layers only: a rotary
+    table alone, on a small model at pp close to its layer count): torch's optimizers refuse an empty list, and the
+    rank must still run its stage. Stepping it does nothing; its state (for checkpoints) is empty."""
+
+    def __init__(self) -> None:
+        self.state: dict = {}
+        self.param_groups: list[dict] = []
+        self.defaults: dict = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    def step(self, closure: Callable | None = None) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        return None
+
+
 def optimizer_for(params: list[nn.Parameter], meshes: Meshes, *, zero1: bool,
                   factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> torch.optim.Optimizer:
+    if not params:
+        return NoParameters()  # type: ignore[return-value]
     if not zero1:
         return factory(params)
     probe = factory([torch.nn.Parameter(torch.zeros(1))])  # learn the class and hyper-parameters

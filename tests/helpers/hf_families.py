@@ -76,13 +76,13 @@ def layer_names(family: str) -> tuple[str, ...]:
 
 def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
          mb: int = 2, m: int = 2, zero: int = 0, sp_: bool = False, schedule: str = "1f1b", v: int = 1,
-         recompute: str = "none") -> dict[str, Any]:
-    """A plan dict as the solver emits it, layers split as evenly as the chunks allow."""
+         recompute: str = "none", sizes: list[int] | None = None) -> dict[str, Any]:
+    """A plan dict as the solver emits it, layers split as evenly as the chunks allow (or ``sizes`` layers each)."""
     source, overrides = FAMILIES[family]
     names = layer_names(family)
     chunks = pp * v
     base, extra = divmod(len(names), chunks)
-    sizes = [base + (1 if c < extra else 0) for c in range(chunks)]
+    sizes = sizes or [base + (1 if c < extra else 0) for c in range(chunks)]
     stages = [c for c, size in enumerate(sizes) for _ in range(size)]
     return {"world_size": tp * pp * dp * cp,
             "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": "fp32"},
@@ -110,6 +110,8 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
         if moe:  # the experts folded off tp (etp 1), and over etp = tp (gate|up blocks: autopar.runtime.hf_experts)
             out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1),
                     "tp2_dp2_ep2_etp2_sp": dict(tp=2, dp=2, ep=2, etp=2, sp_=True)}
+        if family in ("llama", "qwen3moe"):  # a rank whose chunk holds the rotary table alone: buffers, no parameters
+            out["pp4_rotary_alone"] = dict(pp=4, m=4, mb=1, sizes=[1, 1, 1, len(layer_names(family)) - 3])
         return out
     if world == 8:  # each pipeline schedule with tp + SP and with dp or cp; the experts over ep inside a stage
         out = {"pp2_tp2_dp2_sp": dict(pp=2, tp=2, dp=2, sp_=True, m=2, mb=1),
