@@ -94,10 +94,22 @@ class _ChunkRun:
 class _StandIn(nn.Module):
     """A plan layer (or a module holding its weights) that another pipeline chunk holds: no parameters."""
 
-    def __init__(self, run: _ChunkRun, path: str):
+    def __init__(self, run: _ChunkRun, path: str, original: nn.Module | None = None):
         super().__init__()
         self._run = run
         self.path = path
+        self.__dict__["_original"] = original  # not a child: its (meta) weights stay out of this chunk
+
+    def __getattr__(self, name: str) -> Any:
+        """What the model's glue reads of the layer it stands in for (ViT's forward reads the dtype of
+        ``embeddings.patch_embeddings.projection.weight`` on every chunk): the original module's attribute."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original")
+            if original is None:
+                raise
+            return getattr(original, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if id(self) not in self._run.calls_of:
@@ -188,7 +200,7 @@ def _stand_in_others(tree: nn.Module, owned: set[str], units: list[str], run: _C
             if above(path):
                 visit(child, path + ".")
             elif next(child.parameters(), None) is not None:
-                module._modules[name] = _StandIn(run, path)
+                module._modules[name] = _StandIn(run, path, child)
 
     visit(tree, "")
 
@@ -224,6 +236,10 @@ def _chunk_forward(tree: nn.Module, run: _ChunkRun, *args: torch.Tensor) -> Any:
         j = missing[0][0]
         raise AutoparError(f"pipeline chunk {run.chunk} ended without the output of {run.flow.calls[j].unit} that a "
                            "later stage reads: the runtime cannot pipeline this model at this cut")
-    values = tuple(run.captured[s] for s in run.outbound)
+    values = tuple(_contiguous(run.captured[s]) for s in run.outbound)  # gloo sends contiguous tensors only
     run.captured = {}
     return values + tuple(args[len(run.inbound):])
+
+
+def _contiguous(value: Any) -> Any:
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
