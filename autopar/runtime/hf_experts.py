@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
+from autopar.runtime.init import local_of
 
 _ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 _LAYOUT = ("transformers' stacked experts: gate_up_proj (experts, 2·ffn, hidden), down_proj (experts, hidden, ffn), "
@@ -69,16 +69,15 @@ def ffn_dims(experts: nn.Module) -> dict[str, int | None]:
 
 def check_hf_experts(unit: str, experts: nn.Module, num_experts: int) -> None:
     """One line unless the experts follow transformers' layout (``_LAYOUT``, in any of ``layout``'s forms)."""
-    transposed, _, bias = layout(experts)
+    dims = ffn_dims(experts)
     gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     params = dict(experts.named_parameters(recurse=False))
-    ok = (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and set(params) == set(ffn_dims(experts))
+    ok = (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and set(params) == set(dims)
           and getattr(experts, "has_gate", True) and gate_up.dim() == 3 and down.dim() == 3 and
           gate_up.shape[0] == down.shape[0] == num_experts)
-    if ok:
-        (e, two_ffn, hidden), (_, hidden2, ffn) = (
-            (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1]), (down.shape[0], down.shape[2], down.shape[1])) \
-            if transposed else (tuple(gate_up.shape), tuple(down.shape))
+    if ok:  # the FFN dimension of each weight (ffn_dims), the hidden one the other of dims 1 and 2
+        two_ffn, ffn = gate_up.shape[dims["gate_up_proj"]], down.shape[dims["down_proj"]]
+        hidden, hidden2 = gate_up.shape[3 - dims["gate_up_proj"]], down.shape[3 - dims["down_proj"]]
         ok = hidden == hidden2 and two_ffn == 2 * ffn and (
             callable(getattr(experts, "act_fn", None)) or callable(getattr(experts, "_apply_gate", None)))
     if not ok:
@@ -93,7 +92,7 @@ def hf_experts_forward(experts: nn.Module, route: Any, hidden_states: torch.Tens
     from autopar.runtime.dispatch import dispatch_combine
     from autopar.runtime.sequence import GatherSequence, SplitSequence
 
-    tokens = hidden_states.to_local() if isinstance(hidden_states, DTensor) else hidden_states
+    tokens = local_of(hidden_states)
     num = route.num_experts
     weights = top_k_weights.new_zeros(tokens.shape[0], num).scatter(1, top_k_index, top_k_weights)
     routed = torch.zeros(tokens.shape[0], num, dtype=torch.bool, device=tokens.device).scatter(
@@ -134,7 +133,7 @@ def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Ten
     order = torch.argsort(expert, stable=True)
     per_expert = counts.sum(0)
     offsets = per_expert.cumsum(0).to(torch.int32)
-    weights = [_local(getattr(experts, name)) for name in ffn_dims(experts)]
+    weights = [local_of(getattr(experts, name)) for name in ffn_dims(experts)]
     gate_up, down = weights[:2]
     if inbound.shape[0] == 0:  # no token routed here: zero gradients for this rank's experts (grouped_mm needs rows);
         # the output still depends on ``inbound`` so that the backward runs the dispatch's all-to-all, as its peers do
@@ -155,10 +154,6 @@ def grouped_experts(experts: nn.Module, inbound: torch.Tensor, counts: torch.Ten
     if bias:  # replicated over etp: added once, after the partial sums
         y = y + weights[3][rows]
     return torch.empty_like(y).index_copy(0, order, y)
-
-
-def _local(w: torch.Tensor) -> torch.Tensor:
-    return w.to_local() if isinstance(w, DTensor) else w
 
 
 def _gate(experts: nn.Module, both: torch.Tensor) -> torch.Tensor:

@@ -316,8 +316,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         if engines.fsdp:  # on meta too: each rank then allocates only its shards
             parts[c] = apply_fsdp(part, layers, meshes, reshard_after_forward=engines.reshard,
                                   compute_dtype=compute_dtype, experts=experts[c])
-    if any(t.is_meta for part in parts.values() for t in (*part.parameters(), *part.buffers())):  # a chunk of a
-        # rotary table alone holds buffers only
+    # buffers too: a pipeline chunk of the rotary table alone holds buffers only
+    if any(t.is_meta for part in parts.values() for t in (*part.parameters(), *part.buffers())):
         if init is None:
             raise AutoparError("the model is on the meta device: pass init= to fill its shards")
         materialize(list(parts.values()), meshes.device, init)
