@@ -23,9 +23,10 @@ rank does the same causal attention work (an early chunk attends to few keys, it
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,16 @@ def check_launch(spec: RunPlan, source: str) -> None:
     loaded = load_spec(source, spec.model.overrides)
     model = build_meta(loaded.build)
     check_model(model, loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
-    check_masks(model, loaded.example_inputs, spec.model.seq_len)
+    check_attention(model, loaded.example_inputs, spec.model.seq_len)
+
+
+def check_attention(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
+    """transformers' attention modules run their own kernel, mask and all (autopar.runtime.hf_attention: refused
+    only for a kernel it cannot call); any other attention must call SDPA without a mask (``check_masks``)."""
+    from autopar.runtime.hf_attention import check
+
+    if not check(model):
+        check_masks(model, example_inputs, seq_len)
 
 
 def check_masks(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
@@ -157,6 +167,7 @@ class ContextParallel:
     group: dist.ProcessGroup | None  # None: only split and loss (the model-file checks)
     loss_fn: Callable[..., torch.Tensor]
     masks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict, repr=False)
+    passthrough: int = 0  # > 0: SDPA calls go to the kernel as made (autopar.runtime.hf_attention built the mask)
 
     @property
     def chunks(self) -> tuple[int, int]:
@@ -198,6 +209,29 @@ class ContextParallel:
             self.masks[queries, keys] = causal_lower_right(queries, keys)
         return self.masks[queries, keys]
 
+    def gather(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole sequence's keys and values, in sequence order, from every rank's two chunks: one collective
+        for both, side by side, (batch, heads, 2c, key width + value width) per rank (the widths differ under
+        DeepSeek's latent attention)."""
+        c = key.shape[-2] // 2
+        width = key.shape[-1]
+        kv = torch.cat((key, value), dim=-1)
+        gathered = funcol.all_gather_single(kv, 0, self.group).view(self.cp, *kv.shape)
+        pieces = {}
+        for rank in range(self.cp):  # rank r holds chunks r and 2cp-1-r: put them in sequence order
+            pieces[rank], pieces[2 * self.cp - 1 - rank] = gathered[rank, ..., :c, :], gathered[rank, ..., c:, :]
+        whole = torch.cat([pieces[j] for j in range(2 * self.cp)], dim=-2)
+        return whole[..., :width], whole[..., width:]
+
+    @contextlib.contextmanager
+    def direct(self) -> Iterator[None]:
+        """While active, F.scaled_dot_product_attention runs as called (on keys this object gathered)."""
+        self.passthrough += 1
+        try:
+            yield
+        finally:
+            self.passthrough -= 1
+
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
@@ -206,16 +240,7 @@ class ContextParallel:
             raise AutoparError("context parallelism runs attention without an explicit mask (is_causal=True, or "
                                "full attention); this model passes attn_mask to scaled_dot_product_attention")
         c = query.shape[-2] // 2
-        # one collective for K and V, side by side: (batch, heads, 2c, key width + value width) per rank (the
-        # widths differ under DeepSeek's latent attention)
-        width = key.shape[-1]
-        kv = torch.cat((key, value), dim=-1)
-        gathered = funcol.all_gather_single(kv, 0, self.group).view(self.cp, *kv.shape)
-        pieces = {}
-        for rank in range(self.cp):  # rank r holds chunks r and 2cp-1-r: put them in sequence order
-            pieces[rank], pieces[2 * self.cp - 1 - rank] = gathered[rank, ..., :c, :], gathered[rank, ..., c:, :]
-        whole = torch.cat([pieces[j] for j in range(2 * self.cp)], dim=-2)
-        keys, values = whole[..., :width], whole[..., width:]
+        keys, values = self.gather(key, value)
         options = dict(dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
         if not is_causal:
             return F.scaled_dot_product_attention(query, keys, values, **options)
@@ -233,9 +258,13 @@ class ContextParallel:
 def apply_cp(model: nn.Module, layers: list[LayerAssignment], run: ContextParallel) -> None:
     """Every layer's forward under ``run``'s attention (replaced on the instance, as autopar.runtime.ac does:
     parameter names stay the user's). Before activation checkpointing wraps the same forward."""
+    from autopar.runtime.hf_attention import route
+
     for layer in layers:
         for unit in layer.units:
-            forward_within(model.get_submodule(unit), lambda: _ContextParallelAttention(run))
+            module = model.get_submodule(unit)
+            route(module, run)  # transformers' attention modules: their own kernels on the gathered keys
+            forward_within(module, lambda: _ContextParallelAttention(run))
 
 
 class _ContextParallelAttention(TorchFunctionMode):
@@ -246,6 +275,6 @@ class _ContextParallelAttention(TorchFunctionMode):
         self.run = run
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is F.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention and not self.run.passthrough:
             return self.run.attend(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))

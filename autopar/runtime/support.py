@@ -10,7 +10,8 @@ The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar
 model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
 directly, no column-parallel linear holds projections the model splits: autopar.runtime.train.model_layers),
 ``sequence_parallel`` (every model whose sequence splits in two: autopar.runtime.sequence), ``cp`` (one token-id
-input, a ``positions`` argument, a next-token loss, attention without an explicit mask: autopar.runtime.cp), ``ep``
+input, a ``positions`` argument, a next-token loss, attention without an explicit mask or a transformers attention module:
+autopar.runtime.cp, autopar.runtime.hf_attention), ``ep``
 (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers' experts layout:
 autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
 """
@@ -101,9 +102,11 @@ def check_sequence_length(seq_len: int, tp: int) -> None:
 
 
 def check_attention(profile: Any) -> None:
-    if profile.attention_impl == "eager":
+    """A model file's attention must call F.scaled_dot_product_attention (autopar.runtime.cp); a Hugging Face
+    model's attention modules run their own kernels, eager ones included (autopar.runtime.hf_attention)."""
+    if profile.attention_impl == "eager" and Path(profile.source).suffix == ".py":
         raise AutoparError("context parallelism runs attention through F.scaled_dot_product_attention; this model "
-                           "computes it op by op (eager attention: Gemma-2's logit soft-capping, GPT-OSS's sinks)")
+                           "file computes it op by op (eager attention)")
 
 
 def _tensor(profile: Any, loaded: Any, model: Any) -> None:
@@ -133,13 +136,14 @@ def check_sequence_shards(layers: Any) -> None:
 
 
 def _context(profile: Any, loaded: Any, model: Any) -> None:
-    from autopar.runtime.cp import check_masks, check_model
+    from autopar.runtime.cp import check_attention as check_kernels
+    from autopar.runtime.cp import check_model
 
     if not any(pair.kind == "attention" for layer in profile.layers for pair in layer.tp.pairs):
         return  # the search gives such a model cp 1 anyway (autopar.search.space.cp_degrees)
     check_attention(profile)
     check_model(model, loaded.example_inputs, loaded.loss_fn, 2)
-    check_masks(model, loaded.example_inputs, profile.seq_len)
+    check_kernels(model, loaded.example_inputs, profile.seq_len)
 
 
 def _experts(profile: Any, loaded: Any, model: Any) -> None:

@@ -126,7 +126,7 @@ def sagemaker_folder(major: int) -> str:
     spec = importlib.util.find_spec("sagemaker")
     if spec is not None and spec.origin and (Path(spec.origin).parent / marker).exists():
         return ""
-    pin = "'sagemaker>=2.257,<3'" if major == 2 else "sagemaker==3.27.0"
+    pin = "'sagemaker>=2.257,<3'" if major == 2 else "--no-deps sagemaker-core==2.27.0 sagemaker-train==1.27.0 scipy"
     pytest.skip(f"the SageMaker Python SDK {major} is not installed: pip install --target DIR {pin} and set "
                 f"AUTOPAR_SAGEMAKER_{major}=DIR")
 

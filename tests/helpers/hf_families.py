@@ -41,12 +41,11 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}  # family -> its shapes
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
+# (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
+# own kernels: autopar.runtime.hf_attention)
 REFUSED: dict[str, dict[str, str]] = {
-    "gemma2": {"cp": "eager attention"},  # Gemma-2's logit soft-capping computes attention op by op
-    "gemma3": {"cp": "passes attn_mask"},  # its sliding window is an explicit mask
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
     "bart": {"cp": "splits token ids"},
-    "gptoss": {"cp": "eager attention"},  # its sinks: attention op by op
 }
 
 

@@ -1,0 +1,131 @@
+"""Context parallelism for transformers' attention modules, whatever kernel they run: eager attention (Gemma-2's
+logit soft-capping, GPT-OSS's sinks) and SDPA with a sliding window (Mistral, Phi-3, Gemma-2/3, GPT-OSS) as well as
+plain causal SDPA.
+
+transformers' attention modules look their kernel up at every call, in ``ALL_ATTENTION_FUNCTIONS`` by their
+config's ``_attn_implementation`` (eager: the modeling file's ``eager_attention_forward``). ``route`` gives each
+attention module of a layer a copy of its config naming ``autopar_cp`` (registered here with transformers'
+``AttentionInterface.register``) and keeps the kernel it ran in the module's ``__dict__`` (no parameter or buffer
+changes name). ``autopar_cp`` then:
+
+- for plain causal SDPA (no window, no soft-capping, no sinks): calls the model's kernel unchanged; its
+  ``F.scaled_dot_product_attention(is_causal=True)`` is answered by ``ContextParallel.attend`` (autopar.runtime.cp)
+  as for a model file: the causal mask never materialised;
+- otherwise: all-gathers keys and values over the cp group (``ContextParallel.gather``) and runs the module's own
+  kernel once per local query chunk against the keys it may see, with the mask of the chunk's global positions
+  built here (causal, and ``kv > q - window`` as transformers' ``sliding_window_overlay``): keys from the window's
+  start to the chunk's end, so a window's chunk reads at most window + chunk keys. The mask the model built for the
+  local tokens (positions 0 .. T/cp - 1 of the split sequence, not the sequence's) is not used.
+
+The same keys and values all-gathered as the model-file path (Llama 3, arXiv:2407.21783 §3.3.2); only where the
+kernel is called differs, so every kernel transformers ships for a family runs its own arithmetic (sinks appended
+to each query row's logits, soft-capping before the mask) on exactly the keys one process would give it.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from autopar.errors import AutoparError
+
+NAME = "autopar_cp"  # the attention implementation transformers looks up for a routed module
+_ROUTED = "_autopar_cp"  # module.__dict__: (the kernel it ran, whether it is eager, the ContextParallel)
+_KERNELS = ("eager", "sdpa")
+_EXTRAS = ("softcap", "s_aux")  # what a plain SDPA call never has
+
+
+def attention_modules(root: nn.Module) -> list[nn.Module]:
+    """The submodules whose forward looks its kernel up in transformers' ``ALL_ATTENTION_FUNCTIONS``."""
+    import inspect
+
+    found = []
+    for module in root.modules():
+        forward = inspect.unwrap(type(module).forward)
+        code = getattr(forward, "__code__", None)
+        if code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names and hasattr(module, "config"):
+            found.append(module)
+    return found
+
+
+def kernel(module: nn.Module) -> tuple[Callable[..., Any], bool]:
+    """The kernel ``module`` runs and whether it is the modeling file's eager one, or the one-line refusal."""
+    impl = getattr(module.config, "_attn_implementation", None) or "eager"
+    if impl not in _KERNELS:
+        raise AutoparError(f"context parallelism runs transformers' eager or sdpa attention; {type(module).__name__} "
+                           f"runs '{impl}'; load it with attn_implementation 'sdpa' or re-plan with cp 1")
+    if impl == "sdpa":
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS["sdpa"], False
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise AutoparError(f"context parallelism: {type(module).__name__} runs eager attention but its modeling file "
+                           "has no eager_attention_forward to run on the gathered keys; re-plan with cp 1")
+    return eager, True
+
+
+def check(model: nn.Module) -> bool:
+    """Whether ``model``'s attention runs through transformers' interface (then ``route`` takes it, and a kernel
+    it cannot take is refused here); False: the model-file checks apply (autopar.runtime.cp)."""
+    modules = attention_modules(model)
+    for module in modules:
+        kernel(module)
+    return bool(modules)
+
+
+def route(root: nn.Module, run: Any) -> None:
+    """Every attention module under ``root`` calls ``autopar_cp`` with ``run`` (a ContextParallel)."""
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(NAME, _attention)
+    copies: dict[int, Any] = {}  # one config copy per config the modules shared
+    for module in attention_modules(root):
+        if _ROUTED in module.__dict__:
+            continue
+        fn, eager = kernel(module)
+        module.__dict__[_ROUTED] = (fn, eager, run)
+        if id(module.config) not in copies:
+            config = copy.copy(module.config)
+            config._attn_implementation_internal = NAME  # this module's lookup only: no sub-config to follow
+            copies[id(module.config)] = config
+        module.config = copies[id(module.config)]
+
+
+def window_mask(first: int, start: int, end: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """(queries first .. first + n - 1) x (keys start .. end - 1): True where a query sees a key (causal, and inside
+    the sliding window: ``kv > q - window``, transformers' sliding_window_overlay)."""
+    queries = torch.arange(first, end, device=device)[:, None]
+    keys = torch.arange(start, end, device=device)[None, :]
+    seen = keys <= queries
+    return seen & (keys > queries - window) if window is not None else seen
+
+
+def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, sliding_window: int | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    fn, eager, run = module.__dict__[_ROUTED]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    if not eager and sliding_window is None and not any(kwargs.get(k) is not None for k in _EXTRAS):
+        return fn(module, query, key, value, attention_mask, **kwargs)  # ContextParallel.attend answers its SDPA
+    if not causal:
+        raise AutoparError(f"context parallelism: {type(module).__name__} attends both ways with a mask or an eager "
+                           "kernel; re-plan with cp 1")
+    keys, values = run.gather(key, value)
+    c = query.shape[-2] // 2
+    outs = []
+    with run.direct():  # the kernel's own SDPA call, with the mask built here, is not ContextParallel.attend's
+        for half, j in enumerate(run.chunks):
+            first, end = j * c, (j + 1) * c
+            start = 0 if sliding_window is None else max(0, first - sliding_window + 1)
+            seen = window_mask(first, start, end, sliding_window, query.device)[None, None]
+            mask = seen if not eager else torch.zeros(seen.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~seen, torch.finfo(query.dtype).min)  # eager kernels add their mask to the logits
+            out, _ = fn(module, query[..., half * c:(half + 1) * c, :], keys[..., start:end, :],
+                        values[..., start:end, :], mask, sliding_window=sliding_window, **kwargs)
+            outs.append(out)  # (batch, queries, heads, head dim): the kernels' layout
+    return torch.cat(outs, dim=1), None

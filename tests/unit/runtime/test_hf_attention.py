@@ -1,0 +1,74 @@
+"""transformers' attention modules under context parallelism (autopar.runtime.hf_attention): each module runs its own
+kernel per query chunk against the gathered keys, with the causal and sliding-window mask of the chunk's global
+positions. Eager kernels with soft-capping (Gemma-2) and sinks (GPT-OSS), SDPA with a masked sliding window
+(Gemma-3): the model's logits under cp on a 1-rank gloo group (its two chunks, keys from the window's start) equal
+the model's own forward, and every attention module ran its kernel once per chunk (a plain causal SDPA layer
+once, through ContextParallel.attend). On 2 and 4 ranks:
+tests/integration/test_hf_plans.py (cp2, cp2_tp2 and the world-8 interleaved cp shape)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers import hf_families as hf
+
+
+@pytest.fixture
+def group():  # noqa: ANN201 - a ProcessGroup
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_window_mask_is_transformers_sliding_window_overlay() -> None:
+    from transformers.masking_utils import causal_mask_function, sliding_window_overlay
+
+    from autopar.runtime.hf_attention import window_mask
+
+    for window in (None, 1, 3, 8):
+        first, start, end = 4, (0 if window is None else max(0, 4 - window + 1)), 8
+        got = window_mask(first, start, end, window, torch.device("cpu"))
+        want = [[bool(causal_mask_function(0, 0, q, k)) and (window is None or sliding_window_overlay(window)(0, 0, q, k))
+                 for k in range(start, end)] for q in range(first, end)]
+        assert got.tolist() == want, window
+        # the keys left out before the window's start are ones no query of the chunk sees
+        if window is not None and start > 0:
+            assert not any(sliding_window_overlay(window)(0, 0, q, k) for q in range(first, end) for k in range(start))
+
+
+@pytest.mark.parametrize("family,kernel", [("gemma2", "eager"), ("gemma3", "sdpa"), ("gptoss", "eager")])
+def test_routed_attention_equals_the_models_own(group, family: str, kernel: str) -> None:  # noqa: ANN001
+    from autopar.capture import load_spec
+    from autopar.runtime.cp import ContextParallel, apply_cp
+    from autopar.runtime.hf_attention import _ROUTED, attention_modules
+
+    source, overrides = hf.FAMILIES[family]
+    spec = load_spec(str(hf.ROOT / source), overrides)
+    torch.manual_seed(0)
+    model = spec.build().eval()
+    tokens = spec.example_inputs(2, hf.SEQ)[0]
+    with torch.no_grad():
+        whole = model(tokens)
+    run = ContextParallel(1, 0, group, spec.loss_fn)
+    layers = [type("Layer", (), {"units": (name,)}) for name, _ in model.hf.model.layers.named_children()]
+    apply_cp(model.hf.model.layers, layers, run)
+    modules = attention_modules(model)
+    assert modules and all(m.config._attn_implementation == "autopar_cp" for m in modules)
+    assert model.hf.config._attn_implementation == kernel  # the model's own mask building is unchanged
+    calls = []
+    for m in modules:
+        fn, eager, _ = m.__dict__[_ROUTED]
+        assert eager == (kernel == "eager")
+        m.__dict__[_ROUTED] = (lambda *a, _fn=fn, **k: calls.append(a[1].shape[-2]) or _fn(*a, **k), eager, run)
+    local, positions, _ = run.split((tokens,))
+    with torch.no_grad():
+        routed = model(local, positions=positions)
+    # each module: its kernel once per chunk; plain causal SDPA (Gemma-3's full layers) once, answered by
+    # ContextParallel.attend
+    chunked = [kernel == "eager" or m.sliding_window is not None for m in modules]
+    assert calls == [n for c in chunked for n in ([hf.SEQ // 2] * 2 if c else [hf.SEQ])], calls
+    assert any(chunked)
+    torch.testing.assert_close(routed, whole, rtol=1e-5, atol=1e-5)
