@@ -25,6 +25,7 @@ from cost_models.model import (
     DTYPE_BYTES,
     LayerLike,
     attention_core_fwd_flops_per_sample,
+    attention_head_dim,
     attention_scores_per_sample,
     fwd_flops,
     fwd_matmul_flops,
@@ -164,7 +165,7 @@ def fused_attention_times(flops: float, layer: LayerLike, seq_len: int, hw: Hard
                           dtype: str) -> tuple[float, float]:
     """(forward, backward) seconds of the fused attention kernel on ``flops`` counted FLOPs (full S×S): the
     calibrated kernel (a measured machine), else the engine's flash kernel of the profile at this sequence
-    length on the FLOPs it executes (flash_fraction)."""
+    length and head width (HardwareProfile.flash_efficiency) on the FLOPs it executes (flash_fraction)."""
     if flops <= 0:
         return 0.0, 0.0
     if hw.kernels.attention:
@@ -172,9 +173,9 @@ def fused_attention_times(flops: float, layer: LayerLike, seq_len: int, hw: Hard
         return fwd, hw.kernels.attention_backward * fwd
     flash = hw.flash()
     assert flash is not None
-    table, backward = flash
-    fwd = flops * flash_fraction(layer, seq_len, hw) / (hw.peak(dtype) * table(flash_length(layer, seq_len, hw)))
-    return fwd, backward * fwd
+    efficiency = hw.flash_efficiency(flash_length(layer, seq_len, hw), attention_head_dim(layer))
+    fwd = flops * flash_fraction(layer, seq_len, hw) / (hw.peak(dtype) * efficiency)
+    return fwd, flash[1] * fwd
 
 
 def attention_core_times(layer: LayerLike, *, b: float, seq_len: int, tp: int, hw: HardwareProfile,

@@ -207,6 +207,7 @@ class HardwareProfile:
     # attention, as Transformer Engine runs it): efficiency by sequence length on the executed FLOPs, and the
     # backward / forward time ratio. ``attention_kernel`` is the one the engine runs (cost_models.engines).
     flash_attention: Mapping[str, tuple[EfficiencyTable, float]] = field(default_factory=dict)
+    flash_attention_head_dim_64: Mapping[str, EfficiencyTable] = field(default_factory=dict)  # at head dim 64
     attention_kernel: str = "flash2"
     # The engine's kernel takes the model's causal and sliding-window masks as its arguments and skips the blocks
     # they mask (not a mask tensor over all S×S), and takes learned attention sinks; set by cost_models.engines.
@@ -227,6 +228,19 @@ class HardwareProfile:
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""
         return self.flash_attention.get(self.attention_kernel)
+
+    def flash_efficiency(self, seq_len: int, head_dim: int | None) -> float:
+        """The engine's flash kernel's efficiency at ``seq_len`` for heads ``head_dim`` wide: its head-dim-128
+        table, its head-dim-64 table at 64 and below where the profile has one, linear between the two (a head
+        dim above 128 reads the 128 table: optimistic where a wider head runs slower, as at 256 on H100)."""
+        flash = self.flash()
+        assert flash is not None
+        wide = flash[0](seq_len)
+        narrow = self.flash_attention_head_dim_64.get(self.attention_kernel)
+        if narrow is None or not head_dim or head_dim >= 128:
+            return wide
+        low = narrow(seq_len)
+        return low if head_dim <= 64 else low + (wide - low) * (head_dim - 64) / 64
 
     @property
     def overlap_penalty(self) -> float:
@@ -336,6 +350,8 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             fp8_format=f.fp8_format,
             flash_attention={name: (_table(pts, scale=1.0), f.flash_attention_backward_over_forward.get(name, 2.5))
                              for name, pts in f.flash_attention_efficiency_by_seq.items()},
+            flash_attention_head_dim_64={name: _table(pts, scale=1.0)
+                                         for name, pts in f.flash_attention_efficiency_by_seq_head_dim_64.items()},
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):

@@ -101,6 +101,9 @@ class HardwareFile(_Strict):
     # The fused (flash) attention kernels an engine may run, each its achieved / peak FLOP/s on the FLOPs it
     # executes (a causal kernel: half of the S×S), by sequence length, and its backward / forward time.
     flash_attention_efficiency_by_seq: dict[str, Points] = {}
+    # The same at head dim 64 where the source gives it (the table above is at head dim 128): a narrower head does
+    # fewer FLOPs per tile load; between 64 and 128 the two are interpolated, above 128 the 128 table is used.
+    flash_attention_efficiency_by_seq_head_dim_64: dict[str, Points] = {}
     flash_attention_backward_over_forward: dict[str, float] = {}
     collective_time_scale_by_op_mbytes: dict[str, Points] = {}
     # Fractional slowdown of compute while a collective runs beside it (NCCL kernels take SMs and memory

@@ -141,6 +141,13 @@ def _query_value_features(pair: TPPairLike) -> tuple[float, float]:
     return q_features, q_features
 
 
+def attention_head_dim(layer: LayerLike) -> int | None:
+    """The widest query/key head of the layer's attention pairs (what a flash kernel tiles by), None where the
+    profile does not state it."""
+    dims = [getattr(pair, "head_dim", None) for pair in layer.tp.pairs if pair.kind == "attention"]
+    return max((d for d in dims if d), default=None)
+
+
 def attention_core_fwd_flops_per_sample(layer: LayerLike, seq_len: int) -> float:
     """FLOPs of QKᵀ and AV for one sample, as torch's flop counter counts SDPA (full S×S, causal or not):
     2·S²·heads·head_dim + 2·S²·heads·v_head_dim (4·S²·heads·head_dim when the widths are equal)."""
