@@ -19,7 +19,9 @@ rank does the same causal attention work (an early chunk attends to few keys, it
 - **Loss** (``ContextParallel.loss``): the model file's ``loss_fn`` on each chunk, the chunk's next token
   appended (the sequence's last chunk has none), weighted by its number of targets: each rank's loss is
   ``cp`` times its share of the sequence's mean, so the mean over cp ranks is the whole sequence's loss and
-  the gradients averaged over ``dp x cp`` (the data-parallel engines' group under cp) are the plan's.
+  the gradients averaged over ``dp x cp`` (the data-parallel engines' group under cp) are the plan's. A loss of
+  each token at its own position (a masked LM's, ``aligned``: ``check_loss`` tells which) is the mean over the
+  rank's tokens, whose mean over the cp ranks is the sequence's.
 """
 from __future__ import annotations
 
@@ -133,29 +135,40 @@ def check_positions(model: nn.Module) -> None:
         raise AutoparError(f"context parallelism: {type(model).__name__}.forward must take `{POSITIONS}` (each "
                            "token's position in its sequence, for RoPE / position embeddings) as examples/llama.py "
                            "does; add it or re-plan with cp 1")
+    for module in model.modules():  # RoBERTa's: padding_idx + 1 + the count of non-padding tokens before it
+        code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+        if code is not None and "create_position_ids_from_input_ids" in code.co_names:
+            raise AutoparError(f"context parallelism: {type(module).__name__} derives positions from the token ids "
+                               "(counting non-padding tokens), which a chunk of the sequence cannot; re-plan with "
+                               "cp 1")
 
 
-def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, vocab: int = 11, chunk: int = 3) -> None:
+def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, vocab: int = 11, chunk: int = 3) -> bool:
     """The loss on random logits of a whole sequence against the mean over cp ranks of ``ContextParallel.loss``
-    of their chunks: equal (1e-5) for a next-token loss averaged over tokens, else the runtime refuses."""
+    of their chunks: equal (1e-5) for a next-token loss averaged over tokens (False), or for a loss of each token
+    at its own position (True: a masked LM's, ``aligned``), else the runtime refuses."""
     gen = torch.Generator().manual_seed(0)
     seq = 2 * cp * chunk
     tokens = torch.randint(0, vocab, (2, seq), generator=gen)
     logits = torch.randn(2, seq, vocab, generator=gen)
-    try:
-        whole = float(loss_fn(logits, tokens))
-        parts = []
-        for rank in range(cp):
-            run = ContextParallel(cp, rank, None, loss_fn)
-            _, positions, targets = run.split((tokens,))
-            parts.append(float(run.loss(logits[:, positions[0]], targets)))
-    except Exception as e:  # the user's loss on tensors it did not expect
-        raise AutoparError(f"context parallelism: the model's loss_fn fails on logits and token ids "
-                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-plan with cp 1")
-    if abs(sum(parts) / cp - whole) > 1e-5 * max(1.0, abs(whole)):
-        raise AutoparError("context parallelism: the model's loss_fn is not a next-token loss averaged over tokens "
-                           "(loss_fn(logits, idx) predicting idx[:, 1:] from logits[:, :-1]), which the split "
-                           "sequence reproduces chunk by chunk; re-plan with cp 1")
+    for aligned in (False, True):
+        try:
+            whole = float(loss_fn(logits, tokens))
+            parts = []
+            for rank in range(cp):
+                run = ContextParallel(cp, rank, None, loss_fn, aligned=aligned)
+                _, positions, targets = run.split((tokens,))
+                parts.append(float(run.loss(logits[:, positions[0]], targets)))
+        except Exception as e:  # the user's loss on tensors it did not expect
+            raise AutoparError(f"context parallelism: the model's loss_fn fails on logits and token ids "
+                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-plan with "
+                               "cp 1") from None
+        if abs(sum(parts) / cp - whole) <= 1e-5 * max(1.0, abs(whole)):
+            return aligned
+    raise AutoparError("context parallelism: the model's loss_fn is neither a next-token loss averaged over tokens "
+                       "(loss_fn(logits, idx) predicting idx[:, 1:] from logits[:, :-1]) nor one of every token at "
+                       "its own position (a masked LM's), which the split sequence reproduces chunk by chunk; "
+                       "re-plan with cp 1")
 
 
 @dataclasses.dataclass
@@ -168,6 +181,7 @@ class ContextParallel:
     loss_fn: Callable[..., torch.Tensor]
     masks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict, repr=False)
     passthrough: int = 0  # > 0: SDPA calls go to the kernel as made (autopar.runtime.hf_attention built the mask)
+    aligned: bool = False  # the loss reads each token at its own position (a masked LM), not the next token
 
     @property
     def chunks(self) -> tuple[int, int]:
@@ -183,12 +197,17 @@ class ContextParallel:
         for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
             self.causal_mask(c, (j + 1) * c)
         index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
+        if self.aligned:  # each token is its own target
+            return tokens[:, index], index.repeat(size, 1), tokens[:, index]
         padded = torch.cat([tokens, tokens.new_zeros(size, 1)], dim=1)
         targets = torch.cat([padded[:, j * c:(j + 1) * c + 1] for j in self.chunks], dim=1)
         return tokens[:, index], index.repeat(size, 1), targets  # contiguous: the pipeline sends positions on
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """``cp`` x this rank's share of the sequence's mean loss (see the module docstring)."""
+        """``cp`` x this rank's share of the sequence's mean loss (see the module docstring); an aligned loss:
+        the mean over this rank's tokens, a cp-th of them all."""
+        if self.aligned:
+            return self.loss_fn(output, targets)
         c = output.shape[1] // 2
         last = 2 * self.cp - 1
         total: torch.Tensor | float = 0.0

@@ -391,8 +391,8 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
         return None
     check_plan(spec)
     check_positions(model)
-    check_loss(loss_fn, spec.parallelism.cp)
-    return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn)
+    aligned = check_loss(loss_fn, spec.parallelism.cp)
+    return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned)
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:

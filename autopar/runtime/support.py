@@ -10,8 +10,8 @@ The features: ``pp`` (the top-level forward splits into pipeline chunks: autopar
 model's into module stages: autopar.runtime.stages), ``tp`` (no replicated projection feeds the sharded heads
 directly, no column-parallel linear holds projections the model splits: autopar.runtime.train.model_layers),
 ``sequence_parallel`` (every model whose sequence splits in two: autopar.runtime.sequence), ``cp`` (one token-id
-input, a ``positions`` argument, a next-token loss, attention without an explicit mask or a transformers attention module:
-autopar.runtime.cp, autopar.runtime.hf_attention), ``ep``
+input, a ``positions`` argument not counted from the ids, a next-token or masked-LM loss, attention without an
+explicit mask or through a transformers attention module: autopar.runtime.cp, autopar.runtime.hf_attention), ``ep``
 (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers' experts layout:
 autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
 """

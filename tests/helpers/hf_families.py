@@ -37,9 +37,12 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # attention sinks (one per head, sharded over tp), alternating sliding windows, experts stored (E, in, out) with
     # biases and interleaved gate|up rows (autopar.runtime.hf_experts.layout)
     "gptoss": sp.MODELS["hf/gpt-oss-20b"],
+    # a masked LM under cp only: attention both ways over the gathered keys, each token its own target
+    # (autopar.runtime.cp: an aligned loss)
+    "bert": sp.MODELS["hf/bert-base-uncased"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
-ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}  # family -> its shapes
+ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")} | {"bert": {"cp2"}}  # its shapes
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)

@@ -51,15 +51,32 @@ def test_the_ranks_losses_average_to_the_whole_sequence_loss(cp: int) -> None:
         _, positions, targets = run.split((tokens,))
         parts.append(run.loss(logits[:, positions[0]], targets))
     assert abs(float(sum(parts)) / cp - float(gpt_loss(logits, tokens))) < 1e-6
-    check_loss(gpt_loss, cp)  # the runtime's own check of a model's loss passes for it
+    assert check_loss(gpt_loss, cp) is False  # the runtime's own check: a next-token loss, not aligned
 
 
 @pytest.mark.parametrize("loss", [
-    lambda logits, idx: logits.float().mean(),  # autopar's default loss: no targets at all
-    lambda logits, idx: F.cross_entropy(logits.flatten(0, 1), idx.flatten()),  # every position, no shift
+    lambda logits, idx: logits.float().mean(),  # autopar's default loss: a mean over tokens without targets
+    lambda logits, idx: F.cross_entropy(logits.flatten(0, 1), idx.flatten()),  # every position, no shift (MLM)
+])
+def test_a_loss_of_each_token_at_its_own_position_is_aligned(loss) -> None:
+    assert check_loss(loss, 2) is True
+    gen = torch.Generator().manual_seed(2)
+    tokens, logits = torch.randint(0, 7, (2, 8), generator=gen), torch.randn(2, 8, 7, generator=gen)
+    parts = []
+    for rank in range(2):
+        run = ContextParallel(2, rank, None, loss, aligned=True)
+        local, positions, targets = run.split((tokens,))
+        assert torch.equal(targets, local)  # each token its own target
+        parts.append(float(run.loss(logits[:, positions[0]], targets)))
+    assert sum(parts) / 2 == pytest.approx(float(loss(logits, tokens)), abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", [
+    lambda logits, idx: logits.float().amax(),  # not a mean over tokens
+    lambda logits, idx: F.cross_entropy(logits[:, 0], idx[:, 1]),  # the first position only
 ])
 def test_a_loss_the_chunks_cannot_reproduce_is_refused(loss) -> None:
-    with pytest.raises(AutoparError, match="not a next-token loss averaged over tokens"):
+    with pytest.raises(AutoparError, match="neither a next-token loss averaged over tokens"):
         check_loss(loss, 2)
 
 
