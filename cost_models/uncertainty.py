@@ -95,7 +95,8 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
     "attention_backward_over_forward": (COMPUTE, lambda hw, u, d: replace(
         hw, kernels=_kernels(hw.kernels, "attention_backward", u, d))),
     "flash_attention_efficiency_by_seq": (COMPUTE, lambda hw, u, d: replace(
-        hw, flash_attention={k: (_eff_table(t, u, d), r) for k, (t, r) in hw.flash_attention.items()})),
+        hw, flash_attention={k: (_eff_table(t, u, d), r) for k, (t, r) in hw.flash_attention.items()},
+        flash_attention_head_dim_64={k: _eff_table(t, u, d) for k, t in hw.flash_attention_head_dim_64.items()})),
     "flash_attention_backward_over_forward": (COMPUTE, lambda hw, u, d: replace(
         hw, flash_attention={k: (t, _cost(r, u, d)) for k, (t, r) in hw.flash_attention.items()})),
     "nvlink_bandwidth_bidirectional_gbytes_per_s": (COMMUNICATION, lambda hw, u, d: replace(

@@ -87,8 +87,8 @@ def check_attention(model: nn.Module, example_inputs: Callable[[int, int], tuple
 
 
 def check_masks(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
-    """The forward on meta, with positions as under cp: no attention takes an explicit mask (a sliding window,
-    a Hugging Face model's mask), which the split sequence would need split too. A forward that reads values
+    """The forward on meta, with positions as under cp: attention calls SDPA, none with an explicit mask (a sliding
+    window, a Hugging Face model's mask), which the split sequence would need split too. A forward that reads values
     (transformers checking that a mask is all ones) cannot run on meta: then the ranks check it."""
     tokens = example_inputs(2, seq_len)[0].to("meta")
     spy = _MaskSpy()
@@ -101,18 +101,23 @@ def check_masks(model: nn.Module, example_inputs: Callable[[int, int], tuple], s
         raise AutoparError(f"context parallelism runs attention without an explicit mask; {type(model).__name__} "
                            "passes attn_mask to scaled_dot_product_attention (a sliding window or a padding mask): "
                            "re-plan with cp 1")
+    if not spy.calls:  # attention computed op by op (a Hugging Face module outside transformers' interface)
+        raise AutoparError(f"context parallelism splits attention at F.scaled_dot_product_attention; "
+                           f"{type(model).__name__} never calls it (eager attention); re-plan with cp 1")
 
 
 class _MaskSpy(TorchFunctionMode):
-    """Whether any ``F.scaled_dot_product_attention`` call while active had an explicit mask."""
+    """Whether any ``F.scaled_dot_product_attention`` call while active had an explicit mask, and how many ran."""
 
     def __init__(self) -> None:
         super().__init__()
         self.masked = False
+        self.calls = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
+            self.calls += 1
             self.masked |= (kwargs.get("attn_mask") if "attn_mask" in kwargs else
                             (args[3] if len(args) > 3 else None)) is not None
         return func(*args, **kwargs)

@@ -24,7 +24,7 @@ to each query row's logits, soft-capping before the mask) on exactly the keys on
 from __future__ import annotations
 
 import copy
-import sys
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -36,12 +36,11 @@ NAME = "autopar_cp"  # the attention implementation transformers looks up for a 
 _ROUTED = "_autopar_cp"  # module.__dict__: (the kernel it ran, whether it is eager, the ContextParallel)
 _KERNELS = ("eager", "sdpa")
 _EXTRAS = ("softcap", "s_aux")  # what a plain SDPA call never has
+_LAYER_TYPES = (None, "full_attention", "sliding_attention")
 
 
 def attention_modules(root: nn.Module) -> list[nn.Module]:
     """The submodules whose forward looks its kernel up in transformers' ``ALL_ATTENTION_FUNCTIONS``."""
-    import inspect
-
     found = []
     for module in root.modules():
         forward = inspect.unwrap(type(module).forward)
@@ -51,17 +50,32 @@ def attention_modules(root: nn.Module) -> list[nn.Module]:
     return found
 
 
+def _layer_type(module: nn.Module) -> str | None:
+    """The attention layer's type as its config names it (``layer_types``), None where it names none."""
+    kind = getattr(module, "layer_type", None)
+    types, index = getattr(module.config, "layer_types", None), getattr(module, "layer_idx", None)
+    return kind or (types[index] if types and isinstance(index, int) and index < len(types) else None)
+
+
 def kernel(module: nn.Module) -> tuple[Callable[..., Any], bool]:
-    """The kernel ``module`` runs and whether it is the modeling file's eager one, or the one-line refusal."""
+    """The kernel ``module`` runs and whether it is the modeling file's eager one, or the one-line refusal: a kernel
+    other than eager or SDPA, or a mask other than causal and a sliding window (Llama 4's chunked attention), which
+    the masks built here would not reproduce."""
+    name = type(module).__name__
     impl = getattr(module.config, "_attn_implementation", None) or "eager"
     if impl not in _KERNELS:
-        raise AutoparError(f"context parallelism runs transformers' eager or sdpa attention; {type(module).__name__} "
-                           f"runs '{impl}'; load it with attn_implementation 'sdpa' or re-plan with cp 1")
+        raise AutoparError(f"context parallelism runs transformers' eager or sdpa attention; {name} runs '{impl}'; "
+                           "load it with attn_implementation 'sdpa' or re-plan with cp 1")
+    kind = _layer_type(module)
+    if kind not in _LAYER_TYPES or getattr(module.config, "attention_chunk_size", None):
+        raise AutoparError(f"context parallelism builds causal and sliding-window masks; {name} attends under "
+                           f"'{kind or 'chunked_attention'}'; re-plan with cp 1")
     if impl == "sdpa":
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         return ALL_ATTENTION_FUNCTIONS["sdpa"], False
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    # the file that defines the forward (a subclass may inherit it from another model's file)
+    eager = inspect.unwrap(type(module).forward).__globals__.get("eager_attention_forward")
     if eager is None:
         raise AutoparError(f"context parallelism: {type(module).__name__} runs eager attention but its modeling file "
                            "has no eager_attention_forward to run on the gathered keys; re-plan with cp 1")
@@ -78,13 +92,20 @@ def check(model: nn.Module) -> bool:
 
 
 def route(root: nn.Module, run: Any) -> None:
-    """Every attention module under ``root`` calls ``autopar_cp`` with ``run`` (a ContextParallel)."""
+    """Every attention module under ``root`` calls ``autopar_cp`` with ``run`` (a ContextParallel); a module routed
+    before keeps its kernel and takes ``run``. A model without transformers' attention modules is left as it is
+    (transformers is not imported)."""
+    modules = attention_modules(root)
+    if not modules:
+        return
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(NAME, _attention)
-    copies: dict[int, Any] = {}  # one config copy per config the modules shared
-    for module in attention_modules(root):
+    copies: dict[int, Any] = {}  # the modules under root that shared a config share its copy
+    for module in modules:
         if _ROUTED in module.__dict__:
+            fn, eager, _ = module.__dict__[_ROUTED]
+            module.__dict__[_ROUTED] = (fn, eager, run)
             continue
         fn, eager = kernel(module)
         module.__dict__[_ROUTED] = (fn, eager, run)
@@ -108,10 +129,13 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
                attention_mask: torch.Tensor | None, sliding_window: int | None = None,
                **kwargs: Any) -> tuple[torch.Tensor, None]:
     fn, eager, run = module.__dict__[_ROUTED]
+    if sliding_window is not None and sliding_window >= query.shape[-2] * run.cp:
+        sliding_window = None  # a window as long as the sequence masks nothing: the plain causal kernel
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     if not eager and sliding_window is None and not any(kwargs.get(k) is not None for k in _EXTRAS):
-        return fn(module, query, key, value, attention_mask, **kwargs)  # ContextParallel.attend answers its SDPA
+        # no mask (the one the model built is the local tokens'): ContextParallel.attend answers its SDPA
+        return fn(module, query, key, value, None, **kwargs)
     if not causal:
         raise AutoparError(f"context parallelism: {type(module).__name__} attends both ways with a mask or an eager "
                            "kernel; re-plan with cp 1")

@@ -72,3 +72,39 @@ def test_routed_attention_equals_the_models_own(group, family: str, kernel: str)
     assert calls == [n for c in chunked for n in ([hf.SEQ // 2] * 2 if c else [hf.SEQ])], calls
     assert any(chunked)
     torch.testing.assert_close(routed, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_other_than_causal_and_a_window_is_refused() -> None:
+    """Llama 4's chunked attention: the masks built here would not reproduce it (before the check, its logits under
+    cp differed from the model's own with no error)."""
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4ForCausalLM
+
+    from autopar.errors import AutoparError
+    from autopar.runtime.hf_attention import attention_modules, kernel
+
+    config = Llama4TextConfig(hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64,
+                              attention_chunk_size=8, num_local_experts=2)
+    with torch.device("meta"):
+        modules = attention_modules(Llama4ForCausalLM(config))
+    assert modules
+    with pytest.raises(AutoparError, match="chunked_attention"):
+        kernel(modules[0])
+
+
+def test_eager_attention_outside_transformers_interface_is_refused(tmp_path) -> None:  # noqa: ANN001
+    """Falcon loaded eager computes attention op by op in its own forward, where neither autopar_cp nor the SDPA
+    mode reaches: cp is refused (it had trained wrong)."""
+    import json
+
+    from autopar.capture import capture_model
+    from autopar.runtime.support import unsupported
+    from helpers import solved_plans as sp
+
+    source, overrides = sp.MODELS["hf/falcon-7b"]
+    config = json.loads((hf.ROOT / source).read_text()) | {"attn_implementation": "eager"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = capture_model(str(tmp_path / "config.json"), overrides, seq_len=hf.SEQ, dtype="fp32")
+    assert profile.attention_impl == "eager"
+    assert "never calls it (eager attention)" in unsupported(profile)["cp"]
