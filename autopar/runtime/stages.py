@@ -128,6 +128,7 @@ def split_modules(model: nn.Module, layers: tuple[LayerAssignment, ...] | list[L
     """This rank's chunk modules (``chunks``) of ``model`` (on meta), each the model with other chunks' layers
     standing in. ``inputs``: one micro-batch of the batch inputs (any device: only shapes are read);
     ``positions``: the tokens' positions when the plan splits sequences (context parallelism)."""
+    _check_hooked_features(model)
     units = [unit for layer in layers for unit in layer.units]
     chunk_of_unit = {unit: layer.stage for layer in layers for unit in layer.units}
     meta_inputs = tuple(t.to("meta") for t in inputs)
@@ -151,6 +152,18 @@ def split_modules(model: nn.Module, layers: tuple[LayerAssignment, ...] | list[L
         tree.forward = functools.partial(_chunk_forward, tree, run)  # type: ignore[method-assign]
         out[c] = tree
     return out
+
+
+def _check_hooked_features(model: nn.Module) -> None:
+    """A vision-language model (LLaVA) takes its image features from a vision-tower layer's output that transformers
+    collects with forward hooks on the tower's layers (``vision_feature_layer``), outside what crosses a cut: a
+    chunk where stand-ins replace some of the tower's layers collects too few (the search cannot yet keep the
+    tower on one chunk)."""
+    config = getattr(getattr(model, "hf", None), "config", None)
+    if getattr(config, "vision_feature_layer", None) is not None:
+        raise AutoparError(f"{type(model.hf).__name__} takes image features from a vision-tower layer that "
+                           "transformers collects by hooks (vision_feature_layer), which a pipeline cut inside the "
+                           "tower loses")
 
 
 def _check_order(flow: Flow, units: list[str]) -> None:

@@ -101,6 +101,22 @@ def check_sequence_length(seq_len: int, tp: int) -> None:
                            "parallelism")
 
 
+def vision_sequence(model: Any) -> int | None:
+    """The tokens of a vision-language model's vision tower (LLaVA's CLIP: (image / patch)² patches and a class
+    token), which its layers take as their sequence; None for a model without one."""
+    vision = getattr(getattr(getattr(model, "hf", None), "config", None), "vision_config", None)
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if not isinstance(size, int) or not isinstance(patch, int) or not patch:
+        return None
+    return (size // patch) ** 2 + int(any(hasattr(m, "class_embedding") for m in model.modules()))
+
+
+def check_vision_sequence(tokens: int | None, tp: int) -> None:
+    if tokens and tokens % tp:
+        raise AutoparError(f"the vision tower's sequence ({tokens} tokens: patches and a class token) does not "
+                           f"split into {tp} equal blocks for sequence parallelism")
+
+
 def check_attention(profile: Any) -> None:
     """A model file's attention must call F.scaled_dot_product_attention (autopar.runtime.cp); a Hugging Face
     model's attention modules run their own kernels, eager ones included (autopar.runtime.hf_attention)."""
@@ -120,6 +136,7 @@ def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
     (check_sequence_shards); a pattern that does not divide a plan's degree is the launcher's per-plan check
     (autopar.runtime.train.model_layers)."""
     check_sequence_length(profile.seq_len, 2)  # an odd sequence: no tp degree the search tries
+    check_vision_sequence(vision_sequence(model), 2)
     if Path(profile.source).suffix != ".json":
         check_sequence_shards(profile.layers)
 

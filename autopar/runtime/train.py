@@ -22,7 +22,15 @@ from autopar.runtime.data import Batches, SyntheticBatches
 from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes, build_meshes, check_environment, init_distributed
 from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
-from autopar.runtime.support import check_attention, check_fused, check_heads, check_sequence_length, replan
+from autopar.runtime.support import (
+    check_attention,
+    check_fused,
+    check_heads,
+    check_sequence_length,
+    check_vision_sequence,
+    replan,
+    vision_sequence,
+)
 
 
 @dataclasses.dataclass
@@ -65,6 +73,15 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
     return layer_plans(spec, source, profile)
 
 
+def _vision_tokens(spec: RunPlan, source: str) -> int | None:
+    """A sequence-parallel Hugging Face plan's vision-tower tokens (support.vision_sequence), from its model on meta."""
+    if not spec.parallelism.sequence_parallel or Path(source).suffix != ".json":
+        return None
+    from autopar.capture import load_spec
+
+    return vision_sequence(init_mod.build_meta(load_spec(source, spec.model.overrides).build))
+
+
 def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], dict[str, dict[str, str]]]:
     """``model_layers`` from a profile already captured (a ModelProfile of the plan's model, any dtype)."""
     names = [layer.name for layer in profile.layers]
@@ -78,6 +95,7 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
     if spec.parallelism.cp > 1:
         replan(check_attention, profile, "cp 1")
     by_name = {layer.name: layer for layer in profile.layers}
+    vision = _vision_tokens(spec, source)
     for layer in spec.layers:
         captured = by_name[layer.name]
         # the plan's entries whatever this plan's degree (a loaded model serves several plans)
@@ -88,6 +106,7 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
             if spec.parallelism.sequence_parallel:
                 replan(lambda tp: check_sequence_length(spec.model.seq_len // spec.parallelism.cp, tp), layer.tp,
                        "--no-sequence-parallel")
+                replan(lambda tp: check_vision_sequence(vision, tp), layer.tp, "--no-sequence-parallel")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an

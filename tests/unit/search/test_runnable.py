@@ -27,7 +27,8 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
 @pytest.mark.parametrize("model,expected", [
     ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp"}),
     ("hf/llama-3-8b", set()), ("hf/mistral-7b-v0.1", set()), ("hf/falcon-7b", {"cp"}), ("hf/mixtral-8x7b-v0.1", set()),
-    ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set())])
+    ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set()),
+    ("hf/llava-1.5-7b", {"pp", "sequence_parallel", "cp"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
     assert set(found) == expected, found
@@ -48,7 +49,7 @@ def test_a_free_solve_of_a_hugging_face_model_keeps_to_what_launch_runs() -> Non
 
 
 @pytest.mark.parametrize("model,pins,feature", [
-    ("hf/falcon-7b", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp")])
+    ("hf/falcon-7b", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp"), ("hf/llava-1.5-7b", {"pp": 2}, "pp")])
 def test_a_pin_the_runtime_refuses_is_one_line_and_launch_agrees(model: str, pins: dict, feature: str) -> None:
     reason = unsupported(sp.profile(model))[feature]
     gpus = 4 if "ep" in pins else 2
