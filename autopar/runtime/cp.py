@@ -74,10 +74,10 @@ def check_launch(spec: RunPlan, source: str) -> None:
     loaded = load_spec(source, spec.model.overrides)
     model = build_meta(loaded.build)
     check_model(model, loaded.example_inputs, loaded.loss_fn, spec.parallelism.cp)
-    check_attention(model, loaded.example_inputs, spec.model.seq_len)
+    check_kernels(model, loaded.example_inputs, spec.model.seq_len)
 
 
-def check_attention(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
+def check_kernels(model: nn.Module, example_inputs: Callable[[int, int], tuple], seq_len: int) -> None:
     """transformers' attention modules run their own kernel, mask and all (autopar.runtime.hf_attention: refused
     only for a kernel it cannot call); any other attention must call SDPA without a mask (``check_masks``)."""
     from autopar.runtime.hf_attention import check
@@ -140,9 +140,10 @@ def check_positions(model: nn.Module) -> None:
         raise AutoparError(f"context parallelism: {type(model).__name__}.forward must take `{POSITIONS}` (each "
                            "token's position in its sequence, for RoPE / position embeddings) as examples/llama.py "
                            "does; add it or re-plan with cp 1")
+    from autopar.runtime.hf_attention import forward_reads
+
     for module in model.modules():  # RoBERTa's: padding_idx + 1 + the count of non-padding tokens before it
-        code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
-        if code is not None and "create_position_ids_from_input_ids" in code.co_names:
+        if forward_reads(module, "create_position_ids_from_input_ids"):
             raise AutoparError(f"context parallelism: {type(module).__name__} derives positions from the token ids "
                                "(counting non-padding tokens), which a chunk of the sequence cannot; re-plan with "
                                "cp 1")

@@ -39,15 +39,21 @@ _EXTRAS = ("softcap", "s_aux")  # what a plain SDPA call never has
 _LAYER_TYPES = (None, "full_attention", "sliding_attention")
 
 
+def forward_of(module: nn.Module) -> Any:
+    """The function of ``module``'s class's forward, under its decorators (transformers' deprecate_kwarg …)."""
+    return inspect.unwrap(type(module).forward)
+
+
+def forward_reads(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s class's own forward reads the global ``name`` (a function or table it looks up)."""
+    code = getattr(forward_of(module), "__code__", None)
+    return code is not None and name in code.co_names
+
+
 def attention_modules(root: nn.Module) -> list[nn.Module]:
     """The submodules whose forward looks its kernel up in transformers' ``ALL_ATTENTION_FUNCTIONS``."""
-    found = []
-    for module in root.modules():
-        forward = inspect.unwrap(type(module).forward)
-        code = getattr(forward, "__code__", None)
-        if code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names and hasattr(module, "config"):
-            found.append(module)
-    return found
+    return [module for module in root.modules()
+            if forward_reads(module, "ALL_ATTENTION_FUNCTIONS") and hasattr(module, "config")]
 
 
 def _layer_type(module: nn.Module) -> str | None:
@@ -75,9 +81,9 @@ def kernel(module: nn.Module) -> tuple[Callable[..., Any], bool]:
 
         return ALL_ATTENTION_FUNCTIONS["sdpa"], False
     # the file that defines the forward (a subclass may inherit it from another model's file)
-    eager = inspect.unwrap(type(module).forward).__globals__.get("eager_attention_forward")
+    eager = forward_of(module).__globals__.get("eager_attention_forward")
     if eager is None:
-        raise AutoparError(f"context parallelism: {type(module).__name__} runs eager attention but its modeling file "
+        raise AutoparError(f"context parallelism: {name} runs eager attention but its modeling file "
                            "has no eager_attention_forward to run on the gathered keys; re-plan with cp 1")
     return eager, True
 

@@ -153,8 +153,7 @@ def check_sequence_shards(layers: Any) -> None:
 
 
 def _context(profile: Any, loaded: Any, model: Any) -> None:
-    from autopar.runtime.cp import check_attention as check_kernels
-    from autopar.runtime.cp import check_model
+    from autopar.runtime.cp import check_kernels, check_model
 
     if not any(pair.kind == "attention" for layer in profile.layers for pair in layer.tp.pairs):
         return  # the search gives such a model cp 1 anyway (autopar.search.space.cp_degrees)

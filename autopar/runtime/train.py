@@ -73,29 +73,26 @@ def model_layers(spec: RunPlan, source: str) -> tuple[list[str], dict[str, dict[
     return layer_plans(spec, source, profile)
 
 
-def _vision_tokens(spec: RunPlan, source: str) -> int | None:
-    """A sequence-parallel Hugging Face plan's vision-tower tokens (support.vision_sequence), from its model on meta."""
-    if not spec.parallelism.sequence_parallel or Path(source).suffix != ".json":
-        return None
-    from autopar.capture import load_spec
-
-    return vision_sequence(init_mod.build_meta(load_spec(source, spec.model.overrides).build))
-
-
 def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], dict[str, dict[str, str]]]:
     """``model_layers`` from a profile already captured (a ModelProfile of the plan's model, any dtype)."""
     names = [layer.name for layer in profile.layers]
     check_model_matches(spec, names)
     plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}
-    if spec.parallelism.ep > 1:
+    p = spec.parallelism
+    hf_sp = p.sequence_parallel and Path(source).suffix == ".json"  # a vision tower's own sequence to check
+    model = None
+    if p.ep > 1 or hf_sp:  # the checks that read the model's modules: built on meta once
         from autopar.capture import load_spec
+
+        model = init_mod.build_meta(load_spec(source, spec.model.overrides).build)
+    if p.ep > 1:
         from autopar.runtime.ep import check_experts
 
-        check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
-    if spec.parallelism.cp > 1:
+        check_experts(spec, profile, model)
+    if p.cp > 1:
         replan(check_attention, profile, "cp 1")
     by_name = {layer.name: layer for layer in profile.layers}
-    vision = _vision_tokens(spec, source)
+    vision = vision_sequence(model) if hf_sp else None
     for layer in spec.layers:
         captured = by_name[layer.name]
         # the plan's entries whatever this plan's degree (a loaded model serves several plans)
