@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import tempfile
@@ -19,37 +20,58 @@ import pytest  # noqa: E402
 
 class NameLongTests:
     """Names a multi-process or slow test (markers: pyproject.toml) on the terminal as it starts, so a long run
-    says what it is waiting for; -v names every test already."""
+    says what it is waiting for; -v names every test already. Under pytest-xdist the controller prints (its
+    workers have no terminal) and has collected nothing: each worker writes what it collected to a file the
+    controller named (``AUTOPAR_LONG_TESTS``, inherited), which the controller reads as the workers start tests."""
 
     WHY = {"dist": "several processes under torchrun", "slow": "over ~5 s"}
+    GROUP = "@torchrun"  # the suffix pytest-xdist's loadgroup gives the nodeids of the dist tests
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.why: dict[str, str] = {}
+        self.shared = None if hasattr(config, "workerinput") else Path(tempfile.mkdtemp(prefix="autopar-long-"))
+        if self.shared is not None:
+            os.environ["AUTOPAR_LONG_TESTS"] = str(self.shared)
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:  # after every plugin renamed the items
+        for item in session.items:
             why = next((self.WHY[name] for name in self.WHY if item.get_closest_marker(name)), None)
             if why:
                 self.why[item.nodeid] = why
+        worker = getattr(self.config, "workerinput", None)
+        if worker is not None and "AUTOPAR_LONG_TESTS" in os.environ:
+            folder = Path(os.environ["AUTOPAR_LONG_TESTS"])
+            part = folder / f".{worker['workerid']}.json"
+            part.write_text(json.dumps(self.why))
+            part.replace(folder / f"{worker['workerid']}.json")
+
+    def pytest_unconfigure(self) -> None:
+        if self.shared is not None:
+            shutil.rmtree(self.shared, ignore_errors=True)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:  # outside the test's output capture
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if nodeid in self.why and reporter is not None and self.config.get_verbosity() <= 0:
-            reporter.write_line(f"  {nodeid}: {self.why[nodeid]} ...")
+        if reporter is None or self.config.get_verbosity() > 0:
+            return
+        if nodeid not in self.why and self.shared is not None:  # the workers' collections, as they arrive
+            for part in self.shared.glob("*.json"):
+                self.why.update(json.loads(part.read_text()))
+        if nodeid in self.why:
+            reporter.write_line(f"  {nodeid.removesuffix(self.GROUP)}: {self.why[nodeid]} ...")
+
+
+MARKS_PROBLEM = pytest.StashKey[str]()
 
 
 class CheckMarks:
     """Every test is measured, so its marks say what it costs: one that starts torchrun must be marked ``dist``, one
     whose call takes more than SLOW_CPU_S of CPU time (its own and its child processes': load on the machine does
-    not change it, as wall-clock time would) must be marked ``slow`` or ``dist``. A test that breaks either fails the
-    session, named at its end."""
+    not change it, as wall-clock time would, nor another pytest-xdist worker beside it) must be marked ``slow`` or
+    ``dist``. A test that breaks either fails, the reason its failure."""
 
     SLOW_CPU_S = float(os.environ.get("AUTOPAR_SLOW_CPU_S", "5"))
     STARTS_TORCHRUN = {"launch", "validate", "calibrate"}
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):  # noqa: ANN201 - a hook wrapper
@@ -76,9 +98,9 @@ class CheckMarks:
             subprocess.Popen.__init__ = original  # type: ignore[method-assign]
         used = cpu() - start
         if "dist" not in marks and any(map(self.starts_torchrun, commands)):
-            self.problems.append(f"{item.nodeid} starts torchrun: mark it dist")
+            item.stash[MARKS_PROBLEM] = "it starts torchrun: mark it dist"
         elif not marks & {"slow", "dist"} and used > self.SLOW_CPU_S:
-            self.problems.append(f"{item.nodeid} took {used:.1f} s of CPU: mark it slow")
+            item.stash[MARKS_PROBLEM] = f"it took {used:.1f} s of CPU: mark it slow"
 
     @classmethod
     def starts_torchrun(cls, args: list[str]) -> bool:
@@ -91,13 +113,16 @@ class CheckMarks:
         return (program == "torchrun" or "torch.distributed.run" in as_module
                 or (program == "autopar" or "autopar" in as_module) and bool(set(args) & cls.STARTS_TORCHRUN))
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.problems and session.exitstatus == 0:
-            session.exitstatus = 1
-
-    def pytest_terminal_summary(self, terminalreporter: object) -> None:
-        for problem in self.problems:
-            terminalreporter.write_line(f"MARKS: {problem}", red=True)  # type: ignore[attr-defined]
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 - a hook wrapper
+        """A passing test whose marks are wrong fails, the reason its report (so it reaches pytest-xdist's
+        controller from a worker, and the run's summary names it)."""
+        outcome = yield
+        report = outcome.get_result()
+        problem = item.stash.get(MARKS_PROBLEM, None)
+        if call.when == "call" and problem and report.passed:
+            report.outcome = "failed"
+            report.longrepr = f"MARKS: {item.nodeid}: {problem}"
 
 
 MISSING_FRAMEWORK = "is not installed"  # how a test that needs a framework says it skips (pytest.importorskip reason)
@@ -113,6 +138,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     if report.skipped and os.environ.get("CI", "").lower() == "true" and MISSING_FRAMEWORK in str(report.longrepr):
         report.outcome = "failed"
         report.longrepr = f"CI=true but a framework is missing: {report.longrepr}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test marked ``dist`` runs on one pytest-xdist worker (--dist loadgroup, pyproject.toml): torchrun jobs
+    one at a time, as they were sized (tests/helpers/runtime_jobs.py), and each world size's job shared by the two
+    files that read it started once (the ``runtime_jobs`` fixture lives in one worker's session)."""
+    for item in items:
+        if item.get_closest_marker("dist"):
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
