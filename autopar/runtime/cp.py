@@ -97,13 +97,40 @@ def check_masks(model: nn.Module, example_inputs: Callable[[int, int], tuple], s
             model(tokens, positions=torch.arange(seq_len, device="meta").expand(2, seq_len))
     except Exception:  # noqa: BLE001 - the ranks check what meta cannot tell
         return
-    if spy.masked:
+    if spy.masked and not masks_from_positions(model):
         raise AutoparError(f"context parallelism runs attention without an explicit mask; {type(model).__name__} "
                            "passes attn_mask to scaled_dot_product_attention (a sliding window or a padding mask): "
                            "re-plan with cp 1")
     if not spy.calls:  # attention computed op by op (a Hugging Face module outside transformers' interface)
         raise AutoparError(f"context parallelism splits attention at F.scaled_dot_product_attention; "
                            f"{type(model).__name__} never calls it (eager attention); re-plan with cp 1")
+
+
+def masks_from_positions(model: nn.Module) -> bool:
+    """Whether the masks ``model`` passes to SDPA can only be causal: a transformers model (autopar.capture.hf's
+    wrapper, which passes no padding) whose config names no other mask (a sliding window, ALiBi biases, chunked
+    attention, non-causal layer types), as Falcon builds one for every call. What it then passes is the causal mask
+    of the local tokens, which every call checks (``local_causal``) and replaces with the sequence's."""
+    config = getattr(getattr(model, "hf", None), "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    others = (getattr(config, "alibi", False), getattr(config, "sliding_window", None),
+              getattr(config, "attention_chunk_size", None))
+    types = getattr(config, "layer_types", None) or ()
+    return not any(others) and all(kind == "full_attention" for kind in types)
+
+
+def local_causal(mask: torch.Tensor, queries: int, keys: int) -> bool:
+    """Whether an SDPA mask is the causal mask of the local tokens in their order (what transformers builds from
+    the positions 0 .. T/cp - 1 of the split sequence, for a forward without padding): True (or 0.0 in an additive
+    mask) exactly on and below the diagonal, every other entry masked out."""
+    if mask.dim() < 2 or tuple(mask.shape[-2:]) != (queries, keys) or queries != keys:
+        return False
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return torch.equal(mask, causal.expand_as(mask))
+    return (torch.equal(mask == 0, causal.expand_as(mask))
+            and bool((mask.masked_select(~causal.expand_as(mask)) <= torch.finfo(mask.dtype).min / 2).all()))
 
 
 class _MaskSpy(TorchFunctionMode):
@@ -261,9 +288,13 @@ class ContextParallel:
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
         """``F.scaled_dot_product_attention`` of the local queries against the whole sequence's keys and values."""
+        if attn_mask is not None and isinstance(attn_mask, torch.Tensor) and not is_causal and \
+                local_causal(attn_mask, query.shape[-2], key.shape[-2]):
+            attn_mask, is_causal = None, True  # the local tokens' causal mask (Falcon's): the sequence's instead
         if attn_mask is not None:
             raise AutoparError("context parallelism runs attention without an explicit mask (is_causal=True, or "
-                               "full attention); this model passes attn_mask to scaled_dot_product_attention")
+                               "full attention) or with the causal mask of the local tokens; this model passes "
+                               "another attn_mask to scaled_dot_product_attention: re-plan with cp 1")
         c = query.shape[-2] // 2
         keys, values = self.gather(key, value)
         options = dict(dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)

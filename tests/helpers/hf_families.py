@@ -40,9 +40,12 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # a masked LM under cp only: attention both ways over the gathered keys, each token its own target
     # (autopar.runtime.cp: an aligned loss)
     "bert": sp.MODELS["hf/bert-base-uncased"],
+    # SDPA called with the causal mask of the local tokens, which it builds for every call (autopar.runtime.cp:
+    # the sequence's causal mask instead)
+    "falcon": sp.MODELS["hf/falcon-7b"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
-ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")} | {"bert": {"cp2"}}  # its shapes
+ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")} | {"bert": {"cp2"}, "falcon": {"cp2"}}
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)

@@ -108,3 +108,57 @@ def test_eager_attention_outside_transformers_interface_is_refused(tmp_path) -> 
     profile = capture_model(str(tmp_path / "config.json"), overrides, seq_len=hf.SEQ, dtype="fp32")
     assert profile.attention_impl == "eager"
     assert "never calls it (eager attention)" in unsupported(profile)["cp"]
+
+
+def test_falcons_local_causal_mask_is_replaced_by_the_sequences(group) -> None:  # noqa: ANN001
+    """Falcon calls SDPA itself with the mask it always builds, which under cp is the causal mask of the local
+    tokens (positions 0 .. T/cp - 1 of the split sequence): ContextParallel.attend recognises it and attends under
+    the sequence's causal mask, so the logits under cp (a 1-rank group: the two chunks) equal the model's own."""
+    from autopar.capture import load_spec
+    from autopar.runtime import cp
+
+    source, overrides = hf.FAMILIES["falcon"]
+    spec = load_spec(str(hf.ROOT / source), overrides)
+    torch.manual_seed(0)
+    model = spec.build().eval()
+    assert cp.masks_from_positions(model) and model.hf.config._attn_implementation == "sdpa"
+    tokens = spec.example_inputs(2, hf.SEQ)[0]
+    with torch.no_grad():
+        whole = model(tokens)
+    run = cp.ContextParallel(1, 0, group, spec.loss_fn)
+    blocks = model.hf.transformer.h
+    cp.apply_cp(blocks, [type("Layer", (), {"units": (name,)}) for name, _ in blocks.named_children()], run)
+    seen = []
+    original = cp.local_causal
+    try:
+        cp.local_causal = lambda *a: seen.append(original(*a)) or seen[-1]
+        local, positions, _ = run.split((tokens,))
+        with torch.no_grad():
+            routed = model(local, positions=positions)
+    finally:
+        cp.local_causal = original
+    assert seen == [True] * len(blocks)  # every layer's SDPA call passed the local causal mask
+    torch.testing.assert_close(routed, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_local_causal_mask_is_taken_for_the_sequences() -> None:
+    """A mask that is not exactly causal over the local tokens (a sliding window, ALiBi biases added onto it, a
+    padded sample, another shape) stays refused: attend raises rather than drop it."""
+    from autopar.errors import AutoparError
+    from autopar.runtime.cp import ContextParallel, local_causal
+
+    n = 6
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    low = torch.finfo(torch.float32).min
+    additive = torch.zeros(n, n).masked_fill(~causal, low)
+    assert local_causal(causal[None, None].expand(2, 1, n, n), n, n) and local_causal(additive[None, None], n, n)
+    window = causal & ~torch.ones(n, n, dtype=torch.bool).tril(-3)
+    alibi = additive + torch.arange(n, dtype=torch.float32) * 0.5 * causal
+    padded = causal.clone()
+    padded[:, 0] = False
+    for mask in (window, alibi, padded, torch.ones(n, n, dtype=torch.bool), causal[:, :4]):
+        assert not local_causal(mask[None, None], n, mask.shape[-1]), mask
+    run = ContextParallel(1, 0, None, lambda out, target: out.sum())
+    q = torch.zeros(1, 2, n, 4)
+    with pytest.raises(AutoparError, match="another attn_mask"):
+        run.attend(q, q, q, attn_mask=window[None, None])
