@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -215,6 +216,17 @@ class HFModel(nn.Module):
         super().__init__()
         self.hf = model
         self._names = tuple(n for n in input_names if n != "labels")
+
+    def position_rule(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """How the model derives position ids from whole sequences of token ids, for a model that counts them from
+        the ids (RoBERTa's family: padding_idx + 1 + the non-padding tokens so far, ``padding_idx`` at a padding
+        token); None for the rest, whose positions are 0 .. S - 1. Context parallelism gives each chunk its slice
+        of these (autopar.runtime.cp.ContextParallel.split), which a chunk alone cannot count."""
+        for module in self.hf.modules():
+            make = getattr(type(module), "create_position_ids_from_input_ids", None)
+            if make is not None and isinstance(getattr(module, "padding_idx", None), int):
+                return functools.partial(make, padding_idx=module.padding_idx)
+        return None
 
     def forward(self, *inputs: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``positions``: the tokens' places in their sequences (context parallelism: chunks from the middle), as

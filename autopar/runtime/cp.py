@@ -169,6 +169,8 @@ def check_positions(model: nn.Module) -> None:
                            "does; add it or re-plan with cp 1")
     from autopar.runtime.hf_attention import forward_reads
 
+    if getattr(model, "position_rule", None) is not None:
+        return  # a Hugging Face model: positions counted from whole sequences' ids where the model counts them
     for module in model.modules():  # RoBERTa's: padding_idx + 1 + the count of non-padding tokens before it
         if forward_reads(module, "create_position_ids_from_input_ids"):
             raise AutoparError(f"context parallelism: {type(module).__name__} derives positions from the token ids "
@@ -215,6 +217,9 @@ class ContextParallel:
     masks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict, repr=False)
     passthrough: int = 0  # > 0: SDPA calls go to the kernel as made (autopar.runtime.hf_attention built the mask)
     aligned: bool = False  # the loss reads each token at its own position (a masked LM), not the next token
+    # whole sequences' token ids -> their position ids, for a model that counts them from the ids (RoBERTa:
+    # autopar.capture.hf.HFModel.position_rule); None: 0 .. S - 1
+    positions_of: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def chunks(self) -> tuple[int, int]:
@@ -230,11 +235,13 @@ class ContextParallel:
         for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
             self.causal_mask(c, (j + 1) * c)
         index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
+        whole = self.positions_of(tokens) if self.positions_of is not None else None
+        positions = index.repeat(size, 1) if whole is None else whole[:, index].contiguous()
         if self.aligned:  # each token is its own target
-            return tokens[:, index], index.repeat(size, 1), tokens[:, index]
+            return tokens[:, index], positions, tokens[:, index]
         padded = torch.cat([tokens, tokens.new_zeros(size, 1)], dim=1)
         targets = torch.cat([padded[:, j * c:(j + 1) * c + 1] for j in self.chunks], dim=1)
-        return tokens[:, index], index.repeat(size, 1), targets  # contiguous: the pipeline sends positions on
+        return tokens[:, index], positions, targets  # contiguous: the pipeline sends positions on
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``cp`` x this rank's share of the sequence's mean loss (see the module docstring); an aligned loss:

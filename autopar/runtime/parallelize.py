@@ -392,7 +392,8 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
     check_plan(spec)
     check_positions(model)
     aligned = check_loss(loss_fn, spec.parallelism.cp)
-    return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned)
+    return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned,
+                           positions_of=model.position_rule() if hasattr(model, "position_rule") else None)
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:

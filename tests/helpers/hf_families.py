@@ -40,12 +40,16 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # a masked LM under cp only: attention both ways over the gathered keys, each token its own target
     # (autopar.runtime.cp: an aligned loss)
     "bert": sp.MODELS["hf/bert-base-uncased"],
+    # ... whose positions count non-padding token ids: each chunk takes its slice of the whole sequence's
+    # (autopar.capture.hf.HFModel.position_rule)
+    "roberta": sp.MODELS["hf/roberta-base"],
     # SDPA called with the causal mask of the local tokens, which it builds for every call (autopar.runtime.cp:
     # the sequence's causal mask instead)
     "falcon": sp.MODELS["hf/falcon-7b"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
-ONLY = {family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")} | {"bert": {"cp2"}, "falcon": {"cp2"}}
+ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
+        | {family: {"cp2"} for family in ("bert", "roberta", "falcon")})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)

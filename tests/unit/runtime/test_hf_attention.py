@@ -162,3 +162,32 @@ def test_only_the_local_causal_mask_is_taken_for_the_sequences() -> None:
     q = torch.zeros(1, 2, n, 4)
     with pytest.raises(AutoparError, match="another attn_mask"):
         run.attend(q, q, q, attn_mask=window[None, None])
+
+
+def test_robertas_chunks_take_the_positions_the_whole_sequence_counts() -> None:
+    """RoBERTa counts positions from the token ids (padding_idx + 1 + the non-padding tokens so far), which a chunk
+    alone cannot: the split gives each rank its slice of the whole sequence's, padding tokens included."""
+    import functools
+
+    from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+
+    from autopar.capture import load_spec
+    from autopar.runtime.cp import ContextParallel
+
+    source, overrides = hf.FAMILIES["roberta"]
+    spec = load_spec(str(hf.ROOT / source), overrides)
+    model = spec.build()
+    rule = model.position_rule()
+    assert isinstance(rule, functools.partial) and rule.keywords == {"padding_idx": model.hf.config.pad_token_id}
+    tokens = spec.example_inputs(2, 8)[0].clone()
+    tokens[0, 2] = tokens[1, 5] = model.hf.config.pad_token_id  # a padding token keeps padding_idx, the rest shift
+    whole = RobertaEmbeddings.create_position_ids_from_input_ids(tokens, model.hf.config.pad_token_id)
+    seen = torch.zeros_like(whole)
+    for rank in range(2):
+        run = ContextParallel(2, rank, None, spec.loss_fn, aligned=True, positions_of=rule)
+        local, positions, _ = run.split((tokens,))
+        index = torch.cat([torch.arange(j * 2, (j + 1) * 2) for j in run.chunks])
+        assert torch.equal(local, tokens[:, index]) and torch.equal(positions, whole[:, index])
+        seen[:, index] = positions
+    assert torch.equal(seen, whole) and seen[0, 2] == model.hf.config.pad_token_id
+    assert load_spec(str(hf.ROOT / hf.FAMILIES["llama"][0]), hf.FAMILIES["llama"][1]).build().position_rule() is None

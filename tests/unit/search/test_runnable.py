@@ -28,7 +28,8 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
     ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp"}),
     ("hf/llama-3-8b", set()), ("hf/mistral-7b-v0.1", set()), ("hf/falcon-7b", set()), ("hf/mixtral-8x7b-v0.1", set()),
     ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set()),
-    ("hf/roberta-base", {"cp"}), ("hf/llava-1.5-7b", {"pp", "sequence_parallel", "cp"})])
+    ("hf/roberta-base", set()), ("hf/phi-3-mini-4k-instruct", {"tp"}),
+    ("hf/llava-1.5-7b", {"pp", "sequence_parallel", "cp"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
     assert set(found) == expected, found
@@ -39,17 +40,17 @@ def test_a_free_solve_of_a_hugging_face_model_keeps_to_what_launch_runs() -> Non
     whole = _solve("hf/llama-3-8b")  # every feature: no note
     assert not any("searched without" in n for n in whole["notes"]), whole["notes"]
     assert isinstance(sp.preflight(whole), tuple), sp.preflight(whole)  # launch accepts it
-    free = _solve("hf/roberta-base")  # its positions count non-padding token ids: cp left out, in one line
+    free = _solve("hf/t5-base")  # an encoder-decoder takes two token inputs: cp left out, in one line
     assert free["parallelism"]["cp"] == 1
     assert [n for n in free["notes"] if "searched without" in n][0].startswith("searched without cp")
     assert isinstance(sp.preflight(free), tuple), sp.preflight(free)
     # the same model for Megatron-LM: context parallelism allowed, no note
-    other = _solve("hf/roberta-base", pins=Pins(cp=2), engine="megatron")
+    other = _solve("hf/t5-base", pins=Pins(cp=2), engine="megatron")
     assert other["parallelism"]["cp"] == 2 and not any("searched without" in n for n in other["notes"])
 
 
 @pytest.mark.parametrize("model,pins,feature", [
-    ("hf/roberta-base", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp"), ("hf/llava-1.5-7b", {"pp": 2}, "pp")])
+    ("hf/t5-base", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp"), ("hf/llava-1.5-7b", {"pp": 2}, "pp")])
 def test_a_pin_the_runtime_refuses_is_one_line_and_launch_agrees(model: str, pins: dict, feature: str) -> None:
     reason = unsupported(sp.profile(model))[feature]
     gpus = 4 if "ep" in pins else 2
