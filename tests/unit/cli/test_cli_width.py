@@ -2,6 +2,7 @@
 without cutting a number or a name, and the numbers in it are the plan's or the profile's own, whole."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -33,17 +34,19 @@ def run(*args: str, columns: str = "80") -> str:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ModelProfile, Path]:
     """The bundled Llama (5.9 B parameters: nine-digit counts, TFLOP-scale layers), traced through the CLI."""
-    path = tmp_path_factory.mktemp("llama") / "llama.json"
-    out = run("trace", str(ROOT / "examples" / "llama.py"), "-o", str(path))
-    return out, ModelProfile.load(path), path
+    folder = tmp_path_factory.mktemp("llama")
+    with contextlib.chdir(folder):  # "profile written to llama.json": a path as long as the user typed it
+        out = run("trace", str(ROOT / "examples" / "llama.py"), "-o", "llama.json")
+    return out, ModelProfile.load(folder / "llama.json"), folder / "llama.json"
 
 
 @pytest.fixture(scope="module")
 def solved(llama: tuple, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Plan, Path]:
-    path = tmp_path_factory.mktemp("plans") / "solved.json"
-    out = run("solve", str(llama[2]), "--gpus", "64", "--pp", "4", "--top-k", "2", "--time-limit", "20", "-o",
-              str(path))
-    return out, Plan.load(path), path
+    folder = tmp_path_factory.mktemp("plans")
+    with contextlib.chdir(folder):
+        out = run("solve", str(llama[2]), "--gpus", "64", "--pp", "4", "--top-k", "2", "--time-limit", "20", "-o",
+                  "solved.json")
+    return out, Plan.load(folder / "solved.json"), folder / "solved.json"
 
 
 def test_trace_keeps_every_count_whole(llama: tuple) -> None:

@@ -55,10 +55,10 @@ def _run_chunks(model: str, cuts: list[int]) -> tuple[float, float, list[int]]:
 
 # (model, cuts, values each chunk receives)
 CASES = [("hf/llama-3-8b", [2, 4], [0, 1, 1]),  # embedding alone; the blocks; norm and head
-         ("hf/t5-base", [2, 5, 7], [0, 2, 2, 1]),  # encoder cut after block 0: its hidden state and position bias
          # the head alone: ViT's forward reads the patch projection's dtype through the stand-in on that chunk
          ("hf/vit-base-patch16-224-in21k", [4], [0, 1])]
-SLOW = [("hf/t5-base", [6], [0, 4]),  # inside the decoder: + encoder output and cross-attention bias
+SLOW = [("hf/t5-base", [2, 5, 7], [0, 2, 2, 1]),  # encoder cut after block 0: its hidden state and position bias
+        ("hf/t5-base", [6], [0, 4]),  # inside the decoder: + encoder output and cross-attention bias
         ("hf/gemma-2-2b", [3, 5], [0, 1, 1]), ("hf/gpt2", [1], [0, 1]),  # gpt2: wte alone, wpe on the next chunk
         ("hf/gpt2", [2, 4], [0, 2, 1]),  # wte and wpe on chunk 0: both cross, their sum is the next chunk's glue
         ("hf/bart-base", [3, 8], [0, 1, 2]), ("hf/deepseek-v2-lite", [3], [0, 1]),
