@@ -46,18 +46,29 @@ class NameLongTests:
             part.write_text(json.dumps(self.why))
             part.replace(folder / f"{worker['workerid']}.json")
 
+    def check_grouped(self) -> None:
+        """Under --dist loadgroup every dist test's nodeid carries the group (tests/conftest.py marks them): a pytest
+        that drops the grouping silently (9.2: pytest-dev/pytest-xdist#1386) would run each torchrun job on both
+        workers at once, twice as long and twice over; stop instead, saying why."""
+        if self.config.getoption("dist", None) != "loadgroup":
+            return
+        lost = [nodeid for nodeid, why in self.why.items() if why == self.WHY["dist"] and not nodeid.endswith(self.GROUP)]
+        if lost:
+            pytest.exit(f"pytest-xdist did not group the dist tests ({lost[0]}): pytest {pytest.__version__} drops "
+                        "--dist loadgroup (pytest-dev/pytest-xdist#1386); install the dev extra's pytest (<9.2) or "
+                        "run with -n 0", returncode=4)
+
     def pytest_unconfigure(self) -> None:
         if self.shared is not None:
             shutil.rmtree(self.shared, ignore_errors=True)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:  # outside the test's output capture
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None or self.config.get_verbosity() > 0:
-            return
         if nodeid not in self.why and self.shared is not None:  # the workers' collections, as they arrive
             for part in self.shared.glob("*.json"):
                 self.why.update(json.loads(part.read_text()))
-        if nodeid in self.why:
+            self.check_grouped()
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if nodeid in self.why and reporter is not None and self.config.get_verbosity() <= 0:
             reporter.write_line(f"  {nodeid.removesuffix(self.GROUP)}: {self.why[nodeid]} ...")
 
 
