@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from autopar.cli import app
@@ -47,6 +48,7 @@ def test_estimate_summary_and_hardware_file(tmp_path: Path) -> None:
     assert "step time" in result.stdout and "per stage" in result.stdout and "bubble" in result.stdout
 
 
+@pytest.mark.slow  # 5.0 s of CPU in CI's fresh clone
 def test_estimate_errors_are_one_line() -> None:
     cases = [
         (["--gpus", "16", "--tp", "3", "--pp", "2"], "does not divide gpus(16)"),
