@@ -50,8 +50,8 @@ class NameLongTests:
         """Under --dist loadgroup every dist test's nodeid carries the group (tests/conftest.py marks them): a pytest
         that drops the grouping silently (9.2: pytest-dev/pytest-xdist#1386) would run each torchrun job on both
         workers at once, twice as long and twice over; stop instead, saying why."""
-        if self.config.getoption("dist", None) != "loadgroup":
-            return
+        if not getattr(self.config.option, "numprocesses", None) or self.config.getoption("dist", None) != "loadgroup":
+            return  # one process: nothing to group
         lost = [nodeid for nodeid, why in self.why.items() if why == self.WHY["dist"] and not nodeid.endswith(self.GROUP)]
         if lost:
             pytest.exit(f"pytest-xdist did not group the dist tests ({lost[0]}): pytest {pytest.__version__} drops "
