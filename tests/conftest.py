@@ -30,7 +30,8 @@ class NameLongTests:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.why: dict[str, str] = {}
-        self.shared = None if hasattr(config, "workerinput") else Path(tempfile.mkdtemp(prefix="autopar-long-"))
+        workers = not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None)
+        self.shared = Path(tempfile.mkdtemp(prefix="autopar-long-")) if workers else None  # the controller's
         if self.shared is not None:
             os.environ["AUTOPAR_LONG_TESTS"] = str(self.shared)
 

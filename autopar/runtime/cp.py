@@ -169,13 +169,20 @@ def check_positions(model: nn.Module) -> None:
                            "does; add it or re-plan with cp 1")
     from autopar.runtime.hf_attention import forward_reads
 
-    if getattr(model, "position_rule", None) is not None:
-        return  # a Hugging Face model: positions counted from whole sequences' ids where the model counts them
+    if position_rule(model) is not None:
+        return  # each chunk takes its slice of the positions the model counts over the whole sequence
     for module in model.modules():  # RoBERTa's: padding_idx + 1 + the count of non-padding tokens before it
         if forward_reads(module, "create_position_ids_from_input_ids"):
             raise AutoparError(f"context parallelism: {type(module).__name__} derives positions from the token ids "
                                "(counting non-padding tokens), which a chunk of the sequence cannot; re-plan with "
                                "cp 1")
+
+
+def position_rule(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """How ``model`` counts position ids from whole sequences of token ids, where it does (a Hugging Face model of
+    RoBERTa's family: autopar.capture.hf.HFModel.position_rule); None: positions 0 .. S - 1."""
+    rule = getattr(model, "position_rule", None)
+    return rule() if rule is not None else None
 
 
 def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, vocab: int = 11, chunk: int = 3) -> bool:
@@ -295,7 +302,7 @@ class ContextParallel:
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
         """``F.scaled_dot_product_attention`` of the local queries against the whole sequence's keys and values."""
-        if attn_mask is not None and isinstance(attn_mask, torch.Tensor) and not is_causal and \
+        if isinstance(attn_mask, torch.Tensor) and not is_causal and \
                 local_causal(attn_mask, query.shape[-2], key.shape[-2]):
             attn_mask, is_causal = None, True  # the local tokens' causal mask (Falcon's): the sequence's instead
         if attn_mask is not None:

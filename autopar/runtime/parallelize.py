@@ -55,7 +55,14 @@ from torch.nn.parallel import DistributedDataParallel
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.ac import apply_ac, apply_offload
-from autopar.runtime.cp import ContextParallel, apply_cp, check_loss, check_plan, check_positions
+from autopar.runtime.cp import (
+    ContextParallel,
+    apply_cp,
+    check_loss,
+    check_plan,
+    check_positions,
+    position_rule,
+)
 from autopar.runtime.data_parallel import (
     apply_ddp,
     apply_fsdp,
@@ -393,7 +400,7 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
     check_positions(model)
     aligned = check_loss(loss_fn, spec.parallelism.cp)
     return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned,
-                           positions_of=model.position_rule() if hasattr(model, "position_rule") else None)
+                           positions_of=position_rule(model))
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:
