@@ -107,6 +107,10 @@ class _GeneratorPerParameter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if target is not None and target.device.type == "meta" and func._schema.name.endswith("_"):
+            # another layer's parameter, on meta: an in-place op there has nothing to do (its meta kernel, run
+            # through Python decompositions, costs about 1 ms a call, for every parameter of every layer)
+            return target
         if (target is not None and target.device.type == "cpu" and torch.Tag.nondeterministic_seeded in func.tags
                 and kwargs.get("generator") is None):
             name = self.storages.get(target.untyped_storage().data_ptr())

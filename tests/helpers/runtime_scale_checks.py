@@ -1,7 +1,8 @@
 """Checks run inside the world-4 job of tests/helpers/runtime_worker.py (no torchrun start-up of their own): checkpoints
 resumed under the same and other plans, Hugging Face safetensors weights into any plan, a token file.
 
-Each returns, on rank 0, a dict of measured differences that tests/integration/test_runtime_dist.py bounds.
+Each takes the job's ``load`` (runtime_worker.loaded_model: a model loaded once a job) and returns, on rank 0, a dict
+of measured differences that tests/integration/test_runtime_dist.py bounds.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from autopar.plan import RunPlan, parse_run_plan
 from autopar.runtime.data import TokenFile
 from autopar.runtime.launch import fused_adamw
 from autopar.runtime.mesh import build_meshes
-from autopar.runtime.train import Checkpointing, LoadedModel, build, build_model, load_model, synthetic_batch, train
+from autopar.runtime.train import Checkpointing, LoadedModel, build, build_model, synthetic_batch, train
 
 LR = 1e-2  # AdamW: large enough that every step moves the weights visibly
 
@@ -30,7 +31,7 @@ def _plans(plan: Callable[..., dict]) -> dict[str, RunPlan]:
 
 
 def _run(loaded: LoadedModel, spec: RunPlan, device: torch.device, *, until: int, resume: Path | None = None,
-         save: Path | None = None, batches: Any = None) -> list[float]:
+         save: Path | None = None, every: int = 0, batches: Any = None) -> list[float]:
     pm = build(spec, loaded, build_meshes(spec, device))
     optimizer = pm.build_optimizer(lambda params: fused_adamw(params, LR))
     start = 0
@@ -38,17 +39,18 @@ def _run(loaded: LoadedModel, spec: RunPlan, device: torch.device, *, until: int
         from autopar.runtime.checkpoint import load
 
         start = load(pm, resume, optimizer)
-    saving = Checkpointing(save) if save is not None else None
+    saving = Checkpointing(save, every) if save is not None else None
     return [r["loss"] for r in train(pm, loaded, optimizer, until, start=start, checkpointing=saving,
                                      batches=batches)]
 
 
-def checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path) -> dict[str, Any]:
+def checkpoint_resume(plan: Callable[..., dict], load: Callable[[RunPlan], LoadedModel], device: torch.device,
+                      tmp: Path) -> dict[str, Any]:
     """Stop after 2 steps, resume under the same plan; resume under ZeRO-1 for step 3 and save; resume that
     under FSDP2 for step 4. Every resumed step's loss against the uninterrupted run's."""
     plans = _plans(plan)
     a = plans["pp2_tp2"]
-    loaded = load_model(a, a.model.source)
+    loaded = load(a)
     whole = _run(loaded, a, device, until=4)
     first = _run(loaded, a, device, until=2, save=tmp / "a")
     same = _run(loaded, a, device, until=4, resume=tmp / "a" / "step-00000002")
@@ -61,17 +63,17 @@ def checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path
             "diff_first": max(abs(x - y) for x, y in zip(first, whole[:2]))}
 
 
-def expert_checkpoint_resume(plan: Callable[..., dict], device: torch.device, tmp: Path) -> dict[str, Any]:
+def expert_checkpoint_resume(plan: Callable[..., dict], load: Callable[[RunPlan], LoadedModel],
+                             device: torch.device, tmp: Path) -> dict[str, Any]:
     """Expert parallelism and DCP: the DeepSeek-style MoE under tp 2 × dp 2 with its experts over ep 2 (FSDP2,
-    experts over edp 2) stops after 2 steps; resumed under ep 4 (experts 2 a rank, ZeRO-0) for step 3, whose
+    experts over edp 2) saves after 2 of its 4 steps; resumed under ep 4 (experts 2 a rank, ZeRO-0) for step 3, whose
     checkpoint resumes without expert parallelism (ep 1) for step 4. Each resumed loss against the
     uninterrupted run's (checkpoint_resume resumes dense plans under the same plan)."""
     a = parse_run_plan(plan("moeds", tp=2, dp=2, ep=2, etp=1, sp=True, zero=2, m=1, mb=2))
     b = parse_run_plan(plan("moeds", dp=4, ep=4, m=1, mb=1))
     c = parse_run_plan(plan("moeds", dp=4, m=1, mb=1))
-    loaded = load_model(a, a.model.source)
-    whole = _run(loaded, a, device, until=4)
-    _run(loaded, a, device, until=2, save=tmp / "a")
+    loaded = load(a)
+    whole = _run(loaded, a, device, until=4, save=tmp / "a", every=2)  # saving after step 2 on the way
     ep4 = _run(loaded, b, device, until=3, resume=tmp / "a" / "step-00000002", save=tmp / "b")
     ep1 = _run(loaded, c, device, until=4, resume=tmp / "b" / "step-00000003")
     return {"uninterrupted": whole, "ep4": ep4, "ep1": ep1,
@@ -92,12 +94,12 @@ def _write_safetensors(model: torch.nn.Module, folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
-def weights_in(plan: Callable[..., dict], device: torch.device, tmp: Path,
+def weights_in(plan: Callable[..., dict], load: Callable[[RunPlan], LoadedModel], device: torch.device, tmp: Path,
                gathered: Callable[[Any], dict[str, torch.Tensor]]) -> dict[str, Any]:
     """A safetensors checkpoint (values from another seed) loaded into two plans: every weight equal to the
     file's and the first loss equal to the single-process model's with the file's weights."""
     plans = _plans(plan)
-    loaded = load_model(plans["pp2_tp2"], plans["pp2_tp2"].model.source)
+    loaded = load(plans["pp2_tp2"])
     folder = tmp / "hf"
     reference = build_model(loaded, plans["pp2_tp2"], seed=7)
     if dist.get_rank() == 0:
@@ -120,11 +122,12 @@ def weights_in(plan: Callable[..., dict], device: torch.device, tmp: Path,
     return out
 
 
-def data_in(plan: Callable[..., dict], device: torch.device, tmp: Path) -> dict[str, Any]:
+def data_in(plan: Callable[..., dict], load: Callable[[RunPlan], LoadedModel], device: torch.device,
+            tmp: Path) -> dict[str, Any]:
     """Three steps on a token file (which wraps around during step 3) with two data-parallel ranks reading
     their own samples, against one process reading whole global batches."""
     spec = parse_run_plan(plan("gpt", tp=2, dp=2, m=1, mb=2))
-    loaded = load_model(spec, spec.model.source)
+    loaded = load(spec)
     path = tmp / "tokens.bin"
     if dist.get_rank() == 0:
         import numpy as np

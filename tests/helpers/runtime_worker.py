@@ -198,8 +198,12 @@ def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[floa
     return losses, grads, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def initial_weights(loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in build_model(loaded, spec, seed=0).named_parameters()}
+def initial_weights(cache: dict, loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tensor]:
+    """The single-process model's initial weights (one per model: the plan's dtype does not change them)."""
+    key = ("initial", spec.model.model_copy(update={"dtype": "fp32"}).model_dump_json())
+    if key not in cache:
+        cache[key] = {name: p.detach().clone() for name, p in build_model(loaded, spec, seed=0).named_parameters()}
+    return cache[key]
 
 
 def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[float], dict, dict]:
@@ -268,24 +272,26 @@ def expert_rows(pm) -> int | None:
 
 
 def collective_counts(pm, loaded: LoadedModel, spec: RunPlan) -> dict[str, int]:
-    """The DTensor (functional) collectives one forward_backward of the spec's micro-batches issues."""
+    """The DTensor (functional) collectives one forward_backward of the spec's micro-batches issues, counted from
+    the profiler's raw events (building its event tree would cost more than the step)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         pm.forward_backward(tuple(t.to(pm.meshes.device) for t in synthetic_batch(loaded, spec, 0)))
-    names = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
-    counts = {short: 0 for short in names.values()}
-    averages = prof.key_averages()  # most of the profiler's cost: once
-    for event in averages:
-        op = event.key.removeprefix("_c10d_functional::")
-        if event.key.startswith("_c10d_functional::") and op in names:
-            counts[names[op]] += event.count
-    # the experts' kernels: grouped GEMMs (transformers' experts under ep), a per-expert loop's one_hot
-    counts["grouped_mm"] = sum(e.count for e in averages if e.key == "aten::_grouped_mm")
-    counts["one_hot"] = sum(e.count for e in averages if e.key == "aten::one_hot")
+    events = [(e.name(), e.start_ns(), e.end_ns(), e.start_thread_id()) for e in prof.profiler.kineto_results.events()]
+    names = {"_c10d_functional::all_gather_into_tensor": "all_gather",
+             "_c10d_functional::reduce_scatter_tensor": "reduce_scatter", "_c10d_functional::all_reduce": "all_reduce",
+             # the experts' kernels: grouped GEMMs (transformers' experts under ep), a per-expert loop's one_hot
+             "aten::_grouped_mm": "grouped_mm", "aten::one_hot": "one_hot"}
+    counts = dict.fromkeys(names.values(), 0)
+    for name, *_ in events:
+        if name in names:
+            counts[names[name]] += 1
     # every all-to-all sent (functional or not); one run under a dispatch mode (recomputation) nests two events
-    counts["all_to_all"] = sum(1 for event in prof.events() if event.name == "c10d::alltoall_base_"
-                               and not _nested_in(event, "c10d::alltoall_base_"))
+    sends = sorted(((start, end, thread) for name, start, end, thread in events if name == "c10d::alltoall_base_"),
+                   key=lambda send: (send[0], -send[1]))  # an outer event before the one it holds
+    counts["all_to_all"] = sum(1 for i, (start, end, thread) in enumerate(sends)
+                               if not any(s <= start and end <= e and t == thread for s, e, t in sends[:i]))
     return counts
 
 
@@ -295,13 +301,6 @@ def most_of_every_rank(counts: dict[str, int]) -> dict[str, int]:
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, counts)
     return {kind: max(c[kind] for c in every) for kind in counts}
-
-
-def _nested_in(event, name: str) -> bool:
-    parent = event.cpu_parent
-    while parent is not None and parent.name != name:
-        parent = parent.cpu_parent
-    return parent is not None
 
 
 def checkpoint_roundtrip(pm, path: Path) -> float:
@@ -323,7 +322,7 @@ def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[floa
             **extra) -> dict:
     """Rank 0: a shape's run against single-process training."""
     ref_losses, ref_grads, ref_final = cached_reference(ref_cache, loaded, spec, cast=pm.fsdp)
-    ref_init = initial_weights(loaded, spec)
+    ref_init = initial_weights(ref_cache, loaded, spec)
     # every parameter of the single-process model (tied: under its first name) has a gradient and an initial
     # value; a tied copy on another stage (lm_head.weight) must equal the tied gradient too
     missing = sorted(set(ref_init) - set(grads)) + sorted(set(ref_init) - set(pm.initial)) + \
@@ -337,22 +336,28 @@ def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[floa
             "missing_grads": missing, **extra}
 
 
+_LOADED: dict[str, LoadedModel] = {}
+
+
+def loaded_model(spec: RunPlan, captured: list | None = None) -> LoadedModel:
+    """The plan's model loaded once a job (collective), whatever the plan's dtype: its layer names and
+    tensor-parallel plans are the same. ``captured``: a Hugging Face family's layer names and tensor-parallel plans
+    as the test session captured them (tests/helpers/runtime_jobs.py), else rank 0 captures the model (as autopar
+    launch hands them over)."""
+    key = spec.model.model_copy(update={"dtype": "fp32"}).model_dump_json()
+    if key not in _LOADED:
+        _LOADED[key] = load_model(spec, spec.model.source, layers=captured and tuple(captured))
+    return _LOADED[key]
+
+
 def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: dict[str, dict]) -> None:
     rank = dist.get_rank()
-    loaded_cache: dict[str, LoadedModel] = {}
     ref_cache: dict[tuple, tuple] = {}
     for name, raw in todo.items():
         start = time.perf_counter()
-        # the model captured once whatever the plan's dtype: its layer names and tensor-parallel plans are the same
-        key = json.dumps({k: v for k, v in raw["model"].items() if k != "dtype"}, sort_keys=True)
-        # a Hugging Face family's layer names and tensor-parallel plans as the test session captured them
-        # (tests/helpers/runtime_jobs.py), else rank 0 captures the model (as autopar launch hands them over)
-        captured = raw.get(CAPTURED)
         try:
             spec = parse_run_plan({k: v for k, v in raw.items() if k != CAPTURED})
-            if key not in loaded_cache:
-                loaded_cache[key] = load_model(spec, spec.model.source, layers=captured and tuple(captured))
-            loaded = loaded_cache[key]
+            loaded = loaded_model(spec, raw.get(CAPTURED))
             losses, grads, pm = run_shape(loaded, spec, device)
             counted = name in COUNT_SHAPES or pm.meshes.experts is not None
             counts = collective_counts(pm, loaded, spec) if counted else None
@@ -383,10 +388,11 @@ def run_scale_checks(todo: list[str], device: torch.device, out: str, results: d
     import runtime_scale_checks as checks
 
     tmp = Path(out + ".scale")
-    runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, device, tmp / "ckpt"),
-            "scale/weights": lambda: checks.weights_in(plan, device, tmp / "weights", gathered_weights),
-            "scale/data": lambda: checks.data_in(plan, device, tmp / "data"),
-            "scale/expert_checkpoint": lambda: checks.expert_checkpoint_resume(plan, device, tmp / "ep_ckpt")}
+    runs = {"scale/checkpoint": lambda: checks.checkpoint_resume(plan, loaded_model, device, tmp / "ckpt"),
+            "scale/weights": lambda: checks.weights_in(plan, loaded_model, device, tmp / "weights", gathered_weights),
+            "scale/data": lambda: checks.data_in(plan, loaded_model, device, tmp / "data"),
+            "scale/expert_checkpoint": lambda: checks.expert_checkpoint_resume(plan, loaded_model, device,
+                                                                               tmp / "ep_ckpt")}
     for name in todo:
         start = time.perf_counter()
         try:
