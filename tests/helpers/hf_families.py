@@ -159,9 +159,10 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
 FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["qwen3moe", "deepseek", "t5"], 8: None}
 ONLY_AT = {8: {"olmo2/pp2_interleaved_tp2_cp2_sp", "qwen3moe/pp2_tp2_dp2_ep2_sp", "mixtral/cp2_tp2_dp2_ep2_sp"}}
 # left out of CI's jobs where another family runs the same code path (the dense rotary decoders' interleaved
-# schedule is Llama's; latent attention under ZeRO-3 and ep without SP is Qwen3-MoE's data parallelism around it)
+# schedule is Llama's; latent attention under ZeRO-3 and ep without SP is Qwen3-MoE's data parallelism around it;
+# T5's two stacks under tp + SP are its pp2_tp2_sp's, FSDP2 around them Qwen3-MoE's)
 SKIP_AT = {2: {f"{family}/pp2_interleaved" for family in ("qwen3", "gemma2", "gemma3", "olmo2")},
-           4: {"deepseek/tp2_dp2_ep2", "deepseek/tp2_dp2_sp_zero3"}}
+           4: {"deepseek/tp2_dp2_ep2", "deepseek/tp2_dp2_sp_zero3", "t5/tp2_dp2_sp_zero3"}}
 ALL = os.environ.get("AUTOPAR_HF_ALL") == "1"
 
 
