@@ -1,3 +1,5 @@
+import atexit
+import functools
 import json
 import os
 import shutil
@@ -9,6 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # developer's: they get a folder of their own holding the shipped calibration (cost_models/profiles/
 # cpu-calibrated.json) as this machine's; subprocesses inherit it.
 os.environ["AUTOPAR_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="autopar-test-calibrations-")
+atexit.register(functools.partial(shutil.rmtree, os.environ["AUTOPAR_CALIBRATION_DIR"], ignore_errors=True))
 from cost_models import machine  # noqa: E402
 
 shutil.copy(Path(machine.__file__).resolve().parent / "profiles" / "cpu-calibrated.json",  # the installed package's
@@ -34,6 +37,7 @@ class NameLongTests:
         self.shared = Path(tempfile.mkdtemp(prefix="autopar-long-")) if workers else None  # the controller's
         if self.shared is not None:
             os.environ["AUTOPAR_LONG_TESTS"] = str(self.shared)
+            atexit.register(functools.partial(shutil.rmtree, self.shared, ignore_errors=True))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:  # after every plugin renamed the items
         for item in session.items:

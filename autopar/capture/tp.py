@@ -19,6 +19,7 @@ import torch.nn as nn
 from autopar.capture.attention import AttentionCore
 from autopar.capture.graph import module_path
 from autopar.profile import TPPair, TPPattern
+from autopar.runtime.support import fused_parts
 
 _MATMUL_OPS = {"linear", "mm", "addmm", "matmul", "bmm"}  # FalconLinear runs `x @ weight.T`
 
@@ -69,8 +70,9 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
         pairs.append(pair)
         plan.update({c: "colwise" for c in pair.columnwise})
         plan[pair.rowwise] = "rowwise"
+        # each projection a fused linear stacks splits over tp on its own (autopar.runtime.tp._FusedColwise)
         divisors.update([pair.heads or 0, pair.kv_heads or 0] if pair.kind == "attention"
-                        else [m.out_features for m in col_mods])
+                        else [m.out_features // fused_parts(c) for m, c in zip(col_mods, pair.columnwise)])
     per_head = _per_head_norms(nodes, module, unit)
     for name, sub in module.named_modules():
         if name and "norm" in type(sub).__name__.lower():

@@ -4,7 +4,8 @@ Every rank writes only its shards (DCP writes a replicated tensor once). Keys ar
 names — a weight tied across pipeline stages under its first name, wrapper prefixes removed — and the
 optimizer's per-parameter state sits under the same names (``optim.<name>.exp_avg``), whatever engine holds it
 (FSDP2's sharded state, ZeroRedundancyOptimizer's partition, a plain optimizer); so a checkpoint saved under
-one plan loads under any other, on any number of ranks (DCP re-shards on load). Hyper-parameters (the
+one plan loads under any other, on any number of ranks (DCP re-shards on load). A fused linear's weight (Phi-3's
+q|k|v) is saved as one entry per projection (``projections``). Hyper-parameters (the
 learning rate) come from the command line, not the checkpoint.
 
 Layout: ``DIR/step-00000042/`` is the DCP checkpoint after optimizer step 42; ``latest(DIR)`` is the newest
@@ -19,9 +20,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from autopar.errors import AutoparError
 from autopar.runtime.parallelize import ParallelModel, clean_name
+from autopar.runtime.support import fused_parts
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -82,11 +86,43 @@ def init_optimizer_state(pm: ParallelModel, optimizer: torch.optim.Optimizer) ->
     optimizer.zero_grad(set_to_none=True)
 
 
+def projections(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (names -> tensors, or -> an optimizer's state of them) with each fused linear's weight (Phi-3's
+    q|k|v, gate|up) as one entry per projection it stacks, ``NAME/0`` …: views of the same storage. Under tp a rank
+    holds its block of each projection (a strided shard, autopar.runtime.tp), which DCP's one box per shard cannot
+    describe; each projection's rows are one block of it, sharded as the weight is on its other dimension (FSDP2's
+    input features: autopar.runtime.data_parallel). The keys are the same under every plan: checkpoints re-shard."""
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        parts = fused_parts(name.rpartition(".")[0])
+        if parts == 1:
+            out[name] = value
+        elif isinstance(value, dict):  # the optimizer's state of the weight (a step count is kept by each part)
+            split = {key: _split(v, parts) if isinstance(v, torch.Tensor) and v.dim() else [v] * parts
+                     for key, v in value.items()}
+            out |= {f"{name}/{i}": {key: v[i] for key, v in split.items()} for i in range(parts)}
+        else:
+            out |= {f"{name}/{i}": part for i, part in enumerate(_split(value, parts))}
+    return out
+
+
+def _split(t: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """A fused weight's projections: its local rows' ``parts`` blocks, each a DTensor of that projection's rows
+    (the strided tp placement a plain one on its rows) over the same mesh."""
+    if not isinstance(t, DTensor):
+        return list(t.chunk(parts, 0))
+    placements = [Shard(0) if isinstance(p, _StridedShard) else p for p in t.placements]
+    shape = (t.shape[0] // parts, *t.shape[1:])
+    return [DTensor.from_local(block, t.device_mesh, placements, run_check=False, shape=torch.Size(shape),
+                               stride=torch.empty(shape, device="meta").stride())
+            for block in t.to_local().chunk(parts, 0)]
+
+
 def save(pm: ParallelModel, directory: str | Path, step: int, optimizer: torch.optim.Optimizer | None = None) -> Path:
     """Collective: every rank calls it. Returns the checkpoint's folder."""
-    state: dict[str, Any] = {"model": model_state(pm), "train": {"step": torch.tensor([step])}}
+    state: dict[str, Any] = {"model": projections(model_state(pm)), "train": {"step": torch.tensor([step])}}
     if optimizer is not None:
-        state["optim"] = optimizer_state(pm, optimizer)
+        state["optim"] = projections(optimizer_state(pm, optimizer))
     path = step_dir(directory, step)
     dcp.save(state, checkpoint_id=str(path))
     return path
@@ -95,10 +131,10 @@ def save(pm: ParallelModel, directory: str | Path, step: int, optimizer: torch.o
 def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load in place into this rank's shards (collective); returns the checkpoint's step."""
     _check_checkpoint(path)
-    state: dict[str, Any] = {"model": model_state(pm), "train": {"step": torch.tensor([0])}}
+    state: dict[str, Any] = {"model": projections(model_state(pm)), "train": {"step": torch.tensor([0])}}
     if optimizer is not None:
         init_optimizer_state(pm, optimizer)
-        state["optim"] = optimizer_state(pm, optimizer)
+        state["optim"] = projections(optimizer_state(pm, optimizer))
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as e:  # DCP's CheckpointException wraps every rank's error: say which key
@@ -110,7 +146,7 @@ def load_model_only(parts: list[torch.nn.Module], path: str | Path, canonical: d
     """Weights from a checkpoint of this format (no optimizer state, no step): fine-tuning's starting point."""
     _check_checkpoint(path)
     try:
-        dcp.load({"model": _state_of(parts, canonical)}, checkpoint_id=str(path))
+        dcp.load({"model": projections(_state_of(parts, canonical))}, checkpoint_id=str(path))
     except Exception as e:
         raise AutoparError(f"{path}: cannot load its weights into this model: {_first_line(e)}") from None
 

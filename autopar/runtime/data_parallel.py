@@ -25,11 +25,13 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
 from autopar.runtime.mesh import Meshes
+from autopar.runtime.support import fused_parts
 
 
 def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, reshard_after_forward: bool,
@@ -51,12 +53,32 @@ def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, 
             # would divide twice)
             module.set_force_sum_reduction_for_comms(edp_mesh.size() > 1)
     groups = _shared_parameter_groups(model, [unit for layer in layers for unit in layer.units])
+    placement = _placements(model)
     for i, group in enumerate(groups):
         modules = [model.get_submodule(unit) for unit in group]
         fully_shard(modules if len(modules) > 1 else modules[0], mesh=dp_mesh, mp_policy=mp,
-                    reshard_after_forward=reshard_after_forward and i < len(groups) - 1)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+                    reshard_after_forward=reshard_after_forward and i < len(groups) - 1,
+                    shard_placement_fn=placement)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp,
+                shard_placement_fn=placement)
     return model
+
+
+def _placements(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:
+    """FSDP2's dimension for each parameter: its first (None), but a fused linear's input features (its rows stack
+    several projections: under tp each rank holds its block of each, a strided shard, autopar.runtime.tp). FSDP2
+    stores a chunk of what it is given, which DTensor's placements describe only where FSDP2 and tp split different
+    dimensions (on the same one FSDP2 records a strided placement that reads other rows); and with the rows whole
+    on every dp rank each projection's rows stay one block (checkpoints: autopar.runtime.checkpoint)."""
+    fused: set[int] = set()
+    for name, module in model.named_modules():
+        if fused_parts(name) > 1:
+            for param in module.parameters():
+                if param.dim() < 2:
+                    raise AutoparError(f"{name} has a bias: FSDP2 would split its projections' rows; re-plan "
+                                       "without ZeRO over it (--zero 0 or 1 without tp)")
+                fused.add(id(param))
+    return lambda param: Shard(1) if id(param) in fused else None
 
 
 def _shared_parameter_groups(model: nn.Module, units: list[str]) -> list[list[str]]:

@@ -5,10 +5,12 @@ split their projections with ``view(..., -1, head_dim)`` and need nothing more; 
 relative position bias is an embedding with one column per head, added to the scores of every block (computed by
 the first block and handed on), and a cross-attention without one adds zeros of ``(1, n_heads, q, k)``. Under tp
 each rank keeps its heads' columns of the table (``ColwiseParallel`` on the embedding: its weight sharded on the
-heads, its gradient each rank's own columns) and its own head count.
+heads, its gradient each rank's own columns) and its own head count. Phi-3's splits its fused q|k|v at its config's
+head count: it gets a config of its own with this rank's.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch.nn as nn
@@ -18,6 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 from autopar.plan import LayerAssignment
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import column_parents
+from autopar.runtime.support import fused_parts
 
 HEAD_COUNTS = ("n_heads",)  # attributes an attention module reads its head count from (T5)
 HEAD_TABLES = ("relative_attention_bias",)  # per-head embeddings (T5's relative position bias)
@@ -35,6 +38,7 @@ def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: di
         for parent in column_parents(plans.get(layer.name, {})):
             module = model.get_submodule(resolve(model, layer, parent))
             _shard_head_params(module, mesh)
+            _local_config(module, layer.tp)
             count = next((name for name in HEAD_COUNTS if isinstance(getattr(module, name, None), int)), None)
             if count is None:
                 continue
@@ -44,6 +48,20 @@ def apply_head_tables(model: nn.Module, layers: list[LayerAssignment], plans: di
                 if isinstance(child, nn.Embedding) and child.embedding_dim == heads:
                     parallelize_module(module, mesh, {table: ColwiseParallel()})
             setattr(module, count, heads // layer.tp)
+
+
+def _local_config(module: nn.Module, tp: int) -> None:
+    """An attention module whose fused q|k|v projection it splits at its config's head count (Phi-3's
+    ``num_attention_heads * head_dim``): a config of its own with this rank's heads, and its key/value head count
+    this rank's (the projection's strided shard: autopar.runtime.tp ``_FusedColwise``)."""
+    config = getattr(module, "config", None)
+    if not any(fused_parts(name) == 3 for name, _ in module.named_children()) or \
+            not isinstance(getattr(config, "num_attention_heads", None), int):
+        return
+    module.config = copy.copy(config)
+    module.config.num_attention_heads = config.num_attention_heads // tp
+    if isinstance(getattr(module, "num_key_value_heads", None), int):
+        module.num_key_value_heads //= tp
 
 
 def _shard_head_params(module: nn.Module, mesh: Any) -> None:

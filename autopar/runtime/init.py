@@ -26,8 +26,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopar.errors import AutoparError
@@ -157,11 +158,35 @@ def run_init(model: nn.Module, storages: dict[int, str], seed: int) -> None:
 # -- placing full values into shards ---------------------------------------------------------------------
 def local_box(t: torch.Tensor) -> tuple[slice, ...]:
     """The slice of the full tensor a (DTensor) shard holds; the whole tensor for a plain one. The same box
-    torch.distributed.checkpoint writes the shard under."""
+    torch.distributed.checkpoint writes the shard under. A strided shard holds several: ``local_part``."""
     if not isinstance(t, DTensor):
         return tuple(slice(0, n) for n in t.shape)
+    if is_strided(t):
+        raise AutoparError("a strided shard holds several blocks of the full tensor: take it with local_part")
     shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+def is_strided(t: torch.Tensor) -> bool:
+    """A strided tensor-parallel shard (``_StridedShard`` on the last mesh dimension, tp's): a fused
+    column-parallel linear's rows, each rank its block of each projection they stack (autopar.runtime.tp)."""
+    return isinstance(t, DTensor) and isinstance(t.placements[-1], _StridedShard)
+
+
+def local_part(t: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``full`` as the shard ``t`` holds it: its box; for a strided shard, its tp rank's block of
+    each projection, and of those FSDP2's chunk where it shards them over dp (FSDP2 stores a chunk of the tp shard,
+    whatever placement it records for the data-parallel dimension)."""
+    if not is_strided(t):
+        return full[local_box(t)]
+    mesh, coordinate = t.device_mesh, t.device_mesh.get_coordinate()
+    tp = t.placements[-1]
+    part = tp._split_tensor(full, mesh.size(mesh.ndim - 1), with_padding=False)[0][coordinate[-1]]
+    for dim in reversed(range(mesh.ndim - 1)):
+        placement = t.placements[dim]
+        if isinstance(placement, (Shard, _StridedShard)):
+            part = part.chunk(mesh.size(dim), placement.dim)[coordinate[dim]]
+    return part
 
 
 def local_of(t: torch.Tensor) -> torch.Tensor:
@@ -171,7 +196,7 @@ def local_of(t: torch.Tensor) -> torch.Tensor:
 
 def copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
     local = local_of(target)
-    local.copy_(full[local_box(target)].to(local.device, local.dtype))
+    local.copy_(local_part(target, full).to(local.device, local.dtype))
 
 
 def _set_parameter(model: nn.Module, names: list[str], value: nn.Parameter) -> None:

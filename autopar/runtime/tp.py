@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
@@ -42,6 +43,7 @@ from autopar.plan import LayerAssignment
 from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import column_parents
+from autopar.runtime.support import fused_parts
 from autopar.runtime.wrap import forward_within
 
 
@@ -125,7 +127,48 @@ class _SharedInput:
         self.source = self.value = None
 
 
-class _SharedInputColwise(ColwiseParallel):
+class _FusedColwise(ColwiseParallel):
+    """ColwiseParallel over a linear whose output rows stack ``parts`` equal projections the model splits at the
+    whole width's offsets (Phi-3's q|k|v and gate|up): each rank holds its block of every projection (a strided
+    shard, ``_StridedShard(0, parts)``), so its output is its heads' q|k|v (its block of gate|up), in the model's
+    order, and the model's split at the local width's offsets is right (autopar.runtime.heads gives the attention
+    its own head count). Megatron stores its fused QKV in this per-rank order; here the full tensor keeps the
+    model's, which checkpoints and weight files hold."""
+
+    def __init__(self, parts: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.parts = parts
+
+    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: Any) -> None:
+        placement = _StridedShard(0, split_factor=self.parts) if self.parts > 1 else Shard(0)
+        for key, param in module.named_parameters():
+            module.register_parameter(key, nn.Parameter(distribute_tensor(param, device_mesh, [placement]),
+                                                        requires_grad=param.requires_grad))
+        if self.parts > 1:  # DTensor's linear would gather a strided weight: the local GEMM, as Megatron's
+            if type(module) is not nn.Linear:  # torchao's Float8Linear: its tensorwise scale is the whole weight's
+                raise AutoparError(f"{name or type(module).__name__} stacks {self.parts} projections and is "
+                                   f"{type(module).__name__}: the runtime runs such a linear under tp in bf16 only; "
+                                   "re-plan without --fp8 or with tp 1")
+            module.forward = functools.partial(_local_linear, module)  # type: ignore[method-assign]
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
+                           device_mesh: Any) -> Any:
+        if not isinstance(outputs, DTensor):  # a fused linear's local output (its projections' blocks)
+            return outputs
+        return ColwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh)
+
+
+def _local_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A fused column-parallel linear on this rank's rows: its whole input (a replicated DTensor, whose gradient
+    is this rank's part of the sum over tp) times its local weight."""
+    if isinstance(x, DTensor):
+        x = x.to_local(grad_placements=[Partial()])
+    bias = module.bias.to_local() if isinstance(module.bias, DTensor) else module.bias
+    return F.linear(x, module.weight.to_local(), bias)
+
+
+class _SharedInputColwise(_FusedColwise):
     """ColwiseParallel whose input redistribution is shared with the layer's other column-parallel linears
     that read the same tensor. Each separate linear would all-gather its sequence-sharded input (three
     gathers for q, k and v) and, in backward, reduce its own partial input gradient; sharing one DTensor
@@ -196,9 +239,9 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
                                               output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                               use_local_output=not loss_parallel)
             elif shared is not None:
-                styles[fqn] = _SharedInputColwise(shared, input_layouts=seq_in)
+                styles[fqn] = _SharedInputColwise(shared, parts=fused_parts(rel), input_layouts=seq_in)
             else:
-                styles[fqn] = ColwiseParallel(input_layouts=seq_in)
+                styles[fqn] = _FusedColwise(parts=fused_parts(rel), input_layouts=seq_in)
         elif style == "rowwise":
             if isinstance(module, nn.Embedding):
                 styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate())

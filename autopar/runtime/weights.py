@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from autopar.errors import AutoparError
-from autopar.runtime.init import local_box, local_of
+from autopar.runtime.init import is_strided, local_box, local_of, local_part
 
 
 def load_weights(parts: list[nn.Module], path: str | Path, canonical: dict[str, str], *,
@@ -96,7 +96,7 @@ def _read_into(param: torch.Tensor, tensor_slice: object, key: str, file: Path) 
         raise AutoparError(f"{file.name}: {key} has shape {list(full_shape)}, the model's parameter "
                            f"{list(param.shape)}: weights for another configuration?")
     local = local_of(param)
-    box = local_box(param)
     if local.numel() == 0:
         return
-    local.copy_(tensor_slice[box].to(local.device, local.dtype))  # type: ignore[index]
+    part = local_part(param, tensor_slice[:]) if is_strided(param) else tensor_slice[local_box(param)]  # type: ignore[index]
+    local.copy_(part.to(local.device, local.dtype))

@@ -46,10 +46,14 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # SDPA called with the causal mask of the local tokens, which it builds for every call (autopar.runtime.cp:
     # the sequence's causal mask instead)
     "falcon": sp.MODELS["hf/falcon-7b"],
+    # q|k|v and gate|up rows fused in one linear each, split by the model at the whole width's offsets (strided
+    # shards: autopar.runtime.tp, a config of the attention's own: autopar.runtime.heads)
+    "phi3": sp.MODELS["hf/phi-3-mini-4k-instruct"],
 }
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
-        | {family: {"cp2"} for family in ("bert", "roberta", "falcon")})  # the shapes each runs
+        | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
+        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
@@ -110,7 +114,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
         if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
-        if family == "llama":  # tensor parallelism without SP: whole activations, the rotary table whole on each rank
+        if family in ("llama", "phi3"):  # tensor parallelism without SP: whole activations, the rotary table whole
             out["tp2"] = dict(tp=2)
         return out
     if world == 4:
@@ -156,7 +160,7 @@ def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str,
 # that hold every feature between them (1F1B with tp, dp, SP and ep; interleaved with tp, SP and cp; cp with tp, dp,
 # SP and ep), each on one family, which keeps the jobs inside CI's time. AUTOPAR_HF_ALL=1 runs every
 # family's every shape at each world (the last such run at 8: docs/runtime.md, "Hugging Face plans on 8 ranks").
-FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["qwen3moe", "deepseek", "t5"], 8: None}
+FAMILIES_AT: dict[int, list[str] | None] = {2: None, 4: ["qwen3moe", "deepseek", "t5", "phi3"], 8: None}
 ONLY_AT = {8: {"olmo2/pp2_interleaved_tp2_cp2_sp", "qwen3moe/pp2_tp2_dp2_ep2_sp", "mixtral/cp2_tp2_dp2_ep2_sp"}}
 # left out of CI's jobs where another family runs the same code path (the dense rotary decoders' interleaved
 # schedule is Llama's; latent attention under ZeRO-3 and ep without SP is Qwen3-MoE's data parallelism around it;

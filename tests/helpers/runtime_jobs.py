@@ -56,7 +56,8 @@ def assert_trains_like_one_process(r: dict | None, shape: str, tolerance: float)
     """A shape's run against single-process training: every parameter has its gradient; the losses, the last step's
     gradients and the weights after the last step within ``tolerance``; each rank's shards initialised exactly as
     the one-process model; fp32 master weights and gradients whatever the plan's dtype, the linears computing in
-    the plan's dtype; a DCP checkpoint's round trip (where the shape saved one) exact."""
+    the plan's dtype; a DCP checkpoint's round trip (where the shape saved one) exact, and so are the weights one
+    process reads from it."""
     assert r is not None, f"{shape} produced no result"
     assert "error" not in r, r.get("error")
     assert not r["missing_grads"], f"gradients missing for {r['missing_grads']}"
@@ -69,3 +70,5 @@ def assert_trains_like_one_process(r: dict | None, shape: str, tolerance: float)
     assert r["grad_dtypes"] == ["float32"]
     if r.get("ckpt_diff") is not None:
         assert r["ckpt_diff"] == 0.0, f"checkpoint round trip changed weights by {r['ckpt_diff']:.3e}"
+        # the same checkpoint read by one process (another plan: DCP re-shards it)
+        assert r["ckpt_one_process_diff"] == 0.0, f"one process read weights {r['ckpt_one_process_diff']:.3e} off"

@@ -38,7 +38,7 @@ STEPS = 3
 CAPTURED = "captured"  # a plan's key: [layer names, {layer: tensor-parallel plan}] captured before torchrun
 COUNT_SHAPES = {"gpt/tp2", "gpt/tp2_sp", "llama/tp2", "llama/tp2_sp"}  # collectives counted for the cost model
 CHECKPOINT_SHAPES = {"gpt/tp2_dp2_sp_zero3", "llama/pp2_tp2", "gpt/pp2_tp2_dp2_zero3_ac", "llama/zero2_dp2",
-                     "llama/cp2_dp2_zero3_ac"}
+                     "llama/cp2_dp2_zero3_ac", "hf/phi3/tp2_dp2_sp_zero3"}  # Phi-3: fused weights by projection
 LR = 0.1
 SEQ = 16
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,8 +303,9 @@ def most_of_every_rank(counts: dict[str, int]) -> dict[str, int]:
     return {kind: max(c[kind] for c in every) for kind in counts}
 
 
-def checkpoint_roundtrip(pm, path: Path) -> float:
-    """Save with DCP, zero every weight, load: max |difference| of the full state dict (should be 0)."""
+def checkpoint_roundtrip(pm, path: Path) -> tuple[float, Path]:
+    """Save with DCP, zero every weight, load: max |difference| of the full state dict (should be 0), and the
+    checkpoint's folder."""
     from autopar.runtime.checkpoint import load, save
 
     before = full_state_dict(pm)
@@ -315,7 +316,20 @@ def checkpoint_roundtrip(pm, path: Path) -> float:
     assert load(pm, saved) == STEPS
     after = full_state_dict(pm)
     diffs = [(before[k] - after[k]).abs().max().item() for k in before]
-    return max(diffs) if diffs else float("nan")
+    return (max(diffs) if diffs else float("nan")), saved
+
+
+def checkpoint_in_one_process(loaded: LoadedModel, spec: RunPlan, saved: Path, final: dict) -> float:
+    """Rank 0: the plan's checkpoint loaded into the single-process model (another plan: no shards, one rank) —
+    max |difference| from the plan's weights after its last step (should be 0)."""
+    from torch.distributed.checkpoint import load as dcp_load
+
+    from autopar.runtime.checkpoint import _state_of, projections
+    from autopar.runtime.init import aliases
+
+    model = build_model(loaded, spec, seed=1)  # other values than the checkpoint's
+    dcp_load({"model": projections(_state_of([model], aliases(model)))}, checkpoint_id=str(saved), no_dist=True)
+    return max((p - final[name]).abs().max().item() for name, p in model.named_parameters() if name in final)
 
 
 def compare(name: str, spec: RunPlan, loaded: LoadedModel, pm, losses: list[float], grads: dict, ref_cache: dict,
@@ -362,10 +376,13 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
             counted = name in COUNT_SHAPES or pm.meshes.experts is not None
             counts = collective_counts(pm, loaded, spec) if counted else None
             most = most_of_every_rank(counts) if counted else None
-            ckpt_diff = (checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
-                         if name in CHECKPOINT_SHAPES else None)
+            ckpt_diff = one_process = None
+            if name in CHECKPOINT_SHAPES:
+                ckpt_diff, saved = checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
+                one_process = checkpoint_in_one_process(loaded, spec, saved, pm.final) if rank == 0 else None
             if rank == 0:
                 r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
+                                            ckpt_one_process_diff=one_process,
                                             collectives=counts, collectives_most=most,
                                             wall_s=round(time.perf_counter() - start, 2))
                 print(f"[{name}] loss_diff={r['loss_diff']:.2e} grad_diff={r['grad_diff']:.2e} "

@@ -42,8 +42,7 @@ SOLVES = {
 }
 # what `autopar solve` refuses to plan for autopar's runtime, and why (the runtime cannot run it; one line): a free
 # solve leaves the feature out (autopar.search.runnable_pins), a pin on it is this error
-REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids",
-           ("hf/phi-3-mini-4k-instruct", "tp2"): "holds several projections"}
+REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids"}
 
 
 def _variant(model: str, world: int, label: str) -> sp.Variant:

@@ -28,7 +28,7 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
     ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp"}),
     ("hf/llama-3-8b", set()), ("hf/mistral-7b-v0.1", set()), ("hf/falcon-7b", set()), ("hf/mixtral-8x7b-v0.1", set()),
     ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set()),
-    ("hf/roberta-base", set()), ("hf/phi-3-mini-4k-instruct", {"tp"}),
+    ("hf/roberta-base", set()), ("hf/phi-3-mini-4k-instruct", set()),
     ("hf/llava-1.5-7b", {"pp", "sequence_parallel", "cp"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
