@@ -199,9 +199,9 @@ def _input_maker(task: Task, config: Any) -> Callable[[int, int], tuple]:
         image_token = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
         n_image = task.min_seq - 1
 
-        def prompt(b: int, s: int) -> tuple:
+        def prompt(b: int, s: int) -> tuple:  # s tokens, or the image's and one text token if s holds fewer
             placeholders = torch.full((b, n_image), int(image_token))
-            text = ids(b, s - n_image)
+            text = ids(b, max(s - n_image, 1))
             text = torch.where(text == int(image_token), (text + 1) % vocab, text)  # placeholders only where images go
             return (torch.cat([placeholders, text], dim=1), torch.randn(b, channels, size, size))
         return prompt

@@ -378,3 +378,13 @@ def test_a_config_is_named_by_its_file_or_folder(tmp_path: Path) -> None:
     assert load_spec(str(tmp_path / "Llama-3-8B")).name == "Llama-3-8B"
     assert load_spec(str(tmp_path / "my-gpt.json")).name == "my-gpt"
     assert load_spec(str(tmp_path / "config.json")).name == "gpt2"
+
+
+def test_a_vision_language_prompt_shorter_than_its_image_keeps_the_image() -> None:
+    """The launcher's checks ask for a few tokens (cp's: 4 per rank); LLaVA's image alone is 576 placeholders: the
+    prompt is the image's and one text token (a negative text length was a traceback in `solve`)."""
+    from autopar.capture import load_spec
+
+    ids, pixels = load_spec(str(HF / "llava-1.5-7b.json"), {}).example_inputs(1, 8)
+    image_token = config("llava-1.5-7b")["image_token_index"]
+    assert ids.shape == (1, 577) and int((ids == image_token).sum()) == 576 and pixels.shape == (1, 3, 336, 336)
