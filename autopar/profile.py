@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import weakref
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -44,6 +44,21 @@ class TPPair(_Frozen):
     head_dim: int | None = Field(default=None, description="query/key width of one head (attention pairs)")
     v_head_dim: int | None = Field(
         default=None, description="value width of one head (DeepSeek's latent attention: narrower than head_dim)")
+    fused: int = Field(
+        default=1, description="projections the (one) column-parallel linear stacks in its rows, split by the model "
+        "at the whole width's offsets (Phi-3's qkv_proj: 3, gate_up_proj: 2; FUSED)")
+
+
+# (the module's class, the linear's name) -> the projections its output rows stack, which the model splits at the
+# whole width's offsets: transformers' Phi-3 (and Phi-4, the same classes). Named, not guessed: other models' fused
+# q|k|v interleave their heads (GPT-2's c_attn, CodeGen's groups), which a strided shard would mix.
+FUSED = {("Phi3Attention", "qkv_proj"): 3, ("Phi3MLP", "gate_up_proj"): 2}
+
+
+def fused_parts(root: Any, fqn: str) -> int:
+    """How many projections the linear ``fqn`` (under module ``root``) stacks in its output rows (1: one)."""
+    parent, _, child = fqn.rpartition(".")
+    return FUSED.get((type(root.get_submodule(parent)).__name__, child), 1)
 
 
 class TPPattern(_Frozen):

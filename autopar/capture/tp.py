@@ -18,8 +18,7 @@ import torch.nn as nn
 
 from autopar.capture.attention import AttentionCore
 from autopar.capture.graph import module_path
-from autopar.profile import TPPair, TPPattern
-from autopar.runtime.support import fused_parts
+from autopar.profile import TPPair, TPPattern, fused_parts
 
 _MATMUL_OPS = {"linear", "mm", "addmm", "matmul", "bmm"}  # FalconLinear runs `x @ weight.T`
 
@@ -67,12 +66,14 @@ def tp_pattern(unit: str, module: nn.Module, gm: torch.fx.GraphModule, g: nx.DiG
         col_mods = [_linear_module(module, unit, linears[a]) for a in feeders]
         attention = _attention_between(g, feeders[0], row, members, cores)
         pair = _make_pair(unit, [linears[a] for a in feeders], linears[row], col_mods, attention)
+        if len(pair.columnwise) == 1:
+            pair = pair.model_copy(update={"fused": fused_parts(module, pair.columnwise[0])})
         pairs.append(pair)
         plan.update({c: "colwise" for c in pair.columnwise})
         plan[pair.rowwise] = "rowwise"
         # each projection a fused linear stacks splits over tp on its own (autopar.runtime.tp._FusedColwise)
         divisors.update([pair.heads or 0, pair.kv_heads or 0] if pair.kind == "attention"
-                        else [m.out_features // fused_parts(c) for m, c in zip(col_mods, pair.columnwise)])
+                        else [m.out_features // pair.fused for m in col_mods])
     per_head = _per_head_norms(nodes, module, unit)
     for name, sub in module.named_modules():
         if name and "norm" in type(sub).__name__.lower():

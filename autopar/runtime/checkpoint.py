@@ -24,8 +24,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from autopar.errors import AutoparError
+from autopar.profile import fused_parts
 from autopar.runtime.parallelize import ParallelModel, clean_name
-from autopar.runtime.support import fused_parts
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -86,7 +86,20 @@ def init_optimizer_state(pm: ParallelModel, optimizer: torch.optim.Optimizer) ->
     optimizer.zero_grad(set_to_none=True)
 
 
-def projections(state: dict[str, Any]) -> dict[str, Any]:
+def fused_weights(parts: list[torch.nn.Module], canonical: dict[str, str]) -> dict[str, int]:
+    """State names (as ``model_state`` gives them) of the fused linears' parameters -> the projections they stack
+    (autopar.profile.FUSED)."""
+    out: dict[str, int] = {}
+    for part in parts:
+        for name, module in part.named_modules():
+            if name and (count := fused_parts(part, name)) > 1:
+                for key, _ in module.named_parameters(recurse=False):
+                    full = clean_name(f"{name}.{key}")
+                    out[canonical.get(full, full)] = count
+    return out
+
+
+def projections(state: dict[str, Any], fused: dict[str, int]) -> dict[str, Any]:
     """``state`` (names -> tensors, or -> an optimizer's state of them) with each fused linear's weight (Phi-3's
     q|k|v, gate|up) as one entry per projection it stacks, ``NAME/0`` …: views of the same storage. Under tp a rank
     holds its block of each projection (a strided shard, autopar.runtime.tp), which DCP's one box per shard cannot
@@ -94,7 +107,7 @@ def projections(state: dict[str, Any]) -> dict[str, Any]:
     input features: autopar.runtime.data_parallel). The keys are the same under every plan: checkpoints re-shard."""
     out: dict[str, Any] = {}
     for name, value in state.items():
-        parts = fused_parts(name.rpartition(".")[0])
+        parts = fused.get(name, 1)
         if parts == 1:
             out[name] = value
         elif isinstance(value, dict):  # the optimizer's state of the weight (a step count is kept by each part)
@@ -120,9 +133,10 @@ def _split(t: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 def save(pm: ParallelModel, directory: str | Path, step: int, optimizer: torch.optim.Optimizer | None = None) -> Path:
     """Collective: every rank calls it. Returns the checkpoint's folder."""
-    state: dict[str, Any] = {"model": projections(model_state(pm)), "train": {"step": torch.tensor([step])}}
+    fused = fused_weights(list(pm.parts.values()), pm.canonical)
+    state: dict[str, Any] = {"model": projections(model_state(pm), fused), "train": {"step": torch.tensor([step])}}
     if optimizer is not None:
-        state["optim"] = projections(optimizer_state(pm, optimizer))
+        state["optim"] = projections(optimizer_state(pm, optimizer), fused)
     path = step_dir(directory, step)
     dcp.save(state, checkpoint_id=str(path))
     return path
@@ -131,10 +145,11 @@ def save(pm: ParallelModel, directory: str | Path, step: int, optimizer: torch.o
 def load(pm: ParallelModel, path: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load in place into this rank's shards (collective); returns the checkpoint's step."""
     _check_checkpoint(path)
-    state: dict[str, Any] = {"model": projections(model_state(pm)), "train": {"step": torch.tensor([0])}}
+    fused = fused_weights(list(pm.parts.values()), pm.canonical)
+    state: dict[str, Any] = {"model": projections(model_state(pm), fused), "train": {"step": torch.tensor([0])}}
     if optimizer is not None:
         init_optimizer_state(pm, optimizer)
-        state["optim"] = projections(optimizer_state(pm, optimizer))
+        state["optim"] = projections(optimizer_state(pm, optimizer), fused)
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as e:  # DCP's CheckpointException wraps every rank's error: say which key
@@ -146,7 +161,8 @@ def load_model_only(parts: list[torch.nn.Module], path: str | Path, canonical: d
     """Weights from a checkpoint of this format (no optimizer state, no step): fine-tuning's starting point."""
     _check_checkpoint(path)
     try:
-        dcp.load({"model": projections(_state_of(parts, canonical))}, checkpoint_id=str(path))
+        dcp.load({"model": projections(_state_of(parts, canonical), fused_weights(parts, canonical))},
+                 checkpoint_id=str(path))
     except Exception as e:
         raise AutoparError(f"{path}: cannot load its weights into this model: {_first_line(e)}") from None
 

@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
+from autopar.profile import fused_parts
 from autopar.runtime.mesh import Meshes
-from autopar.runtime.support import fused_parts
 
 
 def apply_fsdp(model: nn.Module, layers: list[LayerAssignment], meshes: Meshes, *, reshard_after_forward: bool,
@@ -72,8 +72,8 @@ def _placements(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:
     on every dp rank each projection's rows stay one block (checkpoints: autopar.runtime.checkpoint)."""
     fused: set[int] = set()
     for name, module in model.named_modules():
-        if fused_parts(name) > 1:
-            for param in module.parameters():
+        if name and fused_parts(model, name) > 1:
+            for param in module.parameters(recurse=False):
                 if param.dim() < 2:
                     raise AutoparError(f"{name} has a bias: FSDP2 would split its projections' rows; re-plan "
                                        "without ZeRO over it (--zero 0 or 1 without tp)")

@@ -18,9 +18,9 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from autopar.plan import LayerAssignment
+from autopar.profile import fused_parts
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import column_parents
-from autopar.runtime.support import fused_parts
 
 HEAD_COUNTS = ("n_heads",)  # attributes an attention module reads its head count from (T5)
 HEAD_TABLES = ("relative_attention_bias",)  # per-head embeddings (T5's relative position bias)
@@ -55,7 +55,7 @@ def _local_config(module: nn.Module, tp: int) -> None:
     ``num_attention_heads * head_dim``): a config of its own with this rank's heads, and its key/value head count
     this rank's (the projection's strided shard: autopar.runtime.tp ``_FusedColwise``)."""
     config = getattr(module, "config", None)
-    if not any(fused_parts(name) == 3 for name, _ in module.named_children()) or \
+    if not any(fused_parts(module, name) == 3 for name, _ in module.named_children()) or \
             not isinstance(getattr(config, "num_attention_heads", None), int):
         return
     module.config = copy.copy(config)

@@ -96,6 +96,9 @@ def parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+_SHAPE_SETTERS = ("aten::resize_", "aten::set_")  # in place, and they change the tensor's shape
+
+
 class _GeneratorPerParameter(TorchDispatchMode):
     """Random in-place ops on (views of) the given tensors draw from that tensor's own generator."""
 
@@ -108,7 +111,8 @@ class _GeneratorPerParameter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if target is not None and target.device.type == "meta" and func._schema.name.endswith("_"):
+        if (target is not None and target.device.type == "meta" and func._schema.name.endswith("_")
+                and torch.Tag.inplace_view not in func.tags and func._schema.name not in _SHAPE_SETTERS):
             # another layer's parameter, on meta: an in-place op there has nothing to do (its meta kernel, run
             # through Python decompositions, costs about 1 ms a call, for every parameter of every layer)
             return target

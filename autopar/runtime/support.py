@@ -79,27 +79,28 @@ def check_heads(layers: Any) -> None:
                                "on the features): the runtime cannot sum their gradient over tp")
 
 
-FUSED_COLUMNS = {"qkv_proj": 3, "gate_up_proj": 2}  # Phi-3's: q|k|v and gate|up rows in one linear
-
-
-def fused_parts(rel: str) -> int:
-    """How many projections a column-parallel linear stacks in its output rows (1: one)."""
-    return FUSED_COLUMNS.get(rel.rpartition(".")[2], 1)
-
-
 def check_fused(layers: Any) -> None:
     """A column-parallel linear whose output rows are several projections the model splits at offsets of the whole
     width (Phi-3's ``qkv_proj`` at ``num_attention_heads * head_dim`` from its config, its ``gate_up_proj`` in two
-    halves) runs with each rank holding its block of every projection (autopar.runtime.tp ``_FusedColwise``): the
-    projections must be equal in width, which grouped-query attention's q|k|v are not."""
+    halves: capture's ``TPPair.fused``) runs with each rank holding its block of every projection (autopar.runtime.tp
+    ``_FusedColwise``): the projections must be equal in width, which grouped-query attention's q|k|v are not."""
     for layer in layers:
         for pair in layer.tp.pairs:
-            fused = [rel for rel in pair.columnwise if fused_parts(rel) == 3]
-            if fused and (pair.inner_features % 3 or pair.heads and pair.head_dim and
-                          pair.inner_features != 3 * pair.heads * pair.head_dim):
-                raise AutoparError(f"layer {layer.name}: {fused[0]} stacks q, k and v of unequal widths (grouped-"
-                                   f"query attention: {pair.inner_features} rows for {pair.heads} query heads), "
-                                   "which the runtime's strided shards do not split")
+            if pair.fused == 3 and (pair.inner_features % 3 or pair.heads and pair.head_dim and
+                                    pair.inner_features != 3 * pair.heads * pair.head_dim):
+                raise AutoparError(f"layer {layer.name}: {pair.columnwise[0]} stacks q, k and v of unequal widths "
+                                   f"(grouped-query attention: {pair.inner_features} rows for {pair.heads} query "
+                                   "heads), which the runtime's strided shards do not split")
+
+
+def check_fused_fp8(layers: Any, fp8: str | None) -> None:
+    """torchao's Float8Linear on a fused linear under tp: its tensorwise scale is the whole weight's, and the
+    runtime runs such a linear on its local rows (autopar.runtime.tp ``_FusedColwise``)."""
+    for layer in layers:
+        fused = [pair.columnwise[0] for pair in layer.tp.pairs if pair.fused > 1]
+        if fp8 and fused:
+            raise AutoparError(f"layer {layer.name}: {fused[0]} stacks several projections, which the runtime runs "
+                               "under tp without FP8")
 
 
 def check_sequence_length(seq_len: int, tp: int) -> None:

@@ -40,10 +40,10 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
+from autopar.profile import fused_parts
 from autopar.runtime.latent import SHARED
 from autopar.runtime.mesh import Meshes
 from autopar.runtime.sequence import column_parents
-from autopar.runtime.support import fused_parts
 from autopar.runtime.wrap import forward_within
 
 
@@ -239,9 +239,9 @@ def layer_styles(model: nn.Module, layer: LayerAssignment, plan: dict[str, str],
                                               output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                               use_local_output=not loss_parallel)
             elif shared is not None:
-                styles[fqn] = _SharedInputColwise(shared, parts=fused_parts(rel), input_layouts=seq_in)
+                styles[fqn] = _SharedInputColwise(shared, parts=fused_parts(model, fqn), input_layouts=seq_in)
             else:
-                styles[fqn] = _FusedColwise(parts=fused_parts(rel), input_layouts=seq_in)
+                styles[fqn] = _FusedColwise(parts=fused_parts(model, fqn), input_layouts=seq_in)
         elif style == "rowwise":
             if isinstance(module, nn.Embedding):
                 styles[fqn] = (_SequenceShardedEmbedding(input_layouts=Replicate())

@@ -25,6 +25,7 @@ from autopar.runtime.parallelize import ParallelModel, clean_name, parallelize
 from autopar.runtime.support import (
     check_attention,
     check_fused,
+    check_fused_fp8,
     check_heads,
     check_sequence_length,
     check_vision_sequence,
@@ -100,6 +101,7 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
         if layer.tp > 1:
             replan(check_heads, [captured], "--tp 1")
             replan(check_fused, [captured], "--tp 1")
+            replan(lambda layers: check_fused_fp8(layers, p.fp8), [captured], "--tp 1")
             if spec.parallelism.sequence_parallel:
                 replan(lambda tp: check_sequence_length(spec.model.seq_len // spec.parallelism.cp, tp), layer.tp,
                        "--no-sequence-parallel")

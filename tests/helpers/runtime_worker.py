@@ -324,11 +324,12 @@ def checkpoint_in_one_process(loaded: LoadedModel, spec: RunPlan, saved: Path, f
     max |difference| from the plan's weights after its last step (should be 0)."""
     from torch.distributed.checkpoint import load as dcp_load
 
-    from autopar.runtime.checkpoint import _state_of, projections
+    from autopar.runtime.checkpoint import _state_of, fused_weights, projections
     from autopar.runtime.init import aliases
 
     model = build_model(loaded, spec, seed=1)  # other values than the checkpoint's
-    dcp_load({"model": projections(_state_of([model], aliases(model)))}, checkpoint_id=str(saved), no_dist=True)
+    state = projections(_state_of([model], aliases(model)), fused_weights([model], aliases(model)))
+    dcp_load({"model": state}, checkpoint_id=str(saved), no_dist=True)
     return max((p - final[name]).abs().max().item() for name, p in model.named_parameters() if name in final)
 
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from autopar.errors import AutoparError
+from autopar.profile import fused_parts
 from autopar.runtime.init import local_box, local_part
-from autopar.runtime.support import fused_parts
 
 
 @contextlib.contextmanager
@@ -54,18 +54,22 @@ def test_each_rank_gets_its_heads_of_q_k_and_v() -> None:
     assert got.tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
 
 
-def test_fsdp2_over_a_strided_shard_holds_a_chunk_of_the_tp_ranks_rows() -> None:
-    """FSDP2 over tp (dp 2 × tp 2) stores each dp rank's chunk of its tp rank's q|k|v rows (FSDP2's own placement
-    for the dp dimension, ``_StridedShard(0, tp)``, describes something else over a strided tp shard): dp rank 0
-    of tp rank 0 holds the first half of heads 0-1's q|k|v rows."""
-    full = torch.arange(24).float()  # q rows 0-7, k 8-15, v 16-23: heads of width 2
-    placements = (_StridedShard(0, split_factor=2), _StridedShard(0, split_factor=3))
+def test_fsdp2_over_a_strided_shard_holds_its_input_features_of_the_tp_ranks_rows() -> None:
+    """FSDP2 over tp (dp 2 × tp 2) shards a fused weight on its input features (autopar.runtime.data_parallel): dp
+    rank 1 of tp rank 0 holds the second half of the columns of heads 0-1's q|k|v rows; the four parts hold every
+    element once, and each is what DTensor's own placements select."""
+    full = torch.arange(24 * 4).float().reshape(24, 4)  # q rows 0-7, k 8-15, v 16-23: heads of width 2
+    placements = (Shard(1), _StridedShard(0, split_factor=3))
     parts = {}
     for rank in range(4):
         with _rank(rank, 4):
-            parts[rank] = local_part(_shard((24,), (2, 2), placements), full).tolist()
-    assert parts[0] == [0, 1, 2, 3, 8, 9] and parts[2] == [10, 11, 16, 17, 18, 19]  # (dp, tp) = (0, 0), (1, 0)
-    assert sorted(sum(parts.values(), [])) == full.tolist()
+            shard = _shard((24, 4), (2, 2), placements)
+            parts[rank] = local_part(shard, full)
+            assert torch.equal(parts[rank], distribute_tensor(full, shard.device_mesh, placements,
+                                                              src_data_rank=None).to_local())
+    rows = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]
+    assert torch.equal(parts[2], full[rows][:, 2:])  # (dp, tp) = (1, 0)
+    assert sorted(torch.cat([p.flatten() for p in parts.values()]).tolist()) == full.flatten().tolist()
 
 
 def test_a_box_is_refused_for_a_strided_shard() -> None:
@@ -74,9 +78,19 @@ def test_a_box_is_refused_for_a_strided_shard() -> None:
             local_box(_shard((12,), (2,), (_StridedShard(0, split_factor=3),)))
 
 
-def test_the_fused_linears_are_named_by_their_last_name() -> None:
-    assert fused_parts("self_attn.qkv_proj") == 3 and fused_parts("mlp.gate_up_proj") == 2
-    assert fused_parts("self_attn.q_proj") == 1 and fused_parts("qkv_proj.lora") == 1
+def test_the_fused_linears_are_phi_3s_only() -> None:
+    """By the module's class and the linear's name: another model's ``qkv_proj`` (CodeGen's groups, a model file's
+    per-head interleave) is one projection to the runtime (a strided shard would mix its heads)."""
+    import torch.nn as nn
+
+    Phi3Attention = type("Phi3Attention", (nn.Module,), {})
+    attention = Phi3Attention()
+    attention.qkv_proj = nn.Linear(2, 6)
+    other = nn.Module()
+    other.qkv_proj = nn.Linear(2, 6)
+    root = nn.ModuleDict({"a": attention, "b": other})
+    assert fused_parts(root, "a.qkv_proj") == 3 and fused_parts(root, "b.qkv_proj") == 1
+    assert fused_parts(attention, "qkv_proj") == 3
 
 
 def test_a_checkpoint_holds_each_projection_of_a_fused_weight_as_its_own_entry() -> None:
@@ -85,13 +99,14 @@ def test_a_checkpoint_holds_each_projection_of_a_fused_weight_as_its_own_entry()
     from autopar.runtime.checkpoint import projections
 
     qkv, o = torch.arange(12.0).reshape(6, 2), torch.ones(2, 2)
-    state = projections({"l.attn.qkv_proj.weight": qkv, "l.attn.o_proj.weight": o})
+    state = projections({"l.attn.qkv_proj.weight": qkv, "l.attn.o_proj.weight": o}, {"l.attn.qkv_proj.weight": 3})
     assert sorted(state) == ["l.attn.o_proj.weight", "l.attn.qkv_proj.weight/0", "l.attn.qkv_proj.weight/1",
                              "l.attn.qkv_proj.weight/2"]
     assert state["l.attn.qkv_proj.weight/1"].tolist() == [[4.0, 5.0], [6.0, 7.0]]
     state["l.attn.qkv_proj.weight/2"].zero_()  # a load writes into the weight
     assert qkv[4:].abs().sum() == 0
     step = torch.tensor(3.0)
-    optim = projections({"l.mlp.gate_up_proj.weight": {"exp_avg": torch.zeros(4, 2), "step": step}})
+    optim = projections({"l.mlp.gate_up_proj.weight": {"exp_avg": torch.zeros(4, 2), "step": step}},
+                        {"l.mlp.gate_up_proj.weight": 2})
     assert sorted(optim) == ["l.mlp.gate_up_proj.weight/0", "l.mlp.gate_up_proj.weight/1"]
     assert all(part["exp_avg"].shape == (2, 2) and part["step"] is step for part in optim.values())
