@@ -61,6 +61,13 @@ def fused_parts(root: Any, fqn: str) -> int:
     return FUSED.get((type(root.get_submodule(parent)).__name__, child), 1)
 
 
+def fused_linears(root: Any) -> list[tuple[str, Any, int]]:
+    """(name, module, projections) of every fused linear under module ``root``."""
+    return [(f"{name}.{child}" if name else child, linear, FUSED[type(module).__name__, child])
+            for name, module in root.named_modules() for child, linear in module.named_children()
+            if (type(module).__name__, child) in FUSED]
+
+
 class TPPattern(_Frozen):
     """How tensor parallelism applies to one layer, and which degrees it admits."""
 

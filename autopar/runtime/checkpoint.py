@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from autopar.errors import AutoparError
-from autopar.profile import fused_parts
+from autopar.profile import fused_linears
 from autopar.runtime.parallelize import ParallelModel, clean_name
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -91,11 +91,10 @@ def fused_weights(parts: list[torch.nn.Module], canonical: dict[str, str]) -> di
     (autopar.profile.FUSED)."""
     out: dict[str, int] = {}
     for part in parts:
-        for name, module in part.named_modules():
-            if name and (count := fused_parts(part, name)) > 1:
-                for key, _ in module.named_parameters(recurse=False):
-                    full = clean_name(f"{name}.{key}")
-                    out[canonical.get(full, full)] = count
+        for name, module, count in fused_linears(part):
+            for key, _ in module.named_parameters(recurse=False):
+                full = clean_name(f"{name}.{key}")
+                out[canonical.get(full, full)] = count
     return out
 
 

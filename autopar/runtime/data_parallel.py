@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
-from autopar.profile import fused_parts
+from autopar.profile import fused_linears
 from autopar.runtime.mesh import Meshes
 
 
@@ -71,13 +71,12 @@ def _placements(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:
     dimensions (on the same one FSDP2 records a strided placement that reads other rows); and with the rows whole
     on every dp rank each projection's rows stay one block (checkpoints: autopar.runtime.checkpoint)."""
     fused: set[int] = set()
-    for name, module in model.named_modules():
-        if name and fused_parts(model, name) > 1:
-            for param in module.parameters(recurse=False):
-                if param.dim() < 2:
-                    raise AutoparError(f"{name} has a bias: FSDP2 would split its projections' rows; re-plan "
-                                       "without ZeRO over it (--zero 0 or 1 without tp)")
-                fused.add(id(param))
+    for name, module, _ in fused_linears(model):
+        for param in module.parameters(recurse=False):
+            if param.dim() < 2:
+                raise AutoparError(f"{name} has a bias: FSDP2 would split its projections' rows; re-plan "
+                                   "without ZeRO over it (--zero 0 or 1 without tp)")
+            fused.add(id(param))
     return lambda param: Shard(1) if id(param) in fused else None
 
 

@@ -198,9 +198,14 @@ def reference(loaded: LoadedModel, spec: RunPlan, cast: bool) -> tuple[list[floa
     return losses, grads, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def _model_key(spec: RunPlan) -> str:
+    """The plan's model whatever its dtype: the same layers, tensor-parallel plans and fp32 initial weights."""
+    return spec.model.model_copy(update={"dtype": "fp32"}).model_dump_json()
+
+
 def initial_weights(cache: dict, loaded: LoadedModel, spec: RunPlan) -> dict[str, torch.Tensor]:
     """The single-process model's initial weights (one per model: the plan's dtype does not change them)."""
-    key = ("initial", spec.model.model_copy(update={"dtype": "fp32"}).model_dump_json())
+    key = ("initial", _model_key(spec))
     if key not in cache:
         cache[key] = {name: p.detach().clone() for name, p in build_model(loaded, spec, seed=0).named_parameters()}
     return cache[key]
@@ -320,16 +325,14 @@ def checkpoint_roundtrip(pm, path: Path) -> tuple[float, Path]:
 
 
 def checkpoint_in_one_process(loaded: LoadedModel, spec: RunPlan, saved: Path, final: dict) -> float:
-    """Rank 0: the plan's checkpoint loaded into the single-process model (another plan: no shards, one rank) —
-    max |difference| from the plan's weights after its last step (should be 0)."""
-    from torch.distributed.checkpoint import load as dcp_load
-
-    from autopar.runtime.checkpoint import _state_of, fused_weights, projections
+    """The plan's checkpoint loaded into the single-process model on every rank (collective), as a fine-tune loads
+    one (autopar.runtime.checkpoint.load_model_only: another plan, no shards) — max |difference| from the plan's
+    weights after its last step (should be 0)."""
+    from autopar.runtime.checkpoint import load_model_only
     from autopar.runtime.init import aliases
 
     model = build_model(loaded, spec, seed=1)  # other values than the checkpoint's
-    state = projections(_state_of([model], aliases(model)), fused_weights([model], aliases(model)))
-    dcp_load({"model": state}, checkpoint_id=str(saved), no_dist=True)
+    load_model_only([model], saved, aliases(model))
     return max((p - final[name]).abs().max().item() for name, p in model.named_parameters() if name in final)
 
 
@@ -359,7 +362,7 @@ def loaded_model(spec: RunPlan, captured: list | None = None) -> LoadedModel:
     tensor-parallel plans are the same. ``captured``: a Hugging Face family's layer names and tensor-parallel plans
     as the test session captured them (tests/helpers/runtime_jobs.py), else rank 0 captures the model (as autopar
     launch hands them over)."""
-    key = spec.model.model_copy(update={"dtype": "fp32"}).model_dump_json()
+    key = _model_key(spec)
     if key not in _LOADED:
         _LOADED[key] = load_model(spec, spec.model.source, layers=captured and tuple(captured))
     return _LOADED[key]
@@ -380,7 +383,7 @@ def run_shapes(todo: dict[str, dict], device: torch.device, out: str, results: d
             ckpt_diff = one_process = None
             if name in CHECKPOINT_SHAPES:
                 ckpt_diff, saved = checkpoint_roundtrip(pm, Path(out + ".ckpt") / name.replace("/", "_"))
-                one_process = checkpoint_in_one_process(loaded, spec, saved, pm.final) if rank == 0 else None
+                one_process = checkpoint_in_one_process(loaded, spec, saved, pm.final)
             if rank == 0:
                 r = results[name] = compare(name, spec, loaded, pm, losses, grads, ref_cache, ckpt_diff=ckpt_diff,
                                             ckpt_one_process_diff=one_process,
