@@ -54,6 +54,10 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     if moe is not None and "moe" in parts and extra:  # the routed experts' share at the capacity factor, as above
         parts["moe"] = _with_extra(parts["moe"], extra, experts)
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
+    inputs = layer_inputs(g, layer.index)
+    if pattern.plan == {"": "sequence_parallel"} and 2 * cut[0] <= inputs:
+        pattern = TPPattern(reason="a norm whose output the model pools (a ViT's [CLS] token) runs on the whole "
+                                   "sequence")
     return LayerProfile(
         index=layer.index, name=layer.name, kind=_kind(unit, module, is_head), module_type=type(module).__name__,
         block_id=layer.name, params=0, param_bytes=0,
@@ -65,7 +69,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),
         fp8_saved_delta_bytes_per_sample=round(fp8), fp8_saved_delta_bytes_fixed=round(fp8_fixed),
-        input_bytes_per_sample=round(layer_inputs(g, layer.index)),
+        input_bytes_per_sample=round(inputs),
         cut_bytes_per_sample=round(cut[0]), cut_bytes_fixed=round(cut[1]), tp=pattern, moe=moe, parts=parts,
         **_attention_masks([core for name, core in cores.items() if name in set(nodes)], gm, model))
 

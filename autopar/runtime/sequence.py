@@ -21,6 +21,11 @@ reads the sequence length from the hidden state it holds, and its attention modu
   the whole sequence (gathered when it receives a block), and so does a lone norm after one (``whole_norms``: GPT-2
   views ``ln_f``'s output at the whole sequence's length); the LM head takes its block when it receives the whole.
 
+A sequence tp does not divide (a ViT's 197 tokens) is split as DTensor's ``Shard`` splits it (``block_sizes``: blocks
+of ceil(S / tp), the last shorter); the gathers pad to the longest block, and the blocks handed to DTensor carry the
+whole sequence's length. A norm whose output the model pools (a ViT's [CLS]) runs whole (capture gives it no
+pattern), and the head takes the pooled input replicated.
+
 What it costs beside Megatron's sequence parallelism: the embedding's output all-reduced (an all-gather of
 b·s·h more per micro-batch forward), and the first block's input sliced (no communication).
 """
@@ -31,21 +36,39 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
 from autopar.runtime.latent import replicated_if_whole, whole_input
 from autopar.runtime.mesh import Meshes
 
 
-def _gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+def block_sizes(total: int, parts: int) -> list[int]:
+    """The lengths of ``parts`` blocks of a ``total``-long sequence as DTensor's ``Shard`` splits it (``torch.chunk``'s
+    block of ceil(total / parts), the last ones shorter or empty): 17 tokens over 2 ranks are 9 and 8."""
+    size = -(-total // parts)
+    return [max(0, min(size, total - i * size)) for i in range(parts)]
+
+
+def _gather(x: torch.Tensor, group: dist.ProcessGroup, total: int | None = None) -> torch.Tensor:
+    """The blocks of ``group`` concatenated on dim 1; ``total``: the whole length, where blocks may be unequal (each
+    padded to the longest for the all-gather, the padding dropped)."""
+    n = dist.get_world_size(group)
+    sizes = [x.shape[1]] * n if total is None else block_sizes(total, n)
+    width = max(sizes)
+    if x.shape[1] < width:
+        x = torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], dim=1)
+    parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
+    return torch.cat([part[:, :size] for part, size in zip(parts, sizes)], dim=1)
 
 
 def _block(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return x.chunk(dist.get_world_size(group), dim=1)[dist.get_rank(group)].contiguous()
+    sizes = block_sizes(x.shape[1], dist.get_world_size(group))
+    rank = dist.get_rank(group)
+    start = sum(sizes[:rank])
+    return x[:, start:start + sizes[rank]].contiguous()
 
 
 class SplitSequence(torch.autograd.Function):
@@ -54,26 +77,26 @@ class SplitSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
+        ctx.group, ctx.total = group, x.shape[1]
         return _block(x, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _gather(grad, ctx.group), None
+        return _gather(grad, ctx.group, ctx.total), None
 
 
 class GatherSequence(torch.autograd.Function):
-    """Forward: the tp ranks' blocks gathered whole; backward: this rank's block of the gradient (the gradient
-    of a tensor every tp rank holds whole is the same on each)."""
+    """Forward: the tp ranks' blocks gathered whole (``total`` long, where the blocks may be unequal); backward:
+    this rank's block of the gradient (the gradient of a tensor every tp rank holds whole is the same on each)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, total: int | None = None) -> torch.Tensor:
         ctx.group = group
-        return _gather(x, group)
+        return _gather(x, group, total)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _block(grad, ctx.group), None
+        return _block(grad, ctx.group), None, None
 
 
 # -- Hugging Face blocks -----------------------------------------------------------------------------------
@@ -90,13 +113,15 @@ def apply_hf_sequence(model: nn.Module, layers: list[LayerAssignment], plans: di
         role = _role(model, layer, plan)
         for unit in layer.units:
             module = model.get_submodule(unit)
-            if role in ("blocks", "head"):  # the head's style gathers its block (a whole norm before it: GPT-2's)
+            if role == "head":  # the head's style gathers its block (a whole norm before it: GPT-2's)
+                module.register_forward_pre_hook(_head_input(mesh, seq_len), prepend=True)
+            elif role == "blocks":
                 module.register_forward_pre_hook(_take_block(mesh.get_group(), seq_len), prepend=True)
             elif role == "whole":
-                module.register_forward_pre_hook(_whole(mesh.get_group(), seq_len // layer.tp), prepend=True)
+                module.register_forward_pre_hook(_whole(mesh.get_group(), seq_len), prepend=True)
         for parent in column_parents(plan):
             resolved = resolve(model, layer, parent)
-            model.get_submodule(resolved).register_forward_pre_hook(_sequence_dtensors(mesh), with_kwargs=True)
+            model.get_submodule(resolved).register_forward_pre_hook(_sequence_dtensors(mesh, seq_len), with_kwargs=True)
         _whole_projections(model, layer, plan, mesh, seq_len, resolve)
 
 
@@ -156,11 +181,36 @@ def _take_block(group: dist.ProcessGroup, seq_len: int) -> Callable:
     return hook
 
 
-def _whole(group: dist.ProcessGroup, block_len: int) -> Callable:
+def _head_input(mesh: Any, seq_len: int) -> Callable:
+    """The head's input as the DTensor its column-parallel style gathers: this rank's block of the sequence (taken
+    when it receives the whole: a whole norm before it), of the whole sequence's length; an input without a sequence
+    (a [CLS] token the model's glue pooled from a whole norm's output) replicated."""
+    group = mesh.get_group()
+    block_len = block_sizes(seq_len, mesh.size())[mesh.get_local_rank()]
+
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        if not args or not _is_activation(args[0]):
+            return None
+        x = args[0]
+        if x.dim() == 2:
+            return (DTensor.from_local(x, mesh, [Replicate()], run_check=False),) + args[1:]
+        if x.shape[1] == seq_len:
+            x = SplitSequence.apply(x, group)
+        elif x.shape[1] != block_len:
+            return None
+        shape = (x.shape[0], seq_len, *x.shape[2:])
+        return (DTensor.from_local(x, mesh, [Shard(1)], run_check=False, shape=shape,
+                                   stride=torch.empty(shape, device="meta").stride()),) + args[1:]
+    return hook
+
+
+def _whole(group: dist.ProcessGroup, seq_len: int) -> Callable:
+    block_len = block_sizes(seq_len, dist.get_world_size(group))[dist.get_rank(group)]
+
     def hook(module: nn.Module, args: tuple) -> tuple | None:
         if not args or not _is_activation(args[0]) or args[0].shape[1] != block_len:
             return None
-        return (GatherSequence.apply(args[0], group),) + args[1:]
+        return (GatherSequence.apply(args[0], group, seq_len),) + args[1:]
     return hook
 
 
@@ -168,20 +218,31 @@ def _is_activation(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point() and x.dim() >= 2
 
 
-def _sequence_dtensors(mesh: Any) -> Callable:
+def _sequence_dtensors(mesh: Any, seq_len: int) -> Callable:
     """A column parent's activation inputs (its first, positional or by keyword, and any of the same batch, block
-    length and width: the encoder output a cross-attention reads) as DTensors sharded on the sequence; a 2-D input
-    (tokens, width) flattened from this rank's block (Qwen2-MoE's shared expert) as sharded on the tokens, whose
-    order the gather changes, which a token-wise MLP does not see (its row-parallel output scatters them back)."""
+    length and width: the encoder output a cross-attention reads) as DTensors sharded on the sequence, of the whole
+    sequence's length (blocks of unequal length: a ViT's 197 tokens); a 2-D input (tokens, width) flattened from this
+    rank's block (Qwen2-MoE's shared expert) as sharded on the tokens, whose order the gather changes, which a
+    token-wise MLP does not see (its row-parallel output scatters them back): from equal blocks only."""
+    uneven = bool(seq_len % mesh.size())
+
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
         if not _is_activation(first) or first.dim() not in (2, 3):
             return None
+        if uneven and first.dim() == 2:
+            raise AutoparError(f"{type(module).__name__} takes tokens flattened from sequence blocks of unequal "
+                               f"length ({seq_len} tokens over tp {mesh.size()}); re-plan without sequence "
+                               "parallelism or with a sequence that tp divides")
         like = first.shape
 
         def wrap(t: Any) -> Any:
             if _is_activation(t) and t.dim() == len(like) and t.shape[0] == like[0] and t.shape[1:] == like[1:]:
-                return DTensor.from_local(t, mesh, [Shard(t.dim() - 2)], run_check=False)
+                if t.dim() == 2:
+                    return DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+                shape = (t.shape[0], seq_len, *t.shape[2:])
+                return DTensor.from_local(t, mesh, [Shard(1)], run_check=False, shape=shape,
+                                          stride=torch.empty(shape, device="meta").stride())
             return t
         return tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}
     return hook

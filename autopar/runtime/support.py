@@ -103,11 +103,19 @@ def check_fused_fp8(layers: Any, fp8: str | None) -> None:
                                "under tp without FP8")
 
 
-def check_sequence_length(seq_len: int, tp: int) -> None:
-    """Sequence parallelism splits the sequence into tp equal blocks (a ViT's patches and [CLS]: 197 tokens, none)."""
-    if seq_len % tp:
+def check_sequence_length(seq_len: int, tp: int, *, uneven: bool) -> None:
+    """Sequence parallelism splits the sequence into tp blocks. ``uneven``: the layers take blocks of unequal length
+    (a Hugging Face model's, a ViT's 197 tokens: DTensor's uneven shards, autopar.runtime.sequence); a model file's
+    layers (torch's sequence-parallel styles) and the experts' token dispatch take equal ones."""
+    if seq_len % tp and not uneven:
         raise AutoparError(f"the sequence ({seq_len} tokens) does not split into {tp} equal blocks for sequence "
                            "parallelism")
+
+
+def uneven_blocks(profile: Any) -> bool:
+    """Whether the model's layers take sequence blocks of unequal length (``check_sequence_length``): a Hugging Face
+    model's without experts."""
+    return Path(profile.source).suffix == ".json" and not any(layer.moe for layer in profile.layers)
 
 
 def vision_sequence(model: Any) -> int | None:
@@ -120,10 +128,13 @@ def vision_sequence(model: Any) -> int | None:
     return (size // patch) ** 2 + int(any(hasattr(m, "class_embedding") for m in model.modules()))
 
 
-def check_vision_sequence(tokens: int | None, tp: int) -> None:
-    if tokens and tokens % tp:
-        raise AutoparError(f"the vision tower's sequence ({tokens} tokens: patches and a class token) does not "
-                           f"split into {tp} equal blocks for sequence parallelism")
+def check_vision_sequence(tokens: int | None, seq_len: int) -> None:
+    """Sequence parallelism's blocks are taken at the text's length (autopar.runtime.sequence); a vision tower's
+    layers run on a sequence of their own."""
+    if tokens and tokens != seq_len:
+        raise AutoparError(f"the vision tower's layers run on a sequence of their own ({tokens} tokens: patches and "
+                           f"a class token), which sequence parallelism (blocks of the text's {seq_len}) does not "
+                           "split")
 
 
 def check_attention(profile: Any) -> None:
@@ -144,8 +155,8 @@ def _sequence_parallel(profile: Any, loaded: Any, model: Any) -> None:
     tensor-parallel pattern needs it (autopar.runtime.sequence). A model file's layers must each take a shard
     (check_sequence_shards); a pattern that does not divide a plan's degree is the launcher's per-plan check
     (autopar.runtime.train.model_layers)."""
-    check_sequence_length(profile.seq_len, 2)  # an odd sequence: no tp degree the search tries
-    check_vision_sequence(vision_sequence(model), 2)
+    check_sequence_length(profile.seq_len, 2, uneven=uneven_blocks(profile))  # no tp degree the search tries
+    check_vision_sequence(vision_sequence(model), profile.seq_len)
     if Path(profile.source).suffix != ".json":
         check_sequence_shards(profile.layers)
 

@@ -30,6 +30,7 @@ from autopar.runtime.support import (
     check_sequence_length,
     check_vision_sequence,
     replan,
+    uneven_blocks,
     vision_sequence,
 )
 
@@ -103,9 +104,9 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
             replan(check_fused, [captured], "--tp 1")
             replan(lambda layers: check_fused_fp8(layers, p.fp8), [captured], "--tp 1")
             if spec.parallelism.sequence_parallel:
-                replan(lambda tp: check_sequence_length(spec.model.seq_len // spec.parallelism.cp, tp), layer.tp,
-                       "--no-sequence-parallel")
-                replan(lambda tp: check_vision_sequence(vision, tp), layer.tp, "--no-sequence-parallel")
+                replan(lambda tp: check_sequence_length(spec.model.seq_len // p.cp, tp, uneven=uneven_blocks(profile)),
+                       layer.tp, "--no-sequence-parallel")
+                replan(lambda seq: check_vision_sequence(vision, seq), spec.model.seq_len, "--no-sequence-parallel")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an

@@ -49,17 +49,21 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # q|k|v and gate|up rows fused in one linear each, split by the model at the whole width's offsets (strided
     # shards: autopar.runtime.tp, a config of the attention's own: autopar.runtime.heads)
     "phi3": sp.MODELS["hf/phi-3-mini-4k-instruct"],
+    # an image encoder: its patches and [CLS] (17 tokens) in blocks of unequal length under SP (9 and 8 at tp 2)
+    "vit": sp.MODELS["hf/vit-base-patch16-224-in21k"],
 }
+SEQ_OF = {"vit": sp.SEQ_OF["hf/vit-base-patch16-224-in21k"]}
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
         | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
-        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}})  # the shapes each runs
+        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2", "tp2_sp", "pp2_1f1b"}})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
 REFUSED: dict[str, dict[str, str]] = {
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
     "bart": {"cp": "splits token ids"},
+    "vit": {"cp": "splits token ids"},  # pixels
 }
 
 
@@ -69,7 +73,7 @@ def profile(family: str):  # noqa: ANN201 - a ModelProfile (autopar.profile impo
     from autopar.capture import capture_model
 
     source, overrides = FAMILIES[family]
-    return capture_model(str(ROOT / source), overrides, seq_len=SEQ, dtype="fp32")
+    return capture_model(str(ROOT / source), overrides, seq_len=SEQ_OF.get(family, SEQ), dtype="fp32")
 
 
 def captured(family: str, raw: dict[str, Any]) -> list:
@@ -98,7 +102,7 @@ def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep:
     sizes = sizes or [base + (1 if c < extra else 0) for c in range(chunks)]
     stages = [c for c, size in enumerate(sizes) for _ in range(size)]
     return {"world_size": tp * pp * dp * cp,
-            "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ, "dtype": "fp32"},
+            "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ_OF.get(family, SEQ), "dtype": "fp32"},
             "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mb, "num_microbatches": m,
                             "zero_stage": zero, "recompute": recompute, "sequence_parallel": sp_,
                             "schedule": schedule, "virtual_stages": v, "offload_activations": False,
@@ -114,7 +118,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
         if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
-        if family in ("llama", "phi3"):  # tensor parallelism without SP: whole activations, the rotary table whole
+        if family in ("llama", "phi3", "vit"):  # tensor parallelism without SP: whole activations, the rotary table whole
             out["tp2"] = dict(tp=2)
         return out
     if world == 4:

@@ -23,26 +23,30 @@ def test_what_the_runtime_refuses_is_one_line_each(family: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,changes,feature,why", [
+@pytest.mark.parametrize("model,changes,seq,feature,why", [
     # fused q|k|v rows of grouped-query attention: q wider than k and v (Phi-3-medium's 40 and 10 heads)
-    ("hf/phi-3-mini-4k-instruct", {"num_key_value_heads": "2"}, "tp", "stacks q, k and v of unequal widths"),
-    ("hf/vit-base-patch16-224-in21k", {}, "sequence_parallel", "17 tokens"),  # patches and [CLS]
+    ("hf/phi-3-mini-4k-instruct", {"num_key_value_heads": "2"}, hf.SEQ, "tp", "stacks q, k and v of unequal widths"),
+    # the experts' token dispatch takes equal blocks (a dense model's layers take unequal ones: ViT's in hf_families)
+    ("hf/mixtral-8x7b-v0.1", {}, 15, "sequence_parallel", "(15 tokens) does not split into 2 equal blocks"),
+    # a vision tower's layers run on their own sequence (LLaVA's tiny CLIP: 2² patches and [CLS])
+    ("hf/llava-1.5-7b", {}, hf.SEQ, "sequence_parallel", "a sequence of their own (5 tokens"),
 ])
-def test_the_runtime_refuses_what_fails_in_the_ranks(model: str, changes: dict, feature: str, why: str) -> None:
+def test_the_runtime_refuses_what_fails_in_the_ranks(model: str, changes: dict, seq: int, feature: str,
+                                                      why: str) -> None:
     from autopar.capture import capture_model
     from autopar.runtime.support import unsupported
     from helpers import solved_plans as sp
 
     source, overrides = sp.MODELS[model]
-    profile = capture_model(str(ROOT / source), overrides | changes, seq_len=sp.SEQ_OF.get(model, hf.SEQ),
-                            dtype="fp32")
+    profile = capture_model(str(ROOT / source), overrides | changes, seq_len=seq, dtype="fp32")
     assert why in unsupported(profile).get(feature, ""), unsupported(profile)
 
 
-def test_sequence_parallelism_needs_equal_blocks() -> None:
+def test_sequence_parallelism_takes_unequal_blocks_where_the_layers_do() -> None:
     from autopar.errors import AutoparError
     from autopar.runtime.support import check_sequence_length
 
-    check_sequence_length(16, 2)
+    check_sequence_length(16, 2, uneven=False)
+    check_sequence_length(197, 2, uneven=True)
     with pytest.raises(AutoparError, match="does not split into 2 equal blocks"):
-        check_sequence_length(197, 2)
+        check_sequence_length(197, 2, uneven=False)
