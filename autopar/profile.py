@@ -222,6 +222,9 @@ class LayerProfile(_Frozen):
     attention_sinks: bool = Field(
         default=False, description="eager attention with learned per-head sink logits (GPT-OSS): fused where the "
                                    "engine's flash kernel takes sinks, else the unfused kernel")
+    pipeline_cut_after: bool = Field(
+        default=True, description="a pipeline may cut after this layer (False inside a vision tower whose features "
+                                  "the model collects by hooks on its layers: autopar.capture.towers)")
 
 
 class CaptureInfo(_Frozen):

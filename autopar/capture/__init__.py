@@ -23,6 +23,7 @@ from autopar.capture.measure import measure
 from autopar.capture.positions import check_positions
 from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_copies
 from autopar.capture.spec import ModelSpec
+from autopar.capture.towers import no_cut_after
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, traced_here
@@ -134,6 +135,8 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
                                           "block_id": block_ids.get(traced_name, traced_name)}))
     last = full[-1].model_copy(update={"cut_bytes_per_sample": 0, "cut_bytes_fixed": 0})
     full[-1] = last
+    for i in no_cut_after(model, [lp.name for lp in full]):
+        full[i] = full[i].model_copy(update={"pipeline_cut_after": False})
     profile = ModelProfile(
         name=spec.name, source=spec.source, model_kwargs=spec.kwargs, dtype=dtype, seq_len=seq,
         global_batch=spec.defaults.get("global_batch"),

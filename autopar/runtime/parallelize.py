@@ -86,6 +86,7 @@ from autopar.runtime.pp import (
     split_model,
 )
 from autopar.runtime.sequence import apply_hf_sequence, partial_over_tp, sum_over_tp, whole_norms
+from autopar.runtime.stages import record_last
 from autopar.runtime.tied import (
     TiedCopy,
     apply_tied_sync,
@@ -311,6 +312,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     for c, part in parts.items():
         apply_fp8(part, _layers_of(spec, c), p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
         _apply_tensor_parallel(part, _layers_of(spec, c), spec, meshes, tp_plans, loss_parallel=loss_parallel, hf=hf)
+        if hf and pipelined:
+            record_last(part)
     share_across_chunks(ties, parts)  # tensor parallelism gave each chunk of a tied weight its own parameter
     for c, part in parts.items():
         layers = _layers_of(spec, c)

@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from autopar.capture.towers import hooked_tower, inside
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment
 from autopar.runtime.flow import Flow, Source, trace_flow
@@ -99,6 +100,10 @@ class _StandIn(nn.Module):
         self._run = run
         self.path = path
         self.__dict__["_original"] = original  # not a child: its (meta) weights stay out of this chunk
+        if original is not None:  # what the model records of the layer's output: transformers' output capturing
+            for key, hook in original._forward_hooks.items():  # (LLaVA's hidden states of its vision tower)
+                if getattr(hook, "__module__", "").startswith("transformers."):
+                    self._forward_hooks[key] = hook
 
     def __getattr__(self, name: str) -> Any:
         """What the model's glue reads of the layer it stands in for (ViT's forward reads the dtype of
@@ -128,9 +133,9 @@ def split_modules(model: nn.Module, layers: tuple[LayerAssignment, ...] | list[L
     """This rank's chunk modules (``chunks``) of ``model`` (on meta), each the model with other chunks' layers
     standing in. ``inputs``: one micro-batch of the batch inputs (any device: only shapes are read);
     ``positions``: the tokens' positions when the plan splits sequences (context parallelism)."""
-    _check_hooked_features(model)
     units = [unit for layer in layers for unit in layer.units]
     chunk_of_unit = {unit: layer.stage for layer in layers for unit in layer.units}
+    _check_hooked_features(model, chunk_of_unit)
     meta_inputs = tuple(t.to("meta") for t in inputs)
     kwargs = {"positions": positions.to("meta")} if positions is not None else {}
     flow = trace_flow(model, units, meta_inputs, kwargs)
@@ -154,16 +159,29 @@ def split_modules(model: nn.Module, layers: tuple[LayerAssignment, ...] | list[L
     return out
 
 
-def _check_hooked_features(model: nn.Module) -> None:
+def _check_hooked_features(model: nn.Module, chunk_of_unit: dict[str, int]) -> None:
     """A vision-language model (LLaVA) takes its image features from a vision-tower layer's output that transformers
     collects with forward hooks on the tower's layers (``vision_feature_layer``), outside what crosses a cut: a
-    chunk where stand-ins replace some of the tower's layers collects too few (the search cannot yet keep the
-    tower on one chunk)."""
-    config = getattr(getattr(model, "hf", None), "config", None)
-    if getattr(config, "vision_feature_layer", None) is not None:
+    chunk where stand-ins replace some of the tower's layers collects too few, so one chunk holds the whole tower
+    (autopar.capture.towers; the search keeps its cuts clear of it)."""
+    tower = hooked_tower(model)
+    chunks = {chunk for unit, chunk in chunk_of_unit.items() if inside(tower, unit)}
+    if len(chunks) > 1:
         raise AutoparError(f"{type(model.hf).__name__} takes image features from a vision-tower layer that "
-                           "transformers collects by hooks (vision_feature_layer), which a pipeline cut inside the "
-                           "tower loses")
+                           f"transformers collects by hooks (vision_feature_layer): the plan cuts {tower} into "
+                           f"chunks {sorted(chunks)}, which loses them; re-plan (`autopar solve` keeps it on one "
+                           "chunk)")
+
+
+def record_last(tree: nn.Module) -> None:
+    """Move transformers' output-recording hooks (LLaVA's hidden states of its vision tower) after the runtime's own
+    forward hooks on every module: the flow's trace installed them before the plan's hooks (a layer at a lower tp
+    than its stage gathers its batch in one), so they would record what the model's code never sees."""
+    for module in tree.modules():
+        hooks = module._forward_hooks
+        recording = [key for key, hook in hooks.items() if getattr(hook, "__module__", "").startswith("transformers.")]
+        for key in recording:
+            hooks.move_to_end(key)
 
 
 def _check_order(flow: Flow, units: list[str]) -> None:

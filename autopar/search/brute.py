@@ -8,14 +8,15 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
+from autopar.search.cuts import forbidden_cuts
 from autopar.search.space import Pins, outer_choices, precision_groups
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.partition import chunk_blocks, interleaved_balance
 
 
-def compositions(n: int, parts: int):  # noqa: ANN201
-    """Every way to split n layers into ``parts`` non-empty contiguous chunks (as counts)."""
-    for cuts in itertools.combinations(range(1, n), parts - 1):
+def compositions(n: int, parts: int, forbidden: frozenset[int] = frozenset()):  # noqa: ANN201
+    """Every way to split n layers into ``parts`` non-empty contiguous chunks (as counts), no cut at ``forbidden``."""
+    for cuts in itertools.combinations([p for p in range(1, n) if p not in forbidden], parts - 1):
         bounds = (0, *cuts, n)
         yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
 
@@ -42,7 +43,7 @@ def choice_optimum(cost: CostModel, cfg: ParallelConfig, modes: tuple[str, ...],
     options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
     balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
     best: StepEstimate | None = None
-    for counts in compositions(len(layers), cfg.chunks):
+    for counts in compositions(len(layers), cfg.chunks, forbidden_cuts(layers)):
         if balance is not None:
             per_chunk = chunk_blocks(layers, counts)
             if min(per_chunk) < balance[0] or max(per_chunk) > balance[1]:

@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 
 from autopar.search.budget import Stop
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
-from autopar.search.cuts import Cut, canonical, interchangeable_chunks, segments, starts
+from autopar.search.cuts import Cut, canonical, forbidden_cuts, interchangeable_chunks, segments, starts
 from cost_models import CostModel, ParallelConfig
 from cost_models.composition import (
     LARGEST,
@@ -145,7 +145,9 @@ class InnerModel:
         self.model = model = cp_model.CpModel()
         self.algebra = CpAlgebra(model, tab.horizon)
         segs = segments(layers)
-        self.cuts = [Cut.fixed(model, 0, segs)] + [Cut.free(model, c, self.C, self.L, segs) for c in range(1, self.C)] + \
+        self.forbidden = forbidden_cuts(layers)
+        self.cuts = [Cut.fixed(model, 0, segs)] + \
+            [Cut.free(model, c, self.C, self.L, segs, self.forbidden) for c in range(1, self.C)] + \
             [Cut.fixed(model, self.L, segs)]
         for c in range(self.C):  # chunks are non-empty and in order
             model.add(self.cuts[c + 1].position >= self.cuts[c].position + 1)
@@ -224,6 +226,8 @@ class InnerModel:
     def break_symmetry(self) -> None:
         """Keep one plan of each set that differ only in how a device's interchangeable chunks share their
         blocks (cuts.interchangeable_chunks); not with ``fix``, whose cuts may be any of the set."""
+        if self.forbidden:  # chunks that trade sizes over a run of blocks might not keep clear of the forbidden cuts
+            return
         self.symmetric = interchangeable_chunks(segments(self.cost.model.layers), self.cfg.pp, self.C, self.L)
         size = [self.cuts[c + 1].position - self.cuts[c].position for c in range(self.C)]
         for a, b in self.symmetric:

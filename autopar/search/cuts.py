@@ -44,7 +44,8 @@ class Cut:
         return cls({}, {}, {}, segs, model.new_constant(position), position)
 
     @classmethod
-    def free(cls, model: cp_model.CpModel, c: int, chunks: int, n_layers: int, segs: list[Segment]) -> "Cut":
+    def free(cls, model: cp_model.CpModel, c: int, chunks: int, n_layers: int, segs: list[Segment],
+             forbidden: frozenset[int] = frozenset()) -> "Cut":
         chosen, offsets, nonzero = {}, {}, {}
         for g, seg in enumerate(segs):
             if seg.start + seg.length - 1 < c or seg.start > n_layers - chunks + c or seg.start == 0 and seg.length == 1:
@@ -59,6 +60,9 @@ class Cut:
         model.add_exactly_one(chosen.values())
         position = model.new_int_var(c, n_layers - chunks + c, f"cut_{c}")
         model.add(position == sum(segs[g].start * b for g, b in chosen.items()) + sum(offsets.values()))
+        for p in sorted(forbidden):  # (none left: an infeasible choice)
+            if c <= p <= n_layers - chunks + c:
+                model.add(position != p)
         return cls(chosen, offsets, nonzero, segs, position)
 
     def prefix(self, pref: list[int]) -> cp_model.LinearExprT:
@@ -118,6 +122,12 @@ def canonical(counts: Sequence[int], pairs: Sequence[tuple[int, int]]) -> tuple[
             if out[a] < out[b]:
                 out[a], out[b], changed = out[b], out[a], True
     return tuple(out)
+
+
+def forbidden_cuts(layers: Sequence) -> frozenset[int]:
+    """Cut positions p (after layer p − 1) no pipeline may take: after a layer whose ``pipeline_cut_after`` is False
+    (a vision tower that one chunk holds whole: autopar.capture.towers)."""
+    return frozenset(i + 1 for i, layer in enumerate(layers) if not getattr(layer, "pipeline_cut_after", True))
 
 
 def starts(counts: Sequence[int]) -> list[int]:

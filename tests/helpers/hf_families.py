@@ -51,12 +51,16 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "phi3": sp.MODELS["hf/phi-3-mini-4k-instruct"],
     # an image encoder: its patches and [CLS] (17 tokens) in blocks of unequal length under SP (9 and 8 at tp 2)
     "vit": sp.MODELS["hf/vit-base-patch16-224-in21k"],
+    # a vision tower inside a language model, its features collected by hooks on the tower's layers: one chunk holds
+    # the whole tower (the interleaved split cuts before it and after it)
+    "llava": sp.MODELS["hf/llava-1.5-7b"],
 }
 SEQ_OF = {"vit": sp.SEQ_OF["hf/vit-base-patch16-224-in21k"]}
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
         | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
-        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2", "tp2_sp", "pp2_1f1b"}})  # the shapes each runs
+        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2", "tp2_sp", "pp2_1f1b"},
+           "llava": {"tp2", "pp2_1f1b", "pp2_interleaved"}})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
@@ -64,6 +68,7 @@ REFUSED: dict[str, dict[str, str]] = {
     "t5": {"cp": "splits token ids"},  # an encoder-decoder
     "bart": {"cp": "splits token ids"},
     "vit": {"cp": "splits token ids"},  # pixels
+    "llava": {"cp": "splits token ids", "sequence_parallel": "a sequence of their own"},
 }
 
 
@@ -118,7 +123,9 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                "tp2_sp": dict(tp=2, sp_=True), "cp2": dict(cp=2)}
         if moe:  # the experts as grouped GEMMs: over ep, and at ep 1 each tp rank its tokens through all of them
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
-        if family in ("llama", "phi3", "vit"):  # tensor parallelism without SP: whole activations, the rotary table whole
+        if family == "llava":  # chunks of 1, 5 (the vision tower), 3 and 3 layers
+            out["pp2_interleaved"]["sizes"] = [1, 5, 3, 3]
+        if family in ("llama", "phi3", "vit", "llava"):  # tensor parallelism without SP: whole activations, the rotary table whole
             out["tp2"] = dict(tp=2)
         return out
     if world == 4:

@@ -29,7 +29,7 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
     ("hf/llama-3-8b", set()), ("hf/mistral-7b-v0.1", set()), ("hf/falcon-7b", set()), ("hf/mixtral-8x7b-v0.1", set()),
     ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set()),
     ("hf/roberta-base", set()), ("hf/phi-3-mini-4k-instruct", set()),
-    ("hf/llava-1.5-7b", {"pp", "sequence_parallel", "cp"})])
+    ("hf/llava-1.5-7b", {"sequence_parallel", "cp"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
     assert set(found) == expected, found
@@ -50,7 +50,8 @@ def test_a_free_solve_of_a_hugging_face_model_keeps_to_what_launch_runs() -> Non
 
 
 @pytest.mark.parametrize("model,pins,feature", [
-    ("hf/t5-base", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp"), ("hf/llava-1.5-7b", {"pp": 2}, "pp")])
+    ("hf/t5-base", {"cp": 2}, "cp"), ("encdec", {"cp": 2}, "cp"),
+    ("hf/llava-1.5-7b", {"tp": 2, "sequence_parallel": True}, "sequence_parallel")])
 def test_a_pin_the_runtime_refuses_is_one_line_and_launch_agrees(model: str, pins: dict, feature: str) -> None:
     reason = unsupported(sp.profile(model))[feature]
     gpus = 4 if "ep" in pins else 2
@@ -61,3 +62,20 @@ def test_a_pin_the_runtime_refuses_is_one_line_and_launch_agrees(model: str, pin
     refusal = sp.preflight(_solve(model, gpus=gpus, pins=Pins(**pins), engine="megatron"))
     assert isinstance(refusal, str), f"launch accepted a plan with {feature}"
     assert reason.split(";")[0].split(": re-plan")[0][:60] in refusal, (reason, refusal)
+
+
+def test_a_pipeline_keeps_a_hooked_vision_tower_on_one_chunk() -> None:
+    """LLaVA's image features are collected by hooks on its vision tower's layers (autopar.capture.towers): the
+    solver's cuts stay off the tower, launch runs the plan, and refuses one that cuts it."""
+    profile = sp.profile("hf/llava-1.5-7b")
+    tower = [i for i, lp in enumerate(profile.layers) if ".vision_tower." in lp.name]
+    assert [lp.pipeline_cut_after for lp in profile.layers[tower[0]:tower[-1] + 1]] == [False] * (len(tower) - 1) + [True]
+    for pins in (Pins(pp=2), Pins(pp=2, schedule="interleaved", virtual_stages=2)):
+        plan = _solve("hf/llava-1.5-7b", gpus=2, pins=pins)
+        stages = {layer["stage"] for layer in plan["layers"] if ".vision_tower." in layer["name"]}
+        assert len(stages) == 1, plan["layers"]
+        assert isinstance(sp.preflight(plan), tuple), sp.preflight(plan)
+    cut = dict(plan, layers=[dict(layer, stage=0 if i <= tower[0] else layer["stage"] if i > tower[-1] else 1)
+                             for i, layer in enumerate(plan["layers"])])
+    refusal = sp.preflight(cut)
+    assert isinstance(refusal, str) and "vision_feature_layer" in refusal and "\n" not in refusal, refusal
