@@ -13,7 +13,8 @@ predicted tokens/s per GPU, the error (predicted − published) / published, whe
 predicted peak memory per GPU (and the published one where the source gives it), ``comp/pub`` the predicted compute
 time alone over the published step time (above 1: compute alone is slower than the whole published step), and
 the largest terms of the predicted step (share of the step time: compute, expert dispatch ``ep``, pipeline bubble, ``dp`` gradient and
-ZeRO traffic, ...). Then the median |error| and the worst error, for every run and for the BF16 runs autopar
+ZeRO traffic, ...). Then the median |error| and the worst error, for the performance runs (a run whose source calls
+its throughput a sanity check is listed, marked †, and counted only in the last line), for the BF16 runs autopar
 expresses whole, the count that does not fit, and the Spearman rank correlation within each group of plans of one
 model from one source. Profiles are traced once per (model, sequence) and reused.
 """
@@ -74,7 +75,8 @@ def choices_of(run: published.PublishedRun, profile) -> dict:  # noqa: ANN001 - 
 def price(run: published.PublishedRun, folder: Path) -> dict:
     """One row: the run, what autopar predicts for it, or why it could not."""
     row = {"name": run.name, "model": run.model, "published": run.tokens_per_s_per_gpu, "precision": run.precision,
-           "moe": run.moe, "missing": list(run.unexpressed), "group": run.group, "published_gib": run.memory_gib}
+           "moe": run.moe, "missing": list(run.unexpressed), "group": run.group, "published_gib": run.memory_gib,
+           "sanity_check": run.sanity_check}
     profile = profile_of(run)
     try:
         plan = estimate(profile, gpus=run.gpus, gpus_per_node=8, global_batch_size=run.global_batch,
@@ -131,7 +133,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'#':>2} {'run':<66} {'prec':<5} {'pub tok/s':>9} {'pred':>8} {'error':>7} {'fits':>4} "
           f"{'GiB':>6} {'pub GiB':>7} {'comp/pub':>8}  largest terms of the predicted step")
     for i, r in enumerate(rows, 1):
-        flag = "*" if r["missing"] else " "
+        flag = "†" if r["sanity_check"] else "*" if r["missing"] else " "
         prec = "bf16" if r["precision"] == "bf16" else "FP8"
         head = f"{i:>2} {r['name'][:65]:<65}{flag} {prec:<5} {r['published']:>9,.0f}"
         if "error" in r:
@@ -165,12 +167,19 @@ def main() -> None:
         if r["missing"]:
             print(f"  {i:>2} {', '.join(r['missing'])}")
 
+    print("\n† the source calls its throughput a sanity check, not a performance result (listed, left out of the "
+          "figures below but the last):")
+    for i, r in enumerate(rows, 1):
+        if r["sanity_check"]:
+            print(f"  {i:>2} {r['sanity_check']}")
+
     print()
-    whole = [r for r in rows if not r["missing"] and r["precision"] == "bf16"]
-    for label, subset in (("all", rows), ("BF16", [r for r in rows if r["precision"] == "bf16"]),
-                          ("FP8", [r for r in rows if r["precision"] != "bf16"]),
-                          ("MoE", [r for r in rows if r["moe"]]), ("dense", [r for r in rows if not r["moe"]]),
-                          ("BF16 and nothing missing", whole)):
+    perf = [r for r in rows if not r["sanity_check"]]
+    whole = [r for r in perf if not r["missing"] and r["precision"] == "bf16"]
+    for label, subset in (("performance runs", perf), ("BF16", [r for r in perf if r["precision"] == "bf16"]),
+                          ("FP8", [r for r in perf if r["precision"] != "bf16"]),
+                          ("MoE", [r for r in perf if r["moe"]]), ("dense", [r for r in perf if not r["moe"]]),
+                          ("BF16 and nothing missing", whole), ("every row, sanity checks too", rows)):
         print(summary(label, subset))
 
     print("\nSpearman rank correlation of published and predicted tokens/s per GPU, plans of one model from one source:")

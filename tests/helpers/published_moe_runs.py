@@ -70,7 +70,9 @@ class PublishedRun:
     ``precision``: "bf16" or the FP8 recipe that ran; ``engine``: autopar's engine for the software that ran
     (cost_models/engines.py); ``tokens_per_s_per_gpu``: the published figure (or converted from ``published``,
     the figure as the source prints it); ``memory_gib``: the peak memory per GPU the source gives, if any;
-    ``group``: runs of one model from one source that a rank correlation compares."""
+    ``group``: runs of one model from one source that a rank correlation compares; ``sanity_check``: where the
+    source says its throughput is a sanity check, not a tuned performance result (listed, left out of the accuracy
+    figures: benchmarks/published.py)."""
 
     name: str
     model: str                       # examples/hf/<model>.json
@@ -104,6 +106,7 @@ class PublishedRun:
     memory_gib: float | None = None
     notes: tuple[str, ...] = ()      # what is inferred, and from where
     group: str | None = None
+    sanity_check: str = ""           # the source's own words that its throughput is not a performance result
 
     @property
     def moe(self) -> bool:
@@ -311,6 +314,8 @@ MEGATRON_BRIDGE_CARDS = [
         features=("TE CUDA graphs (moe_router, moe_preprocess)", "real data (RP2), natural routing"),
         missing=("dispatcher: HybridEP", "CUDA graphs"),
         notes=("the same layout as the performance recipe without forced balancing and without EP overlap",),
+        sanity_check="the card's summary: 'timing and throughput metrics from functional training items remain "
+                     "sanity checks rather than optimized performance results'",
         group="Qwen3-30B-A3B, 16 H100 (Megatron-Bridge)"),
     PublishedRun(
         "Qwen3-30B-A3B, 16 H100, EP16, alltoall (Bridge smoke run)", **Q30_16,
@@ -326,6 +331,7 @@ MEGATRON_BRIDGE_CARDS = [
         notes=("a five-step smoke run, permute fusion disabled (a Triton JIT issue); tokens/s converted from "
                "TFLOP/s with megatron_flops_per_token; 61.351 GB peak max allocated",
                "routing: the perf recipe's forced balancing assumed (the text does not say)"),
+        sanity_check="under the doc's heading 'Short-run H100 sanity check': 'use this as an availability caveat'",
         group="Qwen3-30B-A3B, 16 H100 (Megatron-Bridge)"),
     PublishedRun(
         "DeepSeek-V3, 1024 H100, TP2 PP8 VP4 EP64 (Bridge card)", model="deepseek-v3", seq=4096, gpus=1024,
@@ -357,6 +363,8 @@ MEGATRON_BRIDGE_CARDS = [
         missing=("DP overlap",),
         notes=("dispatcher: moe_token_dispatcher_type 'alltoall' (the recipe also names a flex backend, "
                "unused without the flex dispatcher)",),
+        sanity_check="the card's summary: 'this model has not been performance-tuned; reported timing and "
+                     "throughput metrics are sanity checks, not optimized performance results'",
     ),
     PublishedRun(
         "GPT-OSS-120B, 64 H100, TP2 PP4 EP16 (Bridge card, natural routing)", model="gpt-oss-120b", seq=4096,
@@ -370,6 +378,9 @@ MEGATRON_BRIDGE_CARDS = [
         features=("overlap_grad_reduce", "overlap_param_gather", "real data (RP2)"),
         missing=("DP overlap",),
         notes=("GBS 512 from the recipe, consistent with the card's step time and tokens/s",),
+        sanity_check="the card's summary: 'timing and throughput metrics from functional training items remain "
+                     "sanity checks rather than optimized performance results' (pretrain.H100 is such an item; "
+                     "only its GB200/GB300 performance items are tuned)",
         group="GPT-OSS-120B, 64 H100 (Megatron-Bridge)"),
 ]
 
