@@ -610,13 +610,17 @@ DEEPSEEK_REPORTS = [
         source=f"{DSV2}, §3.1.4 (Infrastructures: H800 nodes, 16-way zero-bubble PP, 8-way EP, ZeRO-1 DP, no TP) "
                "and 'Training and Inference Efficiency' (172.8K GPU hours per trillion tokens), §3.1.2 (sequence 4K, "
                "batch ramped 2304 → 9216)",
-        zero=1, dispatcher="custom all-to-all", routing="aux-loss",
+        zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"), dispatcher="custom all-to-all",
+        routing="aux-loss",
         features=("zero-bubble pipeline", "device-limited routing (3 devices)"),
         missing=("H800 (NVLink 400 GB/s variant)", "zero-bubble pipeline", "device-limited routing",
-                 "whole-run average"),
+                 "per-module recompute", "whole-run average"),
         notes=("the report does not give the GPU count: 1024 assumed (dp 64)", "a whole-run average",
                "micro-batch not stated: 1 assumed; batch: the final 9216; precision not stated: BF16 assumed "
-               "(FP8 training came with V3)", "engine: HAI-LLM priced as megatron")),
+               "(FP8 training came with V3)", "engine: HAI-LLM priced as megatron",
+               "recomputation not stated; the run fit in 80 GB, which without any it would not (123.6 GiB priced): "
+               "the RMSNorm and MLA up-projection recomputation the V3 report (§3.2.3) describes for the same "
+               "framework assumed (79.0 GiB priced)")),
 ]
 
 RUNS: list[PublishedRun] = [*MEGATRON_BRIDGE_CARDS, *MEGATRON_BRIDGE_SUMMARY, *MEGATRON_LM_RECIPES, *FLAGPERF_RUNS,
