@@ -59,8 +59,8 @@ SEQ_OF = {"vit": sp.SEQ_OF["hf/vit-base-patch16-224-in21k"]}
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
         | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
-        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2", "tp2_sp", "pp2_1f1b"},
-           "llava": {"tp2", "pp2_1f1b", "pp2_interleaved"}})  # the shapes each runs
+        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2_sp"},
+           "llava": {"pp2_1f1b", "pp2_interleaved"}})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
@@ -125,7 +125,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
             out |= {"ep2": dict(dp=2, ep=2), "tp2_sp_etp1": dict(tp=2, sp_=True, etp=1)}
         if family == "llava":  # chunks of 1, 5 (the vision tower), 3 and 3 layers
             out["pp2_interleaved"]["sizes"] = [1, 5, 3, 3]
-        if family in ("llama", "phi3", "vit", "llava"):  # tensor parallelism without SP: whole activations, the rotary table whole
+        if family in ("llama", "phi3"):  # tensor parallelism without SP: whole activations, the rotary table whole
             out["tp2"] = dict(tp=2)
         return out
     if world == 4:

@@ -31,6 +31,15 @@ def _solve_random(seed: int) -> SearchResult | None:
         return None
 
 
+def _assert_proven(result: SearchResult, reference, seed: int):  # noqa: ANN001, ANN202 - StepEstimates
+    """The solver proved its plan optimal, the plan fits, and brute force finds the same step time."""
+    assert result.status == "OPTIMAL", f"seed {seed}"
+    found = result.best[0].estimate
+    assert found.fits
+    assert found.step_time_s == pytest.approx(reference.step_time_s, rel=1e-5, abs=1e-6), f"seed {seed}"
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(8))
 def test_solver_equals_brute_force_on_random_instances(chunk: int) -> None:
@@ -47,10 +56,7 @@ def test_solver_equals_brute_force_on_random_instances(chunk: int) -> None:
             assert not result.best, f"seed {seed}: solver found a plan brute force says cannot fit"
             continue
         feasible += 1
-        assert result.status == "OPTIMAL", f"seed {seed}"
-        found = result.best[0].estimate
-        assert found.fits
-        assert found.step_time_s == pytest.approx(reference.step_time_s, rel=1e-5, abs=1e-6), f"seed {seed}"
+        _assert_proven(result, reference, seed)
     assert feasible >= 10  # the instances are not all trivially infeasible
 
 
@@ -196,9 +202,7 @@ def test_no_cut_after_a_layer_that_keeps_the_next_on_its_chunk() -> None:
             assert not found.best, f"seed {seed}"
             continue
         bitten += 1
-        assert found.status == "OPTIMAL", f"seed {seed}"
-        best = found.best[0].estimate
+        best = _assert_proven(found, reference, seed)
         assert cut not in _cut_positions(best.config.stage_layers), f"seed {seed}"
-        assert best.step_time_s == pytest.approx(reference.step_time_s, rel=1e-5, abs=1e-6), f"seed {seed}"
         assert best.step_time_s >= result.best[0].estimate.step_time_s * (1 - 1e-9)  # a constraint, not a gain
     assert bitten == 3
