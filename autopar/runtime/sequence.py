@@ -215,7 +215,9 @@ def _whole(group: dist.ProcessGroup, seq_len: int) -> Callable:
 
 
 def _is_activation(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point() and x.dim() >= 2
+    """A hidden state: (batch, sequence, width), or (tokens, width) flattened; not an image's (batch, channels, height,
+    width) pixels, whose channels a short sequence's block can equal (ViT's 3 at 5 tokens over tp 2)."""
+    return isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point() and 2 <= x.dim() <= 3
 
 
 def _sequence_dtensors(mesh: Any, seq_len: int) -> Callable:

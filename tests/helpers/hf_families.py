@@ -49,13 +49,15 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     # q|k|v and gate|up rows fused in one linear each, split by the model at the whole width's offsets (strided
     # shards: autopar.runtime.tp, a config of the attention's own: autopar.runtime.heads)
     "phi3": sp.MODELS["hf/phi-3-mini-4k-instruct"],
-    # an image encoder: its patches and [CLS] (17 tokens) in blocks of unequal length under SP (9 and 8 at tp 2)
-    "vit": sp.MODELS["hf/vit-base-patch16-224-in21k"],
+    # an image encoder: its patches and [CLS] (5 tokens) in blocks of unequal length under SP (3 and 2 at tp 2: the
+    # first as long as the pixels' channels, which stay whole)
+    "vit": (sp.MODELS["hf/vit-base-patch16-224-in21k"][0], {**sp.MODELS["hf/vit-base-patch16-224-in21k"][1],
+                                                           "patch_size": "16"}),
     # a vision tower inside a language model, its features collected by hooks on the tower's layers: one chunk holds
     # the whole tower (the interleaved split cuts before it and after it)
     "llava": sp.MODELS["hf/llava-1.5-7b"],
 }
-SEQ_OF = {"vit": sp.SEQ_OF["hf/vit-base-patch16-224-in21k"]}
+SEQ_OF = {"vit": (32 // 16) ** 2 + 1}
 MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
 ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
         | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
