@@ -20,16 +20,38 @@ from cost_models.model import LayerLike
 
 
 def stage_layer_counts(layers: Sequence[LayerLike], chunks: int) -> tuple[int, ...]:
-    """Layers per chunk, in order, summing to len(layers)."""
+    """Layers per chunk, in order, summing to len(layers), no cut after a layer one chunk holds with the next
+    (``off_held``)."""
     n = len(layers)
     blocks = [i for i, layer in enumerate(layers) if layer.kind == "block"]
     if len(blocks) < chunks or blocks != list(range(blocks[0], blocks[-1] + 1)):
-        return _even(n, chunks)
+        return off_held(layers, _even(n, chunks))
     per_chunk = _even(len(blocks), chunks)
     counts = list(per_chunk)
     counts[0] += blocks[0]                 # embedding and anything before the first block
     counts[-1] += n - 1 - blocks[-1]       # final norm, head, anything after the last block
-    return tuple(counts)
+    return off_held(layers, tuple(counts))
+
+
+def off_held(layers: Sequence[LayerLike], counts: tuple[int, ...]) -> tuple[int, ...]:
+    """``counts`` with each cut after a layer whose ``pipeline_cut_after`` is False (a vision tower one chunk holds
+    whole: autopar.capture.towers) moved to the next position allowed after the previous cut, else the last one
+    before it; unchanged where no such layout exists (the launcher refuses it)."""
+    n = len(layers)
+    allowed = [p for p in range(1, n) if getattr(layers[p - 1], "pipeline_cut_after", True)]
+    if len(allowed) == n - 1:
+        return counts
+    cuts, start = [], 0
+    for size in counts[:-1]:
+        start += size
+        prev = cuts[-1] if cuts else 0
+        later = [p for p in allowed if p >= start and p > prev]
+        earlier = [p for p in allowed if prev < p < start]
+        if not later and not earlier:
+            return counts
+        cuts.append(later[0] if later else earlier[-1])
+    bounds = [0, *cuts, n]
+    return tuple(b - a for a, b in zip(bounds, bounds[1:]))
 
 
 def chunk_blocks(layers: Sequence[LayerLike], counts: Sequence[int]) -> list[int]:

@@ -55,7 +55,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         parts["moe"] = _with_extra(parts["moe"], extra, experts)
     cut = cuts[layer.index] if layer.index < len(cuts) else (0.0, 0.0)
     inputs = layer_inputs(g, layer.index)
-    if pattern.plan == {"": "sequence_parallel"} and 2 * cut[0] <= inputs:
+    if pattern.plan == {"": "sequence_parallel"} and 0 < 4 * cut[0] <= inputs:
         pattern = TPPattern(reason="a norm whose output the model pools (a ViT's [CLS] token) runs on the whole "
                                    "sequence")
     return LayerProfile(

@@ -65,3 +65,18 @@ def test_breaking_symmetry_keeps_the_optimum() -> None:
         compared += 1
         recomputing += any(mode != "none" for mode in kept.layer_recompute)
     assert compared >= 6 and recomputing >= 3, (compared, recomputing)  # memory binds in most
+
+
+def test_the_default_split_keeps_off_layers_one_chunk_holds() -> None:
+    """Where no plan gives the layout (autopar estimate, the solver's first pass), the even split moves a cut that
+    falls inside a vision tower one chunk holds whole (LayerProfile.pipeline_cut_after) to the next allowed position."""
+    profile = random_profile(random.Random(0), n_blocks=8)
+    even = stage_layer_counts(profile.layers, 2)
+    held = {sum(even[:1]) - 2, sum(even[:1]) - 1}  # the layers before the even cut and the one before that
+    layers = [lp.model_copy(update={"pipeline_cut_after": False}) if i in held else lp
+              for i, lp in enumerate(profile.layers)]
+    counts = stage_layer_counts(layers, 2)
+    assert sum(counts) == len(layers) and all(counts)
+    assert counts[0] == even[0] + 1  # the cut moved past the held layers, to the first allowed position
+    every = [lp.model_copy(update={"pipeline_cut_after": False}) for lp in profile.layers]
+    assert stage_layer_counts(every, 2) == even  # no allowed layout: unchanged (the launcher refuses it)
