@@ -33,14 +33,20 @@ def stage_layer_counts(layers: Sequence[LayerLike], chunks: int) -> tuple[int, .
     return off_held(layers, tuple(counts))
 
 
+def forbidden_cuts(layers: Sequence[LayerLike]) -> frozenset[int]:
+    """Cut positions p (after layer p − 1) no pipeline may take: after a layer whose ``pipeline_cut_after`` is False
+    (a vision tower that one chunk holds whole: autopar.capture.towers)."""
+    return frozenset(i + 1 for i, layer in enumerate(layers) if not getattr(layer, "pipeline_cut_after", True))
+
+
 def off_held(layers: Sequence[LayerLike], counts: tuple[int, ...]) -> tuple[int, ...]:
     """``counts`` with each cut after a layer whose ``pipeline_cut_after`` is False (a vision tower one chunk holds
     whole: autopar.capture.towers) moved to the next position allowed after the previous cut, else the last one
     before it; unchanged where no such layout exists (the launcher refuses it)."""
-    n = len(layers)
-    allowed = [p for p in range(1, n) if getattr(layers[p - 1], "pipeline_cut_after", True)]
-    if len(allowed) == n - 1:
+    n, forbidden = len(layers), forbidden_cuts(layers)
+    if not forbidden:
         return counts
+    allowed = [p for p in range(1, n) if p not in forbidden]
     cuts, start = [], 0
     for size in counts[:-1]:
         start += size

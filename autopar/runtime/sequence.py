@@ -198,9 +198,7 @@ def _head_input(mesh: Any, seq_len: int) -> Callable:
             x = SplitSequence.apply(x, group)
         elif x.shape[1] != block_len:
             return None
-        shape = (x.shape[0], seq_len, *x.shape[2:])
-        return (DTensor.from_local(x, mesh, [Shard(1)], run_check=False, shape=shape,
-                                   stride=torch.empty(shape, device="meta").stride()),) + args[1:]
+        return (_sequence_sharded(x, mesh, seq_len),) + args[1:]
     return hook
 
 
@@ -212,6 +210,14 @@ def _whole(group: dist.ProcessGroup, seq_len: int) -> Callable:
             return None
         return (GatherSequence.apply(args[0], group, seq_len),) + args[1:]
     return hook
+
+
+def _sequence_sharded(x: torch.Tensor, mesh: Any, seq_len: int) -> DTensor:
+    """This rank's block of a (batch, sequence, ...) activation as a DTensor of the whole sequence's length (blocks of
+    unequal length: DTensor would take the local length times tp)."""
+    shape = (x.shape[0], seq_len, *x.shape[2:])
+    return DTensor.from_local(x, mesh, [Shard(1)], run_check=False, shape=shape,
+                              stride=torch.empty(shape, device="meta").stride())
 
 
 def _is_activation(x: Any) -> bool:
@@ -230,7 +236,7 @@ def _sequence_dtensors(mesh: Any, seq_len: int) -> Callable:
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
-        if not _is_activation(first) or first.dim() not in (2, 3):
+        if not _is_activation(first):
             return None
         if uneven and first.dim() == 2:
             raise AutoparError(f"{type(module).__name__} takes tokens flattened from sequence blocks of unequal "
@@ -242,9 +248,7 @@ def _sequence_dtensors(mesh: Any, seq_len: int) -> Callable:
             if _is_activation(t) and t.dim() == len(like) and t.shape[0] == like[0] and t.shape[1:] == like[1:]:
                 if t.dim() == 2:
                     return DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
-                shape = (t.shape[0], seq_len, *t.shape[2:])
-                return DTensor.from_local(t, mesh, [Shard(1)], run_check=False, shape=shape,
-                                          stride=torch.empty(shape, device="meta").stride())
+                return _sequence_sharded(t, mesh, seq_len)
             return t
         return tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}
     return hook

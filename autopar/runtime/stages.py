@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -100,10 +100,8 @@ class _StandIn(nn.Module):
         self._run = run
         self.path = path
         self.__dict__["_original"] = original  # not a child: its (meta) weights stay out of this chunk
-        if original is not None:  # what the model records of the layer's output: transformers' output capturing
-            for key, hook in original._forward_hooks.items():  # (LLaVA's hidden states of its vision tower)
-                if getattr(hook, "__module__", "").startswith("transformers."):
-                    self._forward_hooks[key] = hook
+        if original is not None:  # what the model records of the layer's output (``record_last``)
+            self._forward_hooks.update((key, hook) for key, hook in original._forward_hooks.items() if _recording(hook))
 
     def __getattr__(self, name: str) -> Any:
         """What the model's glue reads of the layer it stands in for (ViT's forward reads the dtype of
@@ -179,9 +177,13 @@ def record_last(tree: nn.Module) -> None:
     than its stage gathers its batch in one), so they would record what the model's code never sees."""
     for module in tree.modules():
         hooks = module._forward_hooks
-        recording = [key for key, hook in hooks.items() if getattr(hook, "__module__", "").startswith("transformers.")]
-        for key in recording:
+        for key in [key for key, hook in hooks.items() if _recording(hook)]:
             hooks.move_to_end(key)
+
+
+def _recording(hook: Callable) -> bool:
+    """transformers' output capturing (a forward hook of its own code): what the model records of a layer's output."""
+    return getattr(hook, "__module__", "").startswith("transformers.")
 
 
 def _check_order(flow: Flow, units: list[str]) -> None:

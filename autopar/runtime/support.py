@@ -44,14 +44,17 @@ def unsupported(profile: Any) -> dict[str, str]:
 
 
 def _pipeline(profile: Any, loaded: Any, model: Any) -> None:
-    """Two chunks at the cut nearest the middle (not inside a vision tower one chunk holds whole): the split needs only the top-level trace (or a Hugging Face model's layers
-    called in plan order), wherever the cut falls. On a copy: a Hugging Face split stands layers in for others."""
+    """Two chunks at the cut nearest the middle (not inside a vision tower one chunk holds whole): the split needs
+    only the top-level trace (or a Hugging Face model's layers called in plan order), wherever the cut falls. On a
+    copy: a Hugging Face split stands layers in for others."""
     import copy
 
     from autopar.plan import LayerAssignment
     from autopar.runtime.pp import split_model
+    from cost_models.partition import forbidden_cuts
 
-    allowed = [i for i in range(1, len(profile.layers)) if profile.layers[i - 1].pipeline_cut_after]
+    forbidden = forbidden_cuts(profile.layers)
+    allowed = [i for i in range(1, len(profile.layers)) if i not in forbidden]
     if not allowed:
         raise AutoparError("a model of one layer (or of layers one chunk holds whole) has no pipeline cut")
     half = min(allowed, key=lambda i: abs(i - len(profile.layers) // 2))

@@ -8,10 +8,9 @@ from dataclasses import replace
 
 from autopar.profile import ModelProfile
 from autopar.search.cpsat import MODES, block_degrees
-from autopar.search.cuts import forbidden_cuts
 from autopar.search.space import Pins, outer_choices, precision_groups
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
-from cost_models.partition import chunk_blocks, interleaved_balance
+from cost_models.partition import chunk_blocks, forbidden_cuts, interleaved_balance
 
 
 def compositions(n: int, parts: int, forbidden: frozenset[int] = frozenset()):  # noqa: ANN201

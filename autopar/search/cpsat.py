@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 
 from autopar.search.budget import Stop
 from autopar.search.cp_algebra import TIME_UNIT_S, CpAlgebra, Term
-from autopar.search.cuts import Cut, canonical, forbidden_cuts, interchangeable_chunks, segments, starts
+from autopar.search.cuts import Cut, canonical, interchangeable_chunks, segments, starts
 from cost_models import CostModel, ParallelConfig
 from cost_models.composition import (
     LARGEST,
@@ -35,7 +35,7 @@ from cost_models.composition import (
 )
 from cost_models.config import RECOMPUTE_MODES
 from cost_models.layer_cost import layer_largest, layer_row
-from cost_models.partition import interleaved_balance
+from cost_models.partition import forbidden_cuts, interleaved_balance
 
 MODES = RECOMPUTE_MODES  # from least to most recomputation
 # CP-SAT's workers per inner solve. Eight is CP-SAT's full portfolio (default, max and no LP, core-based, quick

@@ -124,12 +124,6 @@ def canonical(counts: Sequence[int], pairs: Sequence[tuple[int, int]]) -> tuple[
     return tuple(out)
 
 
-def forbidden_cuts(layers: Sequence) -> frozenset[int]:
-    """Cut positions p (after layer p − 1) no pipeline may take: after a layer whose ``pipeline_cut_after`` is False
-    (a vision tower that one chunk holds whole: autopar.capture.towers)."""
-    return frozenset(i + 1 for i, layer in enumerate(layers) if not getattr(layer, "pipeline_cut_after", True))
-
-
 def starts(counts: Sequence[int]) -> list[int]:
     """Cut positions (0, c₀, c₀ + c₁, …, L) of chunk sizes ``counts``."""
     out = [0]

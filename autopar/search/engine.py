@@ -31,7 +31,7 @@ from autopar.profile import ModelProfile
 from autopar.search.bound import LowerBound
 from autopar.search.budget import Budget
 from autopar.search.cpsat import CP_SAT_WORKERS, MODES, InnerResult, block_degrees, solve_inner
-from autopar.search.cuts import forbidden_cuts, starts
+from autopar.search.cuts import starts
 from autopar.search.explain import explain_no_configuration
 from autopar.search.guard import check_solution
 from autopar.search.space import (
@@ -44,7 +44,7 @@ from autopar.search.space import (
 )
 from cost_models import CostModel, HardwareProfile, ParallelConfig, StepEstimate
 from cost_models.composition import device_chunks
-from cost_models.partition import chunk_ranges, stage_layer_counts
+from cost_models.partition import chunk_ranges, forbidden_cuts, stage_layer_counts
 
 
 @dataclasses.dataclass
@@ -88,7 +88,7 @@ def _greedy_incumbent(state: "_Search", queue: "_Queue") -> Candidate | None:
         if best is not None and not bound.beats(cfg, best.estimate.step_time_s):
             continue
         counts = stage_layer_counts(cost.model.layers, cfg.chunks)
-        if set(starts(counts)) & forbidden_cuts(cost.model.layers):  # the even split cuts a tower one chunk holds
+        if set(starts(counts)) & forbidden_cuts(cost.model.layers):  # no split keeps off a tower one chunk holds
             continue
         for mode in modes:  # MODES run from least to most recomputation: the first that fits is the fastest
             per_layer = tuple(mode if lp.kind == "block" else "none" for lp in cost.model.layers)
