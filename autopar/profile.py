@@ -225,6 +225,10 @@ class LayerProfile(_Frozen):
     pipeline_cut_after: bool = Field(
         default=True, description="a pipeline may cut after this layer (False inside a vision tower whose features "
                                   "the model collects by hooks on its layers: autopar.capture.towers)")
+    own_sequence: bool = Field(
+        default=False, description="the layer runs on a sequence of its own (a vision tower and its projector), "
+                                   "whole on every rank under sequence and context parallelism (Megatron-LM's "
+                                   "LLaVA: autopar.capture.towers)")
 
 
 class CaptureInfo(_Frozen):

@@ -196,10 +196,11 @@ class CostModel:
         gpn = self.domain(cfg)
         b = cfg.micro_batch_size * t // cfg.tp
         autocast = self.autocast(cfg)
-        c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel, recompute=mode,
+        own = getattr(layer, "own_sequence", False)  # a vision tower: whole on every tp and cp rank (towers.py)
+        c = self.layer_cost(layer, b=b, tp=t, sequence_parallel=cfg.sequence_parallel and not own, recompute=mode,
                             tp_link=tp_link if t == cfg.tp else comm.group_link(self.hw, t, 1, gpn),
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
-                            cp=cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
+                            cp=1 if own else cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
                             tp_overlap=cfg.tp_comm_overlap, modules=cfg.recompute_modules,
                             fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None)
         if t != cfg.tp:
@@ -327,11 +328,14 @@ class CostModel:
         """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient
         backward). Megatron's scatter-gather: each tp rank sends 1/tp of a replicated activation, then
         all-gathers it over NVLink (Narayanan 2021 §4.1); under SP the activation is already split. A
-        context-parallel rank sends its 1/cp of the tokens."""
-        samples = cfg.micro_batch_size / cfg.cp if cfg.cp > 1 else cfg.micro_batch_size
-        nbytes = cut_bytes(self.model.layers[index], samples)  # type: ignore[arg-type]
+        context-parallel rank sends its 1/cp of the tokens; after a layer on a sequence of its own (a vision
+        tower's, autopar.capture.towers) every rank holds it whole."""
+        layer = self.model.layers[index]
+        own = getattr(layer, "own_sequence", False)
+        samples = cfg.micro_batch_size / cfg.cp if cfg.cp > 1 and not own else cfg.micro_batch_size
+        nbytes = cut_bytes(layer, samples)  # type: ignore[arg-type]
         t = comm.p2p_time(nbytes / cfg.tp, pp_link, self.hw)
-        if cfg.tp > 1 and not cfg.sequence_parallel:
+        if cfg.tp > 1 and (not cfg.sequence_parallel or own):
             t += comm.all_gather_time(nbytes, cfg.tp, tp_link, self.hw)
         return t
 

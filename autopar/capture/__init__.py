@@ -23,7 +23,7 @@ from autopar.capture.measure import measure
 from autopar.capture.positions import check_positions
 from autopar.capture.repeats import Reduced, Stack, expand, find_stacks, traced_copies
 from autopar.capture.spec import ModelSpec
-from autopar.capture.towers import no_cut_after
+from autopar.capture.towers import no_cut_after, own_sequence
 from autopar.capture.trace import DTYPES, TRACE_BATCH, TrainingForward, build_on_meta, trace_model
 from autopar.errors import AutoparError
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, traced_here
@@ -137,6 +137,8 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, stacks: list[Stack], seq: 
     full[-1] = last
     for i in no_cut_after(model, [lp.name for lp in full]):
         full[i] = full[i].model_copy(update={"pipeline_cut_after": False})
+    for i in own_sequence(model, [lp.name for lp in full]):
+        full[i] = full[i].model_copy(update={"own_sequence": True})
     profile = ModelProfile(
         name=spec.name, source=spec.source, model_kwargs=spec.kwargs, dtype=dtype, seq_len=seq,
         global_batch=spec.defaults.get("global_batch"),

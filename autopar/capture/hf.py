@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -216,6 +217,7 @@ class HFModel(nn.Module):
         super().__init__()
         self.hf = model
         self._names = tuple(n for n in input_names if n != "labels")
+        self._takes_positions = "position_ids" in inspect.signature(model.forward).parameters
 
     def position_rule(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """How the model derives position ids from whole sequences of token ids, for a model that counts them from
@@ -233,8 +235,10 @@ class HFModel(nn.Module):
         ``position_ids``; with an all-ones attention mask, else transformers would read the jumps between the
         chunks as packed sequences and mask attention between them."""
         named = dict(zip(self._names, inputs))
-        if positions is not None:
-            named.update(position_ids=positions, attention_mask=torch.ones_like(inputs[0]))
+        if positions is not None and self._takes_positions:
+            # the mask of the tokens the text layers run (a VLM's: cp splits after the merge); a model that takes no
+            # position ids (T5, BART) gets its positions from the runtime (autopar.runtime.hf_attention)
+            named.update(position_ids=positions, attention_mask=torch.ones_like(positions))
         meta = any(t.is_meta for t in inputs) and not torch.compiler.is_exporting()  # the runtime's meta checks
         with _value_checks_off(), _masks_as_at_run_time(meta), _experts_on_meta(meta):
             out = self.hf(**named)

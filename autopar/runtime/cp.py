@@ -152,14 +152,16 @@ class _MaskSpy(TorchFunctionMode):
 
 def check_model(model: nn.Module, example_inputs: Callable[[int, int], tuple], loss_fn: Callable[..., torch.Tensor],
                 cp: int) -> None:
-    """The model can run context-parallel: one token-id input, a forward taking ``positions``, and a loss that
-    the per-chunk composition reproduces (a next-token mean, as the examples' loss_fn)."""
+    """The model can run context-parallel: token-id inputs of one length (an encoder-decoder's two, split alike;
+    a vision-language model's ids beside its images: ``whole_inputs``), a forward taking ``positions``, and a loss
+    that the per-chunk composition reproduces (a next-token mean, as the examples' loss_fn)."""
     inputs = example_inputs(1, 4 * cp)
-    if len(inputs) != 1 or inputs[0].dtype not in (torch.int64, torch.int32):
+    ids = [t.dtype in (torch.int64, torch.int32) and t.shape == inputs[0].shape for t in inputs]
+    if not ids[0] or not (all(ids) or whole_inputs(model)):
         raise AutoparError(f"context parallelism splits token ids: this model takes {len(inputs)} input(s) of "
                            f"{', '.join(str(t.dtype) for t in inputs)}; re-plan with cp 1")
     check_positions(model)
-    check_loss(loss_fn, cp)
+    check_loss(loss_fn, cp, 1 if whole_inputs(model) else len(inputs))
 
 
 def check_positions(model: nn.Module) -> None:
@@ -185,28 +187,34 @@ def position_rule(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | 
     return rule() if rule is not None else None
 
 
-def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, vocab: int = 11, chunk: int = 3) -> bool:
+def check_loss(loss_fn: Callable[..., torch.Tensor], cp: int, inputs: int = 1, vocab: int = 11,
+               chunk: int = 3) -> bool:
     """The loss on random logits of a whole sequence against the mean over cp ranks of ``ContextParallel.loss``
     of their chunks: equal (1e-5) for a next-token loss averaged over tokens (False), or for a loss of each token
-    at its own position (True: a masked LM's, ``aligned``), else the runtime refuses."""
+    at its own position (True: a masked LM's, an encoder-decoder's over its decoder's tokens, ``aligned``), else
+    the runtime refuses. ``inputs``: the token-id inputs the model takes (split alike)."""
     gen = torch.Generator().manual_seed(0)
     seq = 2 * cp * chunk
-    tokens = torch.randint(0, vocab, (2, seq), generator=gen)
+    tokens = tuple(torch.randint(0, vocab, (2, seq), generator=gen) for _ in range(inputs))
     logits = torch.randn(2, seq, vocab, generator=gen)
+    failed: Exception | None = None
     for aligned in (False, True):
         try:
-            whole = float(loss_fn(logits, tokens))
+            whole = float(loss_fn(logits, *tokens))
             parts = []
             for rank in range(cp):
                 run = ContextParallel(cp, rank, None, loss_fn, aligned=aligned)
-                _, positions, targets = run.split((tokens,))
+                *_, positions, targets = run.split(tokens)
                 parts.append(float(run.loss(logits[:, positions[0]], targets)))
-        except Exception as e:  # the user's loss on tensors it did not expect
-            raise AutoparError(f"context parallelism: the model's loss_fn fails on logits and token ids "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-plan with "
-                               "cp 1") from None
+        except Exception as e:  # the user's loss on tensors it did not expect (or not in this composition)
+            failed = failed or e
+            continue
         if abs(sum(parts) / cp - whole) <= 1e-5 * max(1.0, abs(whole)):
             return aligned
+    if failed is not None:
+        raise AutoparError(f"context parallelism: the model's loss_fn fails on logits and token ids "
+                           f"({type(failed).__name__}: {str(failed).splitlines()[0] if str(failed) else ''}); "
+                           "re-plan with cp 1") from None
     raise AutoparError("context parallelism: the model's loss_fn is neither a next-token loss averaged over tokens "
                        "(loss_fn(logits, idx) predicting idx[:, 1:] from logits[:, :-1]) nor one of every token at "
                        "its own position (a masked LM's), which the split sequence reproduces chunk by chunk; "
@@ -227,16 +235,19 @@ class ContextParallel:
     # whole sequences' token ids -> their position ids, for a model that counts them from the ids (RoBERTa:
     # autopar.capture.hf.HFModel.position_rule); None: 0 .. S - 1
     positions_of: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # the model takes the whole inputs (a vision-language model's ids and images: ``whole_inputs``) and its text
+    # layers this rank's chunks of the merged embeddings (``apply_cp``)
+    whole: bool = False
 
     @property
     def chunks(self) -> tuple[int, int]:
         return self.rank, 2 * self.cp - 1 - self.rank
 
-    def split(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Whole sequences ``(B, T)`` -> this rank's tokens and their positions ``(B, T / cp)``, and its targets
-        ``(B, T / cp + 2)``: each chunk's tokens followed by the token after it (the sequence's last chunk: a
-        0 that no loss reads)."""
-        (tokens,) = batch
+    def split(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Whole sequences ``(B, T)`` -> the model's inputs (this rank's tokens; under ``whole`` every input
+        whole), the positions of this rank's tokens ``(B, T / cp)`` and its targets ``(B, T / cp + 2)``: each
+        chunk's tokens followed by the token after it (the sequence's last chunk: a 0 that no loss reads)."""
+        tokens = batch[0]
         size, seq = tokens.shape
         c = seq // (2 * self.cp)
         for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
@@ -244,17 +255,18 @@ class ContextParallel:
         index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
         whole = self.positions_of(tokens) if self.positions_of is not None else None
         positions = index.repeat(size, 1) if whole is None else whole[:, index].contiguous()
-        if self.aligned:  # each token is its own target
-            return tokens[:, index], positions, tokens[:, index]
+        inputs = tuple(batch) if self.whole else tuple(t[:, index] for t in batch)
+        if self.aligned:  # each token is its own target: (B, inputs, T / cp), every input's for the loss
+            return *inputs, positions, torch.stack([t[:, index] for t in batch[:1 if self.whole else None]], dim=1)
         padded = torch.cat([tokens, tokens.new_zeros(size, 1)], dim=1)
         targets = torch.cat([padded[:, j * c:(j + 1) * c + 1] for j in self.chunks], dim=1)
-        return tokens[:, index], positions, targets  # contiguous: the pipeline sends positions on
+        return *inputs, positions, targets  # contiguous: the pipeline sends positions on
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``cp`` x this rank's share of the sequence's mean loss (see the module docstring); an aligned loss:
         the mean over this rank's tokens, a cp-th of them all."""
         if self.aligned:
-            return self.loss_fn(output, targets)
+            return self.loss_fn(output, *targets.unbind(1))
         c = output.shape[1] // 2
         last = 2 * self.cp - 1
         total: torch.Tensor | float = 0.0
@@ -268,6 +280,11 @@ class ContextParallel:
                 padded = torch.cat([out, torch.zeros_like(out[:, :1])], dim=1)
                 total = total + self.loss_fn(padded, target) * c
         return total * (self.cp / (2 * self.cp * c - 1))  # type: ignore[return-value]
+
+    def local_positions(self, length: int) -> torch.Tensor:
+        """The sequence positions of this rank's ``length`` tokens (its two chunks, in order)."""
+        c = length // 2
+        return torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks])
 
     def causal_mask(self, queries: int, keys: int) -> Any:
         """Causal attention of the last ``queries`` positions of ``keys`` (PyTorch's CausalBias, lower right)."""
@@ -325,12 +342,57 @@ class ContextParallel:
         return torch.cat(outs, dim=-2)
 
 
-def apply_cp(model: nn.Module, layers: list[LayerAssignment], run: ContextParallel) -> None:
-    """Every layer's forward under ``run``'s attention (replaced on the instance, as autopar.runtime.ac does:
-    parameter names stay the user's). Before activation checkpointing wraps the same forward."""
-    from autopar.runtime.hf_attention import route
+def whole_inputs(model: nn.Module) -> bool:
+    """Whether cp splits ``model``'s sequence after its glue, not its token ids: a vision-language model merges
+    its image features into the text embeddings at the image tokens' places, so every cp rank runs the whole inputs
+    through the tower (on its own sequence: autopar.capture.towers) and the merge, and its text layers take the
+    rank's chunks of the merged embeddings, as Megatron-Core's LLaVA splits them after combining
+    (``_get_data_on_this_cp_rank``, megatron/core/models/multimodal/llava_model.py)."""
+    from autopar.capture.towers import text_model
 
+    return text_model(model) is not None
+
+
+def split_inputs(model: nn.Module) -> int:
+    """How many of the model's inputs cp splits: a Hugging Face model's token-id inputs (an encoder-decoder's
+    input and decoder ids), one where it splits after the glue (``whole_inputs``) or for a model file."""
+    names = getattr(model, "_names", None)
+    return 1 if names is None or whole_inputs(model) else len(names)
+
+
+def split_after_glue(model: nn.Module) -> bool:
+    """Under cp, a vision-language model's text model takes this rank's chunks of the merged embeddings (a pre-hook,
+    on the model before a pipeline's trace and its chunk copies, which keep it); whether ``model`` is one."""
+    from autopar.capture.towers import text_model
+
+    text = text_model(model)
+    if text is not None and not getattr(text, "_autopar_cp_local", False):
+        text.register_forward_pre_hook(_local_embeddings, with_kwargs=True)
+        text._autopar_cp_local = True
+    return text is not None
+
+
+def _local_embeddings(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+    """The text model's whole merged embeddings -> this rank's chunks, at the positions it was given."""
+    embeds, positions = kwargs.get("inputs_embeds"), kwargs.get("position_ids")
+    if embeds is None or positions is None or embeds.shape[1] == positions.shape[1]:
+        return None
+    index = positions[..., None].expand(-1, -1, embeds.shape[-1])
+    return args, {**kwargs, "inputs_embeds": embeds.gather(1, index)}
+
+
+def apply_cp(model: nn.Module, layers: list[LayerAssignment], run: ContextParallel,
+             own: frozenset[str] = frozenset()) -> None:
+    """Every layer's forward under ``run``'s attention (replaced on the instance, as autopar.runtime.ac does:
+    parameter names stay the user's). Before activation checkpointing wraps the same forward. ``own``: layers on a
+    sequence of their own (a vision tower's), which run whole (``split_after_glue`` split the text before)."""
+    from autopar.runtime.hf_attention import route, route_positions
+
+    if run.positions_of is None:  # else the model counts its positions from the whole ids
+        route_positions(model, run)
     for layer in layers:
+        if layer.name in own:
+            continue
         for unit in layer.units:
             module = model.get_submodule(unit)
             route(module, run)  # transformers' attention modules: their own kernels on the gathered keys

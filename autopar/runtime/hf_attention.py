@@ -17,6 +17,14 @@ changes name). ``autopar_cp`` then:
   start to the chunk's end, so a window's chunk reads at most window + chunk keys. The mask the model built for the
   local tokens (positions 0 .. T/cp - 1 of the split sequence, not the sequence's) is not used.
 
+An encoder-decoder runs the same way: its encoder's attention both ways over the gathered keys, its decoder's
+causal, its cross-attention over the encoder's gathered keys and values. T5 adds a position bias to the logits:
+the relative one its first layers compute (``compute_bias``, replaced on those modules by ``_global_bias``: the
+local queries' global positions against every key's) and zeros where a module has none (its cross-attention,
+built over the local keys: widened to the gathered ones); both go to the module's kernel with the chunk's mask
+(``_biased``). Learned absolute positions computed from the local length (BART's ``embed_positions``) take the
+local tokens' global positions (``route_positions``).
+
 The same keys and values all-gathered as the model-file path (Llama 3, arXiv:2407.21783 §3.3.2); only where the
 kernel is called differs, so every kernel transformers ships for a family runs its own arithmetic (sinks appended
 to each query row's logits, soft-capping before the mask) on exactly the keys one process would give it.
@@ -24,6 +32,7 @@ to each query row's logits, soft-capping before the mask) on exactly the keys on
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -34,6 +43,7 @@ from autopar.errors import AutoparError
 
 NAME = "autopar_cp"  # the attention implementation transformers looks up for a routed module
 _ROUTED = "_autopar_cp"  # module.__dict__: (the kernel it ran, whether it is eager, the ContextParallel)
+_POSITIONS = "_autopar_cp_positions"  # a position embedding's module.__dict__: the ContextParallel
 _KERNELS = ("eager", "sdpa")
 _EXTRAS = ("softcap", "s_aux")  # what a plain SDPA call never has
 _LAYER_TYPES = (None, "full_attention", "sliding_attention")
@@ -115,11 +125,44 @@ def route(root: nn.Module, run: Any) -> None:
             continue
         fn, eager = kernel(module)
         module.__dict__[_ROUTED] = (fn, eager, run)
+        if getattr(module, "has_relative_attention_bias", False):  # T5's first layers: the stack's position bias
+            module.compute_bias = functools.partial(_global_bias, module)
         if id(module.config) not in copies:
             config = copy.copy(module.config)
             config._attn_implementation_internal = NAME  # this module's lookup only: no sub-config to follow
             copies[id(module.config)] = config
         module.config = copies[id(module.config)]
+
+
+def route_positions(root: nn.Module, run: Any) -> None:
+    """Learned absolute position embeddings that count positions from the local length (BART's ``embed_positions``,
+    whose forward takes ``position_ids`` but is not given the model's) take the local tokens' global positions."""
+    for module in root.modules():
+        if isinstance(module, nn.Embedding) and "position_ids" in inspect.signature(module.forward).parameters:
+            module.__dict__[_POSITIONS] = run
+            if not getattr(module, "_autopar_positions", False):
+                module.register_forward_pre_hook(_global_positions, with_kwargs=True)
+                module._autopar_positions = True
+
+
+def _global_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    ids = args[0] if args else kwargs["input_ids"]
+    positions = module.__dict__[_POSITIONS].local_positions(ids.shape[1]).to(ids.device)
+    return args, {**kwargs, "position_ids": positions}
+
+
+def _global_bias(module: nn.Module, query_length: int, key_length: int, device: torch.device | None = None,
+                 past_seen_tokens: int = 0) -> torch.Tensor:
+    """T5's relative position bias (``T5Attention.compute_bias``: its buckets and table) of this rank's queries, at
+    their global positions, against every key of the sequence (``key_length`` local keys on each of cp ranks)."""
+    run = module.__dict__[_ROUTED][2]
+    device = device or module.relative_attention_bias.weight.device
+    queries = run.local_positions(query_length).to(device)[:, None]
+    keys = torch.arange(key_length * run.cp, device=device)[None, :]
+    buckets = module._relative_position_bucket(keys - queries, bidirectional=not module.is_decoder,
+                                               num_buckets=module.relative_attention_num_buckets,
+                                               max_distance=module.relative_attention_max_distance)
+    return module.relative_attention_bias(buckets).permute([2, 0, 1]).unsqueeze(0)
 
 
 def window_mask(first: int, start: int, end: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -135,10 +178,12 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
                attention_mask: torch.Tensor | None, sliding_window: int | None = None,
                **kwargs: Any) -> tuple[torch.Tensor, None]:
     fn, eager, run = module.__dict__[_ROUTED]
-    if sliding_window is not None and sliding_window >= query.shape[-2] * run.cp:
-        sliding_window = None  # a window as long as the sequence masks nothing: the plain causal kernel
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
+    if kwargs.get("position_bias") is not None:  # T5's
+        return _biased(module, fn, eager, run, query, key, value, causal, **kwargs)
+    if sliding_window is not None and sliding_window >= query.shape[-2] * run.cp:
+        sliding_window = None  # a window as long as the sequence masks nothing: the plain causal kernel
     if not eager and sliding_window is None and not any(kwargs.get(k) is not None for k in _EXTRAS):
         # no mask (the one the model built is the local tokens'): ContextParallel.attend answers its SDPA
         return fn(module, query, key, value, None, **kwargs)
@@ -153,9 +198,37 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
             first, end = j * c, (j + 1) * c
             start = 0 if sliding_window is None else max(0, first - sliding_window + 1)
             seen = window_mask(first, start, end, sliding_window, query.device)[None, None]
-            mask = seen if not eager else torch.zeros(seen.shape, dtype=query.dtype, device=query.device).masked_fill(
-                ~seen, torch.finfo(query.dtype).min)  # eager kernels add their mask to the logits
             out, _ = fn(module, query[..., half * c:(half + 1) * c, :], keys[..., start:end, :],
-                        values[..., start:end, :], mask, sliding_window=sliding_window, **kwargs)
+                        values[..., start:end, :], _mask(seen, eager, query.dtype), sliding_window=sliding_window,
+                        **kwargs)
             outs.append(out)  # (batch, queries, heads, head dim): the kernels' layout
+    return torch.cat(outs, dim=1), None
+
+
+def _mask(seen: torch.Tensor, eager: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the kernel takes it: as is for SDPA, additive (0 or the dtype's least) for eager kernels,
+    which add their mask to the logits."""
+    return seen if not eager else torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(
+        ~seen, torch.finfo(dtype).min)
+
+
+def _biased(module: nn.Module, fn: Callable[..., Any], eager: bool, run: Any, query: torch.Tensor, key: torch.Tensor,
+            value: torch.Tensor, causal: bool, position_bias: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A kernel taking a position bias (T5's) on the gathered keys: the bias over every key (zeros over the local
+    keys, an attention without relative positions, widened to all), whole for attention both ways, else per local
+    query chunk with its causal mask."""
+    keys, values = run.gather(key, value)
+    if position_bias.shape[-1] != keys.shape[-2]:
+        position_bias = position_bias.new_zeros(*position_bias.shape[:-1], keys.shape[-2])
+    with run.direct():
+        if not causal:
+            return fn(module, query, keys, values, None, position_bias=position_bias, **kwargs)[0], None
+        c = query.shape[-2] // 2
+        outs = []
+        for half, j in enumerate(run.chunks):
+            rows, end = slice(half * c, (half + 1) * c), (j + 1) * c
+            seen = window_mask(j * c, 0, end, None, query.device)[None, None]
+            out, _ = fn(module, query[..., rows, :], keys[..., :end, :], values[..., :end, :],
+                        _mask(seen, eager, query.dtype), position_bias=position_bias[..., rows, :end], **kwargs)
+            outs.append(out)
     return torch.cat(outs, dim=1), None

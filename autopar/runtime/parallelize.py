@@ -52,6 +52,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 from torch.nn.parallel import DistributedDataParallel
 
+from autopar.capture.towers import own_sequence
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.ac import apply_ac, apply_offload
@@ -62,6 +63,9 @@ from autopar.runtime.cp import (
     check_plan,
     check_positions,
     position_rule,
+    split_after_glue,
+    split_inputs,
+    whole_inputs,
 )
 from autopar.runtime.data_parallel import (
     apply_ddp,
@@ -182,9 +186,10 @@ class ParallelModel:
         losses: list[torch.Tensor] = []
         ctx = loss_parallel_context() if self.loss_parallel else contextlib.nullcontext()
         if self.cp is not None:
-            if len(local) != 1:
-                raise AutoparError("context parallelism runs models with one input tensor (token ids)")
-            local = self.cp.split(local)  # tokens, positions, targets
+            if not self.cp.whole and any(t.is_floating_point() or t.shape != local[0].shape for t in local):
+                raise AutoparError("context parallelism splits token ids: the model's inputs must all be token ids "
+                                   "of one shape")
+            local = self.cp.split(local)  # the model's inputs, positions, targets
         with ctx, self.autocast():
             if self.schedule is not None:
                 self._pipeline_step(local, losses)
@@ -220,12 +225,12 @@ class ParallelModel:
     def _loss(self, part: nn.Module, micro: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.cp is None:
             return self.loss_fn(part(*micro), *micro)
-        tokens, positions, targets = micro
-        return self.cp.loss(part(tokens, positions=positions), targets)
+        *inputs, positions, targets = micro
+        return self.cp.loss(part(*inputs, positions=positions), targets)
 
     def _pipeline_step(self, local: tuple[torch.Tensor, ...], losses: list[torch.Tensor]) -> None:
-        if self.cp is not None:  # the first stage takes tokens and positions, the loss the targets
-            local, target = local[:2], local[2]
+        if self.cp is not None:  # the first stage takes the inputs and positions, the loss the targets
+            local, target = local[:-1], local[-1]
         else:  # the loss reads its micro-batch's inputs by sample index (any number of inputs: PipelineInputs)
             target = self.pipeline_inputs.hold(local)
         if self.has_first and self.has_last:
@@ -296,6 +301,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         has_unused_parameters(model, example_inputs, loss_fn, spec.model.seq_len)
     pipelined = spec.num_chunks > 1
     hf = is_hf(model)  # its glue reads the whole sequence: autopar.runtime.sequence
+    own = own_layers(model, spec.layers)  # a vision tower's: whole under SP and cp (autopar.capture.towers)
     if hf and p.sequence_parallel:
         tp_plans = whole_norms(spec.layers, tp_plans)
     ties = tied_across_chunks(model, spec.layers) if pipelined else {}
@@ -311,7 +317,8 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     compute_dtype = COMPUTE_DTYPES.get(spec.model.dtype)
     for c, part in parts.items():
         apply_fp8(part, _layers_of(spec, c), p.fp8, fsdp_all_gather=fsdp_float8_all_gather(meshes.device, engines.fsdp))
-        _apply_tensor_parallel(part, _layers_of(spec, c), spec, meshes, tp_plans, loss_parallel=loss_parallel, hf=hf)
+        _apply_tensor_parallel(part, _layers_of(spec, c), spec, meshes, tp_plans, loss_parallel=loss_parallel, hf=hf,
+                               own=own)
         if hf and pipelined:
             record_last(part)
     share_across_chunks(ties, parts)  # tensor parallelism gave each chunk of a tied weight its own parameter
@@ -319,7 +326,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
         layers = _layers_of(spec, c)
         experts[c] = apply_ep(part, layers, spec, meshes) if meshes.experts is not None else []
         if cp is not None:
-            apply_cp(part, layers, cp)
+            apply_cp(part, layers, cp, own)
         apply_ac(part, layers)
         if p.offload_activations:
             apply_offload(part, pin_memory=meshes.device.type == "cuda")
@@ -334,7 +341,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     tied = apply_tied_sync(ties, parts, spec, fsdp=engines.fsdp)
     pairs: list[tuple[torch.Tensor, Any]] = []
     routed = {id(q) for modules in experts.values() for m in modules for q in m.parameters()}
-    tp_partial = partial_over_tp(parts, lambda c: _layers_of(spec, c), tp_plans, meshes, routed) \
+    tp_partial = partial_over_tp(parts, lambda c: _sequence_layers(spec, c, own), tp_plans, meshes, routed) \
         if hf and p.sequence_parallel else []
     for c, part in parts.items():
         if engines.manual_sync:
@@ -362,25 +369,40 @@ def _logits_glue(model: nn.Module) -> bool:
 
 
 def _apply_tensor_parallel(part: nn.Module, layers: list[LayerAssignment], spec: RunPlan, meshes: Meshes,
-                           tp_plans: dict[str, dict[str, str]], *, loss_parallel: bool, hf: bool) -> None:
+                           tp_plans: dict[str, dict[str, str]], *, loss_parallel: bool, hf: bool,
+                           own: frozenset[str] = frozenset()) -> None:
     """One chunk's tensor parallelism: the layers' styles, DeepSeek's latent projection, T5's per-head tables, a
-    Hugging Face model's sequence blocks, and the moves between per-layer degrees."""
+    Hugging Face model's sequence blocks (not on a vision tower's layers, ``own``), and the moves between per-layer
+    degrees."""
     p = spec.parallelism
     if any(layer.tp > 1 for layer in spec.layers):
         apply_tp(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
-                 loss_parallel=loss_parallel, whole_embeddings=hf)
+                 loss_parallel=loss_parallel, whole_embeddings=hf, own=own)
         apply_latent(part, layers, tp_plans, meshes, sequence_parallel=p.sequence_parallel,
                      seq_len=spec.model.seq_len // p.cp, resolve=resolve)
         if hf:
             apply_head_tables(part, layers, tp_plans, meshes, resolve=resolve)
         if hf and p.sequence_parallel:
-            apply_hf_sequence(part, layers, tp_plans, meshes, seq_len=spec.model.seq_len // p.cp, resolve=resolve)
+            apply_hf_sequence(part, [layer for layer in layers if layer.name not in own], tp_plans, meshes,
+                              seq_len=spec.model.seq_len // p.cp, resolve=resolve)
     if not spec.uniform_tp:
         apply_relayout(part, layers, p.tp, meshes.stage_group)
 
 
 def _layers_of(spec: RunPlan, chunk: int) -> list[LayerAssignment]:
     return spec.layers_of_chunk(chunk) if spec.num_chunks > 1 else list(spec.layers)
+
+
+def _sequence_layers(spec: RunPlan, chunk: int, own: frozenset[str]) -> list[LayerAssignment]:
+    """A chunk's layers on the model's sequence (not a vision tower's own: ``own_layers``)."""
+    return [layer for layer in _layers_of(spec, chunk) if layer.name not in own]
+
+
+def own_layers(model: nn.Module, layers: list[LayerAssignment]) -> frozenset[str]:
+    """The plan's layers on a sequence of their own (a vision tower and its projector: autopar.capture.towers),
+    which run whole on every rank under sequence and context parallelism."""
+    names = [layer.name for layer in layers]
+    return frozenset(names[i] for i in own_sequence(model, names))
 
 
 def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
@@ -390,7 +412,8 @@ def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
     Face model's look at what crosses each cut (autopar.runtime.stages)."""
     if spec.num_chunks == 1:
         return {0: model}
-    micro_batch = micro_batch_of(example_inputs, spec) if example_inputs is not None else None
+    micro_batch = micro_batch_of(example_inputs, spec, whole=whole_inputs(model)) \
+        if example_inputs is not None else None
     return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank),
                             positions=spec.parallelism.cp > 1, micro_batch=micro_batch))
 
@@ -401,9 +424,9 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
         return None
     check_plan(spec)
     check_positions(model)
-    aligned = check_loss(loss_fn, spec.parallelism.cp)
+    aligned = check_loss(loss_fn, spec.parallelism.cp, split_inputs(model))
     return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned,
-                           positions_of=position_rule(model))
+                           positions_of=position_rule(model), whole=split_after_glue(model))
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:

@@ -83,15 +83,18 @@ def is_hf(model: nn.Module) -> bool:
     return isinstance(model, HFModel)
 
 
-def micro_batch_of(example_inputs: Callable[[int, int], tuple], spec: RunPlan) -> tuple[torch.Tensor, ...]:
+def micro_batch_of(example_inputs: Callable[[int, int], tuple], spec: RunPlan,
+                   whole: bool = False) -> tuple[torch.Tensor, ...]:
     """One micro-batch as a pipeline's first stage receives it: the model file's inputs at the plan's micro-batch
-    size, each sequence's local ``seq_len / cp`` tokens and their positions under context parallelism."""
+    size, each sequence's local ``seq_len / cp`` tokens of each input (``whole``: every input whole, a vision-language model's:
+    autopar.runtime.cp.whole_inputs) and their positions under context parallelism."""
     p = spec.parallelism
     inputs = tuple(example_inputs(p.micro_batch_size, spec.model.seq_len))
     if p.cp == 1:
         return inputs
     local = spec.model.seq_len // p.cp
-    return (inputs[0][:, :local], torch.arange(local).expand(p.micro_batch_size, local))
+    split = inputs if whole else tuple(t[:, :local] for t in inputs)  # an encoder-decoder's ids split alike
+    return (*split, torch.arange(local).expand(p.micro_batch_size, local))
 
 
 def _split_traced(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks: list[int],
@@ -176,13 +179,15 @@ def check_launch(spec: RunPlan, source: str) -> None:
     if spec.num_chunks == 1:
         return
     from autopar.capture import load_spec
+    from autopar.runtime.cp import split_after_glue
     from autopar.runtime.init import build_meta
 
     loaded = load_spec(source, spec.model.overrides)
     model = build_meta(loaded.build)
+    whole = spec.parallelism.cp > 1 and split_after_glue(model)  # as the ranks trace it
     try:
         split_model(model, spec.layers, list(range(spec.num_chunks)), positions=spec.parallelism.cp > 1,
-                    micro_batch=micro_batch_of(loaded.example_inputs, spec))
+                    micro_batch=micro_batch_of(loaded.example_inputs, spec, whole=whole))
     except AutoparError as err:
         raise AutoparError(f"{err}; re-plan with --pp 1") from None
 

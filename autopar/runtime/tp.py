@@ -269,17 +269,20 @@ def resolve(model: nn.Module, layer: LayerAssignment, rel: str) -> str:
 
 
 def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, dict[str, str]], meshes: Meshes, *,
-             sequence_parallel: bool, loss_parallel: bool, whole_embeddings: bool = False) -> None:
+             sequence_parallel: bool, loss_parallel: bool, whole_embeddings: bool = False,
+             own: frozenset[str] = frozenset()) -> None:
     """Shard every layer with tp > 1 on its own (dp_l, tp_l) mesh's tp dimension; re-tie shared weights.
     ``whole_embeddings``: a Hugging Face model under sequence parallelism (autopar.runtime.sequence places its
-    sequence blocks; here the embeddings keep the whole sequence)."""
+    sequence blocks; here the embeddings keep the whole sequence). ``own``: layers on a sequence of their own (a
+    vision tower: autopar.capture.towers), tensor-parallel without sequence parallelism."""
     ties = _tied_parameters(model)
     last = layers[-1] if layers else None
     for layer in layers:
         if layer.tp == 1:
             continue
         shared = _SharedInput()
-        styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sequence_parallel,
+        sp = sequence_parallel and layer.name not in own
+        styles = layer_styles(model, layer, plans.get(layer.name, {}), sequence_parallel=sp,
                               loss_parallel=loss_parallel and layer is last, shared=shared,
                               whole_embeddings=whole_embeddings)
         if styles:
@@ -288,7 +291,7 @@ def apply_tp(model: nn.Module, layers: list[LayerAssignment], plans: dict[str, d
             for unit in layer.units:
                 module = model.get_submodule(unit)
                 module.forward = _clearing(module.forward, shared)  # type: ignore[method-assign]
-        if sequence_parallel and styles and not whole_embeddings:
+        if sp and styles and not whole_embeddings:
             for unit in layer.units:
                 model.get_submodule(unit).register_forward_pre_hook(
                     _sequence_sharded_inputs(meshes.layer_mesh(layer.tp)["tp"]))

@@ -28,10 +28,8 @@ from autopar.runtime.support import (
     check_fused_fp8,
     check_heads,
     check_sequence_length,
-    check_vision_sequence,
     replan,
     uneven_blocks,
-    vision_sequence,
 )
 
 
@@ -81,20 +79,14 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
     check_model_matches(spec, names)
     plans = {layer.name: dict(layer.tp.plan) for layer in profile.layers}
     p = spec.parallelism
-    hf_sp = p.sequence_parallel and Path(source).suffix == ".json"  # a vision tower's own sequence to check
-    model = None
-    if p.ep > 1 or hf_sp:  # the checks that read the model's modules: built on meta once
+    if p.ep > 1:  # the checks that read the model's modules: built on meta
         from autopar.capture import load_spec
-
-        model = init_mod.build_meta(load_spec(source, spec.model.overrides).build)
-    if p.ep > 1:
         from autopar.runtime.ep import check_experts
 
-        check_experts(spec, profile, model)
+        check_experts(spec, profile, init_mod.build_meta(load_spec(source, spec.model.overrides).build))
     if p.cp > 1:
         replan(check_attention, profile, "cp 1")
     by_name = {layer.name: layer for layer in profile.layers}
-    vision = vision_sequence(model) if hf_sp else None
     for layer in spec.layers:
         captured = by_name[layer.name]
         # the plan's entries whatever this plan's degree (a loaded model serves several plans)
@@ -106,7 +98,6 @@ def layer_plans(spec: RunPlan, source: str, profile: Any) -> tuple[list[str], di
             if spec.parallelism.sequence_parallel:
                 replan(lambda tp: check_sequence_length(spec.model.seq_len // p.cp, tp, uneven=uneven_blocks(profile)),
                        layer.tp, "--no-sequence-parallel")
-                replan(lambda seq: check_vision_sequence(vision, seq), spec.model.seq_len, "--no-sequence-parallel")
         if layer.tp == 1 or (captured.tp.plan and not any(d % layer.tp for d in captured.tp.divisors)):
             continue
         # no tensor-parallel pattern that fits its degree (a dropout, a rotary table, GPT-2's Conv1D blocks, an

@@ -29,6 +29,10 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3moe": sp.MODELS["hf/qwen3-30b-a3b"],
     "deepseek": sp.MODELS["hf/deepseek-v2-lite"],
     "t5": sp.MODELS["hf/t5-base"],
+    # the other transformers MoE families: OLMoE (q/k norms over the whole projection, 4 experts top-2 without
+    # renormalising), Phi-3.5-MoE (sparsemixer routing, biased attention and head, LayerNorm; jitter off)
+    "olmoe": ("tests/data/hf/olmoe-tiny.json", {}),
+    "phimoe": ("tests/data/hf/phimoe-tiny.json", {}),
     # tensor with sequence parallelism only: what each needed of autopar.runtime.sequence (docs/runtime.md)
     "gpt2": sp.MODELS["hf/gpt2"],  # Conv1D blocks and ln_f run whole, the head takes its block
     "bart": sp.MODELS["hf/bart-base"],  # final_logits_bias on whole logits
@@ -58,19 +62,17 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
     "llava": sp.MODELS["hf/llava-1.5-7b"],
 }
 SEQ_OF = {"vit": (32 // 16) ** 2 + 1}
-MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss"}
-ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "bart", "qwen15moe", "deepseek3")}
+MOE = {"mixtral", "qwen3moe", "deepseek", "qwen15moe", "deepseek3", "gptoss", "olmoe", "phimoe"}
+ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "qwen15moe", "deepseek3")}
         | {family: {"cp2"} for family in ("bert", "roberta", "falcon")}
-        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2_sp"},
-           "llava": {"pp2_1f1b", "pp2_interleaved"}})  # the shapes each runs
+        | {"phi3": {"tp2", "tp2_sp", "tp2_dp2_sp_zero3"}, "vit": {"tp2_sp"}, "bart": {"tp2_sp", "cp2"},
+           "olmoe": {"tp2_sp", "ep2"}, "phimoe": {"ep2", "tp2_sp_etp1"},  # every shape of both ran: docs/runtime.md
+           "llava": {"pp2_1f1b", "pp2_interleaved", "tp2_sp", "cp2", "pp2_tp2_sp", "cp2_tp2"}})  # the shapes each runs
 # family -> {feature: what the runtime's one line (autopar.runtime.support.unsupported, the solve's note) says}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
 REFUSED: dict[str, dict[str, str]] = {
-    "t5": {"cp": "splits token ids"},  # an encoder-decoder
-    "bart": {"cp": "splits token ids"},
-    "vit": {"cp": "splits token ids"},  # pixels
-    "llava": {"cp": "splits token ids", "sequence_parallel": "a sequence of their own"},
+    # ViT: none; its [CLS] + n² patches are never a multiple of 4 tokens, so the search has no cp to leave out
 }
 
 
@@ -149,6 +151,8 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
                     "pp2_interleaved_tp2_dp2_ep2": dict(pp=2, v=2, tp=2, dp=2, ep=2, etp=1, m=2, mb=1,
                                                         schedule="interleaved"),
                     "cp2_tp2_dp2_ep2_sp": dict(cp=2, tp=2, dp=2, ep=2, etp=1, sp_=True)}
+        if family == "llava":  # the interleaved chunks keep the vision tower on one (as on 2 ranks)
+            out["pp2_interleaved_tp2_dp2_sp"]["sizes"] = out["pp2_interleaved_tp2_cp2_sp"]["sizes"] = [1, 5, 3, 3]
         return out
     return {}
 

@@ -220,8 +220,9 @@ def cached_reference(cache: dict, loaded: LoadedModel, spec: RunPlan, cast: bool
     return cache[key]
 
 
-def dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def dtype_name(t: torch.Tensor | tuple) -> str:
+    """A tensor's dtype; a linear returning several (Phi-3.5-MoE's router: logits, weights, choices) its first's."""
+    return str((t[0] if isinstance(t, tuple) else t).dtype).removeprefix("torch.")
 
 
 def gathered_weights(pm) -> dict[str, torch.Tensor]:

@@ -66,9 +66,30 @@ def test_a_loss_of_each_token_at_its_own_position_is_aligned(loss) -> None:
     for rank in range(2):
         run = ContextParallel(2, rank, None, loss, aligned=True)
         local, positions, targets = run.split((tokens,))
-        assert torch.equal(targets, local)  # each token its own target
+        assert torch.equal(targets[:, 0], local)  # each token its own target
         parts.append(float(run.loss(logits[:, positions[0]], targets)))
     assert sum(parts) / 2 == pytest.approx(float(loss(logits, tokens)), abs=1e-6)
+
+
+def test_an_encoder_decoders_loss_reads_both_inputs_split_alike() -> None:
+    """An encoder-decoder takes its input and decoder ids, split into the same chunks; its loss (every decoder token
+    at its own position, transformers' seq2seq one) gets both, and the chunks' losses average to the sequence's."""
+    def loss(logits, idx, decoder_idx):  # noqa: ANN001, ANN202
+        return F.cross_entropy(logits.flatten(0, 1), decoder_idx.flatten())
+
+    assert check_loss(loss, 2, inputs=2) is True
+    gen = torch.Generator().manual_seed(3)
+    ids, decoder = torch.randint(0, 7, (2, 8), generator=gen), torch.randint(0, 7, (2, 8), generator=gen)
+    logits = torch.randn(2, 8, 7, generator=gen)
+    parts = []
+    for rank in range(2):
+        run = ContextParallel(2, rank, None, loss, aligned=True)
+        local_ids, local_decoder, positions, targets = run.split((ids, decoder))
+        assert torch.equal(local_ids, ids[:, positions[0]]) and torch.equal(local_decoder, decoder[:, positions[0]])
+        parts.append(float(run.loss(logits[:, positions[0]], targets)))
+    assert sum(parts) / 2 == pytest.approx(float(loss(logits, ids, decoder)), abs=1e-6)
+    with pytest.raises(AutoparError, match="loss_fn fails on logits and token ids"):
+        check_loss(loss, 2)  # given one input it cannot run in either composition
 
 
 @pytest.mark.parametrize("loss", [

@@ -1,6 +1,7 @@
 """Hugging Face models train under every plan like one process: transformers' own classes (Llama, Qwen3, Gemma-2/3,
-OLMo-2, Mixtral, Qwen3-MoE, DeepSeek-V2 with MLA and MoE, GPT-OSS with sinks and biased experts, T5; GPT-2, BART,
-Qwen1.5-MoE and DeepSeek-V3 under tensor with sequence parallelism only, BERT, RoBERTa and Falcon under cp only: ``hf_families.ONLY``) at a tiny shape
+OLMo-2, Mixtral, Qwen3-MoE, DeepSeek-V2 with MLA and MoE, GPT-OSS with sinks and biased experts, T5; GPT-2,
+Qwen1.5-MoE and DeepSeek-V3 under tensor with sequence parallelism only, BART under that and cp, BERT, RoBERTa and
+Falcon under cp only, ViT under SP, LLaVA under pipelines, SP and cp: ``hf_families.ONLY``) at a tiny shape
 (tests/helpers/hf_families.py), under
 pipelines (1F1B and interleaved: autopar.runtime.stages), tensor with sequence parallelism (autopar.runtime.sequence),
 context parallelism, expert parallelism of the MoE blocks as grouped GEMMs (autopar.runtime.hf_experts), and their

@@ -172,3 +172,24 @@ def test_estimate_cp_errors_are_one_line(args, expected):
     assert result.exit_code == 2
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_a_layer_on_a_sequence_of_its_own_runs_whole_on_every_rank(llama):
+    """A vision tower's layer (LayerProfile.own_sequence: LLaVA's CLIP and projector) runs without sequence and
+    context parallelism, as Megatron-LM's LLaVA runs them: under tp 2, cp 2 and SP its cost at micro-batch 2 is the
+    same layer's at cp 1 without SP (every cp rank runs every sample's tower), while an ordinary block's is not."""
+    i = next(k for k, lp in enumerate(llama.layers) if lp.kind == "block")
+    marked = llama.model_copy(update={"layers": [lp.model_copy(update={"own_sequence": k == i})
+                                                 for k, lp in enumerate(llama.layers)]})
+    base = dict(tp=2, pp=1, micro_batch_size=2, num_microbatches=1, recompute="none")
+    split = ParallelConfig(dp=1, cp=2, sequence_parallel=True, **base)
+    whole = ParallelConfig(dp=2, cp=1, sequence_parallel=False, **base)
+    cost = CostModel(marked, H100)
+    link = cost.links(split)[0]
+    tower, plain = cost.option_run_cost(split, link, i, "none", 2), cost.option_run_cost(whole, link, i, "none", 2)
+    for record, field in (("compute", "fwd_s"), ("compute", "bwd_s"), ("traffic", "tp_fwd_s"), ("held", "kept_bytes")):
+        assert getattr(getattr(tower, record), field) == pytest.approx(getattr(getattr(plain, record), field),
+                                                                       rel=1e-12), field
+    assert tower.traffic.cp_fwd_s == 0
+    ordinary = CostModel(llama, H100).option_run_cost(split, link, i, "none", 2)
+    assert ordinary.compute.fwd_s < 0.75 * tower.compute.fwd_s and ordinary.traffic.cp_fwd_s > 0

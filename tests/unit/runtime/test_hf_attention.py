@@ -53,7 +53,7 @@ def test_routed_attention_equals_the_models_own(group, family: str, kernel: str)
     with torch.no_grad():
         whole = model(tokens)
     run = ContextParallel(1, 0, group, spec.loss_fn)
-    layers = [type("Layer", (), {"units": (name,)}) for name, _ in model.hf.model.layers.named_children()]
+    layers = [type("Layer", (), {"name": name, "units": (name,)}) for name, _ in model.hf.model.layers.named_children()]
     apply_cp(model.hf.model.layers, layers, run)
     modules = attention_modules(model)
     assert modules and all(m.config._attn_implementation == "autopar_cp" for m in modules)
@@ -127,7 +127,7 @@ def test_falcons_local_causal_mask_is_replaced_by_the_sequences(group) -> None: 
         whole = model(tokens)
     run = cp.ContextParallel(1, 0, group, spec.loss_fn)
     blocks = model.hf.transformer.h
-    cp.apply_cp(blocks, [type("Layer", (), {"units": (name,)}) for name, _ in blocks.named_children()], run)
+    cp.apply_cp(blocks, [type("Layer", (), {"name": name, "units": (name,)}) for name, _ in blocks.named_children()], run)
     seen = []
     original = cp.local_causal
     try:
@@ -191,3 +191,33 @@ def test_robertas_chunks_take_the_positions_the_whole_sequence_counts() -> None:
         seen[:, index] = positions
     assert torch.equal(seen, whole) and seen[0, 2] == model.hf.config.pad_token_id
     assert load_spec(str(hf.ROOT / hf.FAMILIES["llama"][0]), hf.FAMILIES["llama"][1]).build().position_rule() is None
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_encoder_decoders_positions_are_the_chunks_global_ones(rank: int) -> None:
+    """Under cp 2 a rank's tokens are chunks 0 and 3 (or 1 and 2) of four: T5's relative position bias of its queries
+    (``_global_bias``, encoder both ways and decoder causal buckets) is the rows of T5's own bias over the whole
+    sequence at those positions, and BART's learned position embedding (``route_positions``) the rows of the whole
+    sequence's; the trains-like-one-process check of both at cp 2: tests/integration/test_hf_plans.py."""
+    from autopar.capture import load_spec
+    from autopar.runtime.cp import ContextParallel
+    from autopar.runtime.hf_attention import _ROUTED, _global_bias, route_positions
+
+    run = ContextParallel(2, rank, None, lambda *a: None)
+    local = run.local_positions(hf.SEQ // 2)
+    assert sorted(local.tolist()) == sorted(set(local.tolist())) and len(local) == hf.SEQ // 2
+    t5 = load_spec(str(hf.ROOT / hf.FAMILIES["t5"][0]), hf.FAMILIES["t5"][1]).build()
+    biased = [m for m in t5.modules() if getattr(m, "has_relative_attention_bias", False)]
+    assert {m.is_decoder for m in biased} == {False, True}  # the encoder's and the decoder's first layers
+    for module in biased:
+        module.__dict__[_ROUTED] = (None, False, run)
+        whole = module.compute_bias(hf.SEQ, hf.SEQ)
+        torch.testing.assert_close(_global_bias(module, hf.SEQ // 2, hf.SEQ // 2), whole[:, :, local], rtol=0, atol=0)
+    bart = load_spec(str(hf.ROOT / hf.FAMILIES["bart"][0]), hf.FAMILIES["bart"][1]).build()
+    ids = torch.zeros(2, hf.SEQ, dtype=torch.long)
+    tables = [m for m in bart.modules() if type(m).__name__.endswith("LearnedPositionalEmbedding")]
+    wholes = [table(ids) for table in tables]
+    route_positions(bart, run)
+    for table, whole in zip(tables, wholes):
+        torch.testing.assert_close(table(ids[:, :hf.SEQ // 2]).expand(2, -1, -1), whole.expand(2, -1, -1)[:, local])
+    assert len(tables) == 2  # the encoder's and the decoder's

@@ -28,8 +28,6 @@ def test_what_the_runtime_refuses_is_one_line_each(family: str) -> None:
     ("hf/phi-3-mini-4k-instruct", {"num_key_value_heads": "2"}, hf.SEQ, "tp", "stacks q, k and v of unequal widths"),
     # the experts' token dispatch takes equal blocks (a dense model's layers take unequal ones: ViT's in hf_families)
     ("hf/mixtral-8x7b-v0.1", {}, 15, "sequence_parallel", "(15 tokens) does not split into 2 equal blocks"),
-    # a vision tower's layers run on their own sequence (LLaVA's tiny CLIP: 2² patches and [CLS])
-    ("hf/llava-1.5-7b", {}, hf.SEQ, "sequence_parallel", "a sequence of their own (5 tokens"),
 ])
 def test_the_runtime_refuses_what_fails_in_the_ranks(model: str, changes: dict, seq: int, feature: str,
                                                       why: str) -> None:
