@@ -177,7 +177,8 @@ class CostModel:
         fp8 = self.fp8_layers(cfg)
         for i, mode, t in entries:
             layer = self.model.layers[i]
-            key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting, fp8[i])
+            key = (layer.block_id, mode if layer.kind == "block" else "none", t, setting, fp8[i],
+                   getattr(layer, "own_sequence", False))
             if key in self._full_cache:
                 out.append(self._full_cache[key])
                 continue
@@ -415,7 +416,9 @@ class CostModel:
                              virtual_stages=cfg.virtual_stages)
         replicas = cfg.grad_replicas * cfg.num_microbatches  # each layer cost is one tp group's (1/cp of a sample)
         executed = replicas * sum(c.compute.executed_flops for c in costs)
-        model_flops = replicas * sum(c.compute.model_flops for c in costs)
+        # a layer on a sequence of its own (a vision tower) runs whole on each cp rank: its useful work once
+        model_flops = replicas * sum(c.compute.model_flops / (cfg.cp if getattr(layer, "own_sequence", False) else 1)
+                                     for c, layer in zip(costs, model.layers))
         return StepEstimate(config=cfg, hardware=hw.name, precision=cfg.recipe(model.dtype), step_time_s=step["step"],
                             breakdown_s=breakdown(devices, step, pipe, cfg.num_microbatches), pipeline=pipe,
                             devices=devices, executed_flops=executed, model_flops=model_flops,

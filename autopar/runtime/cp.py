@@ -172,6 +172,9 @@ def check_positions(model: nn.Module) -> None:
     from autopar.runtime.hf_attention import forward_reads
 
     if position_rule(model) is not None:
+        if not getattr(model, "_takes_positions", True):  # M2M100's: counted from the ids, and no way to pass them
+            raise AutoparError(f"context parallelism: {type(model).__name__} counts positions from the token ids "
+                               "and takes no position_ids to be given the sequence's; re-plan with cp 1")
         return  # each chunk takes its slice of the positions the model counts over the whole sequence
     for module in model.modules():  # RoBERTa's: padding_idx + 1 + the count of non-padding tokens before it
         if forward_reads(module, "create_position_ids_from_input_ids"):

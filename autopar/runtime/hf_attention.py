@@ -146,8 +146,9 @@ def route_positions(root: nn.Module, run: Any) -> None:
 
 
 def _global_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-    ids = args[0] if args else kwargs["input_ids"]
-    positions = module.__dict__[_POSITIONS].local_positions(ids.shape[1]).to(ids.device)
+    first = args[0] if args else next(iter(kwargs.values()))  # ids (BART), or their shape (Marian's sinusoids)
+    length = first[1] if isinstance(first, torch.Size) else first.shape[1]
+    positions = module.__dict__[_POSITIONS].local_positions(length).to(module.weight.device)
     return args, {**kwargs, "position_ids": positions}
 
 

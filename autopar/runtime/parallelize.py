@@ -308,7 +308,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     canonical = aliases(model)
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
         meshes.experts = expert_mesh(spec, meshes.device)
-    cp = context_parallel(model, spec, meshes, loss_fn)
+    cp = context_parallel(model, spec, meshes, loss_fn, example_inputs)
     parts = apply_pp(model, spec, meshes, example_inputs)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
@@ -418,13 +418,18 @@ def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
                             positions=spec.parallelism.cp > 1, micro_batch=micro_batch))
 
 
-def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: LossFn) -> ContextParallel | None:
-    """This rank's context-parallel group and split (autopar.runtime.cp), when the plan has cp > 1."""
+def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: LossFn,
+                     example_inputs: Callable[[int, int], tuple] | None = None) -> ContextParallel | None:
+    """This rank's context-parallel group and split (autopar.runtime.cp), when the plan has cp > 1. The loss is
+    checked on as many token-id inputs as the model file's example has (the ones the split takes), as
+    ``cp.check_model`` did before launch."""
     if spec.parallelism.cp == 1:
         return None
     check_plan(spec)
     check_positions(model)
-    aligned = check_loss(loss_fn, spec.parallelism.cp, split_inputs(model))
+    inputs = split_inputs(model) if example_inputs is None or whole_inputs(model) else \
+        len(example_inputs(1, 4 * spec.parallelism.cp))
+    aligned = check_loss(loss_fn, spec.parallelism.cp, inputs)
     return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned,
                            positions_of=position_rule(model), whole=split_after_glue(model))
 

@@ -161,7 +161,7 @@ def _context(profile: Any, loaded: Any, model: Any) -> None:
 
     if not any(pair.kind == "attention" for layer in profile.layers for pair in layer.tp.pairs):
         return  # the search gives such a model cp 1 anyway (autopar.search.space.cp_degrees)
-    if profile.seq_len % 4:
+    if profile.seq_len % 2 or profile.seq_len < 4:
         return  # no cp splits this sequence in 2 cp chunks (ViT's 197 tokens): the search has only cp 1 to try
     check_attention(profile)
     check_model(model, loaded.example_inputs, loaded.loss_fn, 2)

@@ -42,7 +42,8 @@ SOLVES = {
 }
 # what `autopar solve` refuses to plan for autopar's runtime, and why (the runtime cannot run it; one line): a free
 # solve leaves the feature out (autopar.search.runnable_pins), a pin on it is this error
-REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism splits token ids"}
+REFUSED = {("encdec", "cp2"): "autopar launch cannot run it on this model (context parallelism: EncoderDecoder.forward "
+                              "must take `positions`"}
 
 
 def _variant(model: str, world: int, label: str) -> sp.Variant:

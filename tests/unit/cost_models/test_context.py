@@ -193,3 +193,9 @@ def test_a_layer_on_a_sequence_of_its_own_runs_whole_on_every_rank(llama):
     assert tower.traffic.cp_fwd_s == 0
     ordinary = CostModel(llama, H100).option_run_cost(split, link, i, "none", 2)
     assert ordinary.compute.fwd_s < 0.75 * tower.compute.fwd_s and ordinary.traffic.cp_fwd_s > 0
+    # the step's useful work counts the tower once per sample, not once per cp rank: the same model FLOPs as the
+    # unmarked model's, though each cp rank executes the tower's whole
+    step = ParallelConfig(dp=1, cp=2, sequence_parallel=True, **{**base, "num_microbatches": 2})
+    marked_step, plain_step = cost.evaluate(step), CostModel(llama, H100).evaluate(step)
+    assert marked_step.model_flops == pytest.approx(plain_step.model_flops, rel=1e-9)
+    assert marked_step.executed_flops > plain_step.executed_flops

@@ -221,3 +221,34 @@ def test_an_encoder_decoders_positions_are_the_chunks_global_ones(rank: int) -> 
     for table, whole in zip(tables, wholes):
         torch.testing.assert_close(table(ids[:, :hf.SEQ // 2]).expand(2, -1, -1), whole.expand(2, -1, -1)[:, local])
     assert len(tables) == 2  # the encoder's and the decoder's
+
+
+def test_positions_a_chunk_cannot_be_given_are_refused_or_taken_from_the_shape() -> None:
+    """Marian's sinusoidal table takes the ids' shape, not the ids: its rows under cp 2 are the whole sequence's at the
+    rank's positions. A model that counts positions from its ids (M2M100) but takes no position ids to be given
+    the sequence's is refused in one line."""
+    import torch.nn as nn
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from autopar.errors import AutoparError
+    from autopar.runtime.cp import ContextParallel, check_positions
+    from autopar.runtime.hf_attention import route_positions
+
+    run = ContextParallel(2, 1, None, lambda *a: None)
+    table = MarianSinusoidalPositionalEmbedding(hf.SEQ, 8)
+    whole = table(torch.Size([2, hf.SEQ]))
+    route_positions(table, run)
+    torch.testing.assert_close(table(torch.Size([2, hf.SEQ // 2])), whole[run.local_positions(hf.SEQ // 2)])
+
+    class CountsFromIds(nn.Module):
+        _takes_positions = False
+
+        def position_rule(self):  # noqa: ANN202
+            return lambda ids: ids.cumsum(1)
+
+        def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+            return ids
+
+    with pytest.raises(AutoparError, match="takes no position_ids") as err:
+        check_positions(CountsFromIds())
+    assert "\n" not in str(err.value)
