@@ -23,9 +23,11 @@ from autopar.search.engine import Candidate, SearchResult, search
 from autopar.search.explain import Elsewhere, explain_infeasible
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
+from autopar.search.why import expert_note
 from cost_models import CostModel, HardwareProfile
 from cost_models.config import Pins, flag
 from cost_models.engines import DEFAULT_ENGINE, load_engine
+from cost_models.estimate import StepEstimate
 from cost_models.hardware import DEFAULT_HARDWARE
 from cost_models.rules import model_experts
 
@@ -98,13 +100,23 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     if result.first_plan_s is not None:
         parts.append(("the search until its first plan", result.first_plan_s - sum(t for _, t in parts)))
     notes = [*limits, *budget_notes(budget, parts, regret and spreads[0].regret_s is None)]
+
+    def at_ep(ep: int) -> StepEstimate | None:  # the best plan with the experts at ep (why.expert_note)
+        found = search(profile, hw, gpus=gpus, gpus_per_node=min(domain, gpus), global_batch_size=batch,
+                       pins=dataclasses.replace(pins, ep=ep), allow_cross_node_tp=allow_cross_node_tp, top_k=1,
+                       threads=threads, budget=budget)
+        return found.best[0].estimate if found.best else None
+
+    unused = expert_note(profile, result.best[0].estimate, min(domain, gpus), at_ep) \
+        if given.ep is None and pins.ep is None and not robust else None
     plans = []
     for rank, (cand, spread) in enumerate(zip(result.best, spreads), start=1):
         estimate = CostModel(profile, hw).evaluate(cand.config) if robust else cand.estimate
         plan = plan_of(profile, estimate, hw, gpus_per_node=node, hardware_name=str(hardware_file or gpu),
                        solver=solver_info(result, cand, rank, budget), engine=engine, uncertainty=spread,
                        gpus_per_domain=domain)
-        plans.append(plan.model_copy(update={"notes": [*plan.notes, *notes]}) if notes else plan)
+        extra = [*notes, *([unused] if unused and rank == 1 else [])]
+        plans.append(plan.model_copy(update={"notes": [*plan.notes, *extra]}) if extra else plan)
     return plans
 
 
