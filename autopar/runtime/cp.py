@@ -157,11 +157,12 @@ def check_model(model: nn.Module, example_inputs: Callable[[int, int], tuple], l
     that the per-chunk composition reproduces (a next-token mean, as the examples' loss_fn)."""
     inputs = example_inputs(1, 4 * cp)
     ids = [t.dtype in (torch.int64, torch.int32) and t.shape == inputs[0].shape for t in inputs]
-    if not ids[0] or not (all(ids) or whole_inputs(model)):
+    whole = whole_inputs(model)
+    if not ids[0] or not (all(ids) or whole):
         raise AutoparError(f"context parallelism splits token ids: this model takes {len(inputs)} input(s) of "
                            f"{', '.join(str(t.dtype) for t in inputs)}; re-plan with cp 1")
     check_positions(model)
-    check_loss(loss_fn, cp, 1 if whole_inputs(model) else len(inputs))
+    check_loss(loss_fn, cp, 1 if whole else len(inputs))
 
 
 def check_positions(model: nn.Module) -> None:
@@ -255,7 +256,7 @@ class ContextParallel:
         c = seq // (2 * self.cp)
         for j in self.chunks:  # made here, not under selective recomputation (which cannot make a CausalBias)
             self.causal_mask(c, (j + 1) * c)
-        index = torch.cat([torch.arange(j * c, (j + 1) * c) for j in self.chunks]).to(tokens.device)
+        index = self.local_positions(2 * c).to(tokens.device)
         whole = self.positions_of(tokens) if self.positions_of is not None else None
         positions = index.repeat(size, 1) if whole is None else whole[:, index].contiguous()
         inputs = tuple(batch) if self.whole else tuple(t[:, index] for t in batch)
@@ -354,13 +355,6 @@ def whole_inputs(model: nn.Module) -> bool:
     from autopar.capture.towers import text_model
 
     return text_model(model) is not None
-
-
-def split_inputs(model: nn.Module) -> int:
-    """How many of the model's inputs cp splits: a Hugging Face model's token-id inputs (an encoder-decoder's
-    input and decoder ids), one where it splits after the glue (``whole_inputs``) or for a model file."""
-    names = getattr(model, "_names", None)
-    return 1 if names is None or whole_inputs(model) else len(names)
 
 
 def split_after_glue(model: nn.Module) -> bool:

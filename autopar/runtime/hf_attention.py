@@ -192,16 +192,26 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         raise AutoparError(f"context parallelism: {type(module).__name__} attends both ways with a mask or an eager "
                            "kernel; re-plan with cp 1")
     keys, values = run.gather(key, value)
+    return _per_chunk(module, fn, eager, run, query, keys, values, sliding_window, sliding_window=sliding_window,
+                      **kwargs)
+
+
+def _per_chunk(module: nn.Module, fn: Callable[..., Any], eager: bool, run: Any, query: torch.Tensor,
+               keys: torch.Tensor, values: torch.Tensor, window: int | None, bias: torch.Tensor | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The module's kernel once per local query chunk against the gathered keys it may see (from the window's start
+    to the chunk's end), with the mask of the chunk's global positions and its rows of a position ``bias``."""
     c = query.shape[-2] // 2
     outs = []
     with run.direct():  # the kernel's own SDPA call, with the mask built here, is not ContextParallel.attend's
         for half, j in enumerate(run.chunks):
-            first, end = j * c, (j + 1) * c
-            start = 0 if sliding_window is None else max(0, first - sliding_window + 1)
-            seen = window_mask(first, start, end, sliding_window, query.device)[None, None]
-            out, _ = fn(module, query[..., half * c:(half + 1) * c, :], keys[..., start:end, :],
-                        values[..., start:end, :], _mask(seen, eager, query.dtype), sliding_window=sliding_window,
-                        **kwargs)
+            rows, first, end = slice(half * c, (half + 1) * c), j * c, (j + 1) * c
+            start = 0 if window is None else max(0, first - window + 1)
+            seen = window_mask(first, start, end, window, query.device)[None, None]
+            if bias is not None:
+                kwargs["position_bias"] = bias[..., rows, start:end]
+            out, _ = fn(module, query[..., rows, :], keys[..., start:end, :], values[..., start:end, :],
+                        _mask(seen, eager, query.dtype), **kwargs)
             outs.append(out)  # (batch, queries, heads, head dim): the kernels' layout
     return torch.cat(outs, dim=1), None
 
@@ -221,15 +231,7 @@ def _biased(module: nn.Module, fn: Callable[..., Any], eager: bool, run: Any, qu
     keys, values = run.gather(key, value)
     if position_bias.shape[-1] != keys.shape[-2]:
         position_bias = position_bias.new_zeros(*position_bias.shape[:-1], keys.shape[-2])
-    with run.direct():
-        if not causal:
+    if not causal:
+        with run.direct():
             return fn(module, query, keys, values, None, position_bias=position_bias, **kwargs)[0], None
-        c = query.shape[-2] // 2
-        outs = []
-        for half, j in enumerate(run.chunks):
-            rows, end = slice(half * c, (half + 1) * c), (j + 1) * c
-            seen = window_mask(j * c, 0, end, None, query.device)[None, None]
-            out, _ = fn(module, query[..., rows, :], keys[..., :end, :], values[..., :end, :],
-                        _mask(seen, eager, query.dtype), position_bias=position_bias[..., rows, :end], **kwargs)
-            outs.append(out)
-    return torch.cat(outs, dim=1), None
+    return _per_chunk(module, fn, eager, run, query, keys, values, None, position_bias, **kwargs)

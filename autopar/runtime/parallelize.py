@@ -64,8 +64,6 @@ from autopar.runtime.cp import (
     check_positions,
     position_rule,
     split_after_glue,
-    split_inputs,
-    whole_inputs,
 )
 from autopar.runtime.data_parallel import (
     apply_ddp,
@@ -309,7 +307,7 @@ def parallelize(model: nn.Module, spec: RunPlan, meshes: Meshes, *, tp_plans: di
     if meshes.experts is None and routes_experts(model, spec):  # ep 1 under TP: experts over etp
         meshes.experts = expert_mesh(spec, meshes.device)
     cp = context_parallel(model, spec, meshes, loss_fn, example_inputs)
-    parts = apply_pp(model, spec, meshes, example_inputs)
+    parts = apply_pp(model, spec, meshes, example_inputs, whole=cp is not None and cp.whole)
     experts: dict[int, list[nn.Module]] = {}
     # loss_parallel needs the LM head's vocab shards to reach the loss: uniform degrees, a sharded head
     loss_parallel = loss_parallel and spec.uniform_tp and spec.layers[-1].tp > 1 and not pipelined and \
@@ -406,14 +404,14 @@ def own_layers(model: nn.Module, layers: list[LayerAssignment]) -> frozenset[str
 
 
 def apply_pp(model: nn.Module, spec: RunPlan, meshes: Meshes,
-             example_inputs: Callable[[int, int], tuple] | None = None) -> dict[int, nn.Module]:
+             example_inputs: Callable[[int, int], tuple] | None = None, whole: bool = False) -> dict[int, nn.Module]:
     """This rank's pipeline chunks (the whole model when the plan has one chunk); under context parallelism
     every chunk that needs them takes the tokens' positions. ``example_inputs``: the model file's, for a Hugging
-    Face model's look at what crosses each cut (autopar.runtime.stages)."""
+    Face model's look at what crosses each cut (autopar.runtime.stages); ``whole``: cp splits after the model's glue
+    (``ContextParallel.whole``), so the first stage takes every input whole."""
     if spec.num_chunks == 1:
         return {0: model}
-    micro_batch = micro_batch_of(example_inputs, spec, whole=whole_inputs(model)) \
-        if example_inputs is not None else None
+    micro_batch = micro_batch_of(example_inputs, spec, whole=whole) if example_inputs is not None else None
     return dict(split_model(model, spec.layers, spec.chunks_of_rank(meshes.pp_rank),
                             positions=spec.parallelism.cp > 1, micro_batch=micro_batch))
 
@@ -427,11 +425,16 @@ def context_parallel(model: nn.Module, spec: RunPlan, meshes: Meshes, loss_fn: L
         return None
     check_plan(spec)
     check_positions(model)
-    inputs = split_inputs(model) if example_inputs is None or whole_inputs(model) else \
-        len(example_inputs(1, 4 * spec.parallelism.cp))
+    whole = split_after_glue(model)
+    if whole:  # the token ids alone are split (a vision-language model's)
+        inputs = 1
+    elif example_inputs is not None:
+        inputs = len(example_inputs(1, 4 * spec.parallelism.cp))
+    else:  # a Hugging Face model's input names (autopar.capture.hf.HFModel), one for a model file
+        inputs = max(1, len(getattr(model, "_names", ())))
     aligned = check_loss(loss_fn, spec.parallelism.cp, inputs)
     return ContextParallel(spec.parallelism.cp, meshes.cp_rank, meshes.cp_group, loss_fn, aligned=aligned,
-                           positions_of=position_rule(model), whole=split_after_glue(model))
+                           positions_of=position_rule(model), whole=whole)
 
 
 def materialize(parts: list[nn.Module], device: torch.device, init: Callable[[list[nn.Module]], None]) -> None:

@@ -80,10 +80,10 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     worst = next(c.hw for c in corners if c.name == "all slow")
 
     def run(h: HardwareProfile, share: Budget, top: int = 1, report: Callable | None = None,
-            must_find: bool = False) -> SearchResult:
-        return search(profile, h, gpus=gpus, gpus_per_node=min(domain, gpus), global_batch_size=batch, pins=pins,
-                      allow_cross_node_tp=allow_cross_node_tp, top_k=top, threads=threads, progress=report,
-                      budget=share, must_find=must_find)
+            must_find: bool = False, fixed: Pins | None = None) -> SearchResult:
+        return search(profile, h, gpus=gpus, gpus_per_node=min(domain, gpus), global_batch_size=batch,
+                      pins=fixed or pins, allow_cross_node_tp=allow_cross_node_tp, top_k=top, threads=threads,
+                      progress=report, budget=share, must_find=must_find)
 
     with catch_ctrl_c(budget.stop):  # the search and the regret's; what follows ends at the first Ctrl-C
         result = run(worst if robust else hw, budget, k, progress, must_find=True)
@@ -102,9 +102,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     notes = [*limits, *budget_notes(budget, parts, regret and spreads[0].regret_s is None)]
 
     def at_ep(ep: int) -> StepEstimate | None:  # the best plan with the experts at ep (why.expert_note)
-        found = search(profile, hw, gpus=gpus, gpus_per_node=min(domain, gpus), global_batch_size=batch,
-                       pins=dataclasses.replace(pins, ep=ep), allow_cross_node_tp=allow_cross_node_tp, top_k=1,
-                       threads=threads, budget=budget)
+        found = run(hw, budget, fixed=dataclasses.replace(pins, ep=ep))
         return found.best[0].estimate if found.best else None
 
     unused = expert_note(profile, result.best[0].estimate, min(domain, gpus), at_ep) \
