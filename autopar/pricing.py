@@ -28,6 +28,7 @@ from autopar.plan import (
 )
 from autopar.profile import ModelProfile
 from cost_models import ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
+from cost_models.compiled import uncompiled_blocks
 from cost_models.engines import DEFAULT_ENGINE, FP8_RUNNERS, load_engine
 from cost_models.fp8 import check_recipe, fp8_blocks
 from cost_models.hardware import GIB
@@ -152,6 +153,9 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
                      "a higher --zero-stage or a smaller --micro-batch-size")
     elif hw.memory_bytes - est.peak_memory_bytes < THIN_MARGIN * hw.memory_bytes:
         notes.append(thin_margin(est.peak_memory_bytes, hw.memory_bytes))
+    if cfg.compile and (eager := uncompiled_blocks(profile.layers)):
+        notes.append(f"compile: {eager} blocks of this profile were captured before autopar measured their fused "
+                     "traffic, so they are priced as eager; capture the model again to price torch.compile")
     prediction = Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
         peak_memory_gib=est.peak_memory_bytes / GIB, memory_capacity_gib=hw.memory_bytes / GIB, fits=est.fits,

@@ -191,6 +191,11 @@ class LayerProfile(_Frozen):
     fwd_heavy_bytes_fixed: float = 0.0
     fwd_heavy_bytes_by_kernel: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="the heavy bytes by kernel (gelu_tanh, layer_norm, ...): per sample, fixed")
+    fwd_fused_memory_bytes_per_sample: float | None = Field(
+        default=None, description="the memory-bound bytes with each run of element-wise ops between two GEMMs fused "
+                                  "into one pass, as torch.compile runs them (capture/fusion.py; None: a profile "
+                                  "captured before this was measured)")
+    fwd_fused_memory_bytes_fixed: float = 0.0
     saved_bytes_per_sample: int = Field(description="activation bytes autograd saves for backward")
     saved_bytes_fixed: int = 0
     autocast_saved_bytes_per_sample: int | None = Field(

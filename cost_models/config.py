@@ -94,6 +94,10 @@ class ParallelConfig:
                                      records=(LAYER, STEP), searched=False)
     fp8_bf16_blocks: int = decision(1, help="blocks at each end of the model kept in bf16 under --fp8 (the head "
                                             "always is)", records=(LAYOUT,), minimum=0, searched=False, metavar="K")
+    # torch.compile of every block (compiled.py): its element-wise ops fused between the GEMMs. An engine setting the
+    # search leaves as pinned (it speeds up every plan alike).
+    compile: bool = decision(False, help="torch.compile every block, its element-wise ops fused between the GEMMs "
+                                         "(torchtitan's --compile)", records=(LAYER,), searched=False)
     # The attention kernel the run uses: "fused" (flash / SDPA, what capture traces) or "unfused" (materialised
     # S×S scores, e.g. Megatron-LM before FlashAttention), with or without attention dropout.
     attention_kernel: AttentionKernel = decision("fused", help="attention as the fused (flash) kernel or unfused "

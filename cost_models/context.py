@@ -30,8 +30,9 @@ The exchange, per attention layer and micro-batch, in one of two variants (``Par
   chunk (K and V of S/cp tokens), each beside one step's attention forward. Backward (TE's loop): step 0
   sends K/V, the middle cp − 2 steps K/V and the running dK/dV (two chunks), the last step dK/dV, each beside
   one step's attention backward. Assumed, not perfect overlap: a step takes the longer of its transfer and
-  its compute, so each step exposes max(0, transfer − compute) (the compute does not slow beside the
-  transfer; the softmax corrections between steps, small element-wise passes, are not priced). Each step's
+  its compute, so each step exposes max(0, transfer − compute), and the compute beside the hidden part runs
+  slower, as beside every overlapped collective of this model (hardware.overlap_penalty: Lee et al. 2025,
+  arXiv:2507.03114); the softmax corrections between steps, small element-wise passes, are not priced. Each step's
   transfer is a send and a receive at once; when the group spans nodes the slowest step crosses a node on
   one GPU's NIC (a ring steps in lock-step), else it stays on NVLink. Memory while a layer runs (TE): the
   forward keeps every chunk it received until it returns (cp chunks), the backward double-buffers K/V and
@@ -114,9 +115,15 @@ def context_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, cp: int, cp
         chunk = (k + v) / cp
         step_fwd, step_bwd = attention_s[0] / cp, attention_s[1] / cp
         one, two = comm.p2p_time(chunk, link, hw), comm.p2p_time(2 * chunk, link, hw)
-        fwd = (cp - 1) * max(0.0, one - step_fwd)
-        bwd = 2 * max(0.0, one - step_bwd) + (cp - 2) * max(0.0, two - step_bwd)
+        fwd = (cp - 1) * _step(one, step_fwd, hw)
+        bwd = 2 * _step(one, step_bwd, hw) + (cp - 2) * _step(two, step_bwd, hw)
         buffer = max(cp, 4) * chunk
     if recompute in ("selective", "full"):
         bwd += fwd
     return ContextCost(fwd, bwd, buffer)
+
+
+def _step(transfer_s: float, compute_s: float, hw: HardwareProfile) -> float:
+    """What one ring step adds to its attention: the transfer the compute cannot cover, and the slowdown of the
+    compute beside the part it covers (hardware.overlap_penalty)."""
+    return max(0.0, transfer_s - compute_s) + hw.overlap_penalty * min(transfer_s, compute_s)

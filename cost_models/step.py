@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
+from cost_models.compiled import compiled as compiled_layer
 from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_chunks, device_cuts, named_terms
 from cost_models.compute import attention_core_times, engine_attention_kernel, layer_compute
 from cost_models.config import ParallelConfig
@@ -78,11 +79,13 @@ class CostModel:
                    tp_link: comm.Link, attention_kernel: str = "fused", attention_dropout: bool = False,
                    cp: int = 1, cp_comm: str = "all_gather", gpus_per_node: int | None = None,
                    autocast: bool = False, tp_overlap: bool = False,
-                   modules: tuple[str, ...] | None = None, fp8: str | None = None) -> LayerCost:
+                   modules: tuple[str, ...] | None = None, fp8: str | None = None,
+                   compiled: bool = False) -> LayerCost:
         """One layer, one micro-batch of ``b`` samples, on one GPU of a tp-way group (of a cp-way context-parallel
         group: it runs 1/cp of every sample's tokens, context.py); ``autocast``: run under torch.autocast with fp32
         weights (its activations as capture measured them that way); ``modules``: what selective recomputation
-        re-runs (recompute.py); ``fp8``: its linears in FP8 under that recipe (fp8.py)."""
+        re-runs (recompute.py); ``fp8``: its linears in FP8 under that recipe (fp8.py); ``compiled``: a block under
+        torch.compile (compiled.py)."""
         mode = recompute if layer.kind == "block" else "none"
         gpn = gpus_per_node or self.hw.domain_gpus
         attn = (attention_kernel, attention_dropout)
@@ -90,12 +93,13 @@ class CostModel:
         # the link by its fields: hashing a plain tuple is much cheaper than a dataclass (this runs a lot)
         key = (layer.block_id, b, tp, sequence_parallel, mode, tp_link.bytes_per_s, tp_link.latency_s,
                tp_link.inter_node, tp_link.nodes, attention_kernel, attention_dropout, context, autocast, tp_overlap,
-               modules if mode == "selective" else None, fp8)
+               modules if mode == "selective" else None, fp8, compiled)
         cost = self._cache.get(key)
         if cost is None:
-            cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
-                                                       sequence_parallel, mode, tp_link, attn, context, autocast,
-                                                       tp_overlap, modules, fp8)
+            representative = self._representative[layer.block_id]
+            cost = self._cache[key] = self._layer_cost(compiled_layer(representative) if compiled else representative,
+                                                       b, tp, sequence_parallel, mode, tp_link, attn, context,
+                                                       autocast, tp_overlap, modules, fp8)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
@@ -203,7 +207,7 @@ class CostModel:
                             attention_kernel=cfg.attention_kernel, attention_dropout=cfg.attention_dropout,
                             cp=1 if own else cfg.cp, cp_comm=cfg.cp_comm, gpus_per_node=gpn, autocast=autocast,
                             tp_overlap=cfg.tp_comm_overlap, modules=cfg.recompute_modules,
-                            fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None)
+                            fp8=cfg.fp8 if self.fp8_layers(cfg)[i] else None, compiled=cfg.compile)
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch

@@ -11,6 +11,7 @@ import networkx as nx
 import torch
 
 from autopar.capture.attention import AttentionCore, core_masks
+from autopar.capture.fusion import fused_memory
 from autopar.capture.graph import Layer, layer_inputs
 from autopar.capture.moe import find_moe, measured
 from autopar.capture.parts import layer_parts
@@ -32,6 +33,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     matmul, _ = total("matmul_flops")
     mem, mem_fixed = total("memory_bytes", kept)
     heavy, heavy_fixed = total("heavy_bytes", kept)
+    fused, fused_fixed = fused_memory(g, kept)
     saved, saved_fixed = (a - b for a, b in zip(total("saved_bytes"), total("saved_score_bytes")))
     # an eager attention's scores are priced apart, in the model's dtype (attention.py): left out of both
     cast, cast_fixed = (a - b for a, b in zip(total("autocast_saved_bytes"), total("saved_score_bytes")))
@@ -45,6 +47,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         extra = 0.0 if found.padded else (moe.capacity_factor or 1.0) - 1.0
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]
         mem, saved = mem + extra * experts["memory_bytes"], saved + extra * experts["saved_bytes"]
+        fused += extra * experts["memory_bytes"]
         cast += extra * experts["autocast_saved_bytes"]
         fp8 -= experts["fp8_saved_delta"]  # the routed experts' inputs stay in the dtype, as their GEMMs (experts.py)
     is_head = layer.index == head
@@ -65,6 +68,7 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
         fwd_memory_bytes_per_sample=mem, fwd_memory_bytes_fixed=mem_fixed,
         fwd_heavy_bytes_per_sample=heavy, fwd_heavy_bytes_fixed=heavy_fixed,
         fwd_heavy_bytes_by_kernel=_by_kernel(g, kept),
+        fwd_fused_memory_bytes_per_sample=fused, fwd_fused_memory_bytes_fixed=fused_fixed,
         saved_bytes_per_sample=round(saved), saved_bytes_fixed=round(saved_fixed),
         **({"autocast_saved_bytes_per_sample": round(cast), "autocast_saved_bytes_fixed": round(cast_fixed)}
            if autocast else {}),

@@ -4,7 +4,8 @@ before torchrun (the plan was made for another engine: export it to that engine 
 - experts are dispatched by all-to-all (autopar/runtime/ep.py), never overlapped with another micro-batch;
 - gradients are reduced during the backward (DDP's buckets, FSDP2's reduce-scatters);
 - tensor-parallel collectives run between the GEMMs (DTensor), never overlapped inside them;
-- selective recomputation re-runs the attention core only (autopar/runtime/ac.py).
+- selective recomputation re-runs the attention core only (autopar/runtime/ac.py);
+- the blocks run eagerly (a plan priced under torch.compile is for torchtitan: export it).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ RUNS = {
     "overlap_grad_reduce": ((None, True), "reduces gradients during the backward"),
     "tp_comm_overlap": ((False,), "does not overlap tensor-parallel collectives with the GEMMs"),
     "recompute_modules": ((None, ("core_attn",)), "recomputes the attention core only under selective recomputation"),
+    "compile": ((False,), "runs the blocks eagerly, without torch.compile"),
 }
 
 

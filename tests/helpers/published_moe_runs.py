@@ -121,8 +121,10 @@ class PublishedRun:
         return bool(self.unexpressed)
 
     def estimate_choices(self) -> dict[str, Any]:
-        """autopar.estimate's keywords for the nearest configuration autopar can express: the dispatcher (HybridEP
-        and DeepEP as flex: both send a token once per destination node), the overlaps the run lists, per-module
+        """autopar.estimate's keywords for the nearest configuration autopar can express: the dispatcher (HybridEP,
+        DeepEP and DeepSeek-V3's own kernels as flex: each sends a token once per destination node over the network
+        and forwards it over NVLink, DeepSeek-V3 report §3.2.2), the overlaps the run lists (DualPipe's overlap of
+        one chunk's all-to-all with another's compute, §3.2.1, as Megatron-Core's EP A2A overlap), per-module
         recomputation as selective with its modules, forced balance as an imbalance of 1, each FP8 recipe as autopar's (FP8_RECIPES) or its nearest.
         A run that names no data-parallel overlap ran without it where its scripts predate the recipes that set it
         (FlagPerf's Megatron-Core 0.6 scripts), else with its engine's default."""
@@ -144,13 +146,16 @@ class PublishedRun:
             out.update(overlap_grad_reduce=False, overlap_param_gather=False)
         if "TP comm overlap" in listed:
             out["tp_comm_overlap"] = True
+        if "torch.compile" in listed:
+            out["compile"] = True
         if self.fp8:
             out["fp8"] = FP8_RECIPES.get(self.precision) or FP8_NEAREST[self.precision]
         if self.moe:
             out.update(ep=self.ep, etp=self.etp if self.etp is not None else self.tp)
-            out["moe_dispatcher"] = "flex" if self.dispatcher.startswith("flex") else \
+            deduplicated = self.dispatcher.startswith("flex") or "node-deduplicated" in self.dispatcher
+            out["moe_dispatcher"] = "flex" if deduplicated else \
                 self.dispatcher if self.dispatcher in ("alltoall", "allgather") else "alltoall"
-            if "EP A2A overlap" in listed:
+            if "EP A2A overlap" in listed or "DualPipe" in listed:
                 out["moe_overlap"] = True
             if self.grouped_gemm is not None:
                 out["moe_grouped_gemm"] = self.grouped_gemm
@@ -180,16 +185,19 @@ FP8_NEAREST = {"fp8-blockwise": "tensorwise"}
 
 # What ``missing`` lists that autopar now expresses (estimate_choices maps each).
 EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",
-             "per-module recompute", "node-limited routing", "device-limited routing")
+             "per-module recompute", "node-limited routing", "device-limited routing", "torch.compile")
 
 
 # -- hardware that is not a built-in profile: the built-in profile with the source's own figures --------------------
 HARDWARE_VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "h100-96gb-hbm2e": ("h100-80gb", {"memory_gib": 95.07, "hbm_bandwidth_gbytes_per_s": 2400},
+    "h100-96gb-hbm2e": ("h100-80gb", {"memory_gib": 95.07, "hbm_bandwidth_gbytes_per_s": 2400,
+                                      "peak_dense_tflops": {"bf16": 912, "fp16": 912, "fp32": 63.5, "fp8": 1825}},
                         "torchtitan's Grand Teton hosts (benchmarks/llama3_h100_202412_torchtitan.md 'Hardware'): "
                         "H100 with 96GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU, run at a 500 W power limit, "
-                        "whose peak the file says lies between the SXM and NVL parts' (not modelled: the SXM peak "
-                        "is kept); 95.07 GiB per GPU as torchtitan's own log of these hosts reports it "
+                        "whose peak the file says lies between the SXM and NVL parts' and is not known exactly "
+                        "(its footnote 2): the midpoint of the two, from NVIDIA's H100 datasheet (dense BF16 989.4 "
+                        "SXM and 835.5 NVL TFLOP/s, FP8 1978.9 and 1670.5, FP32 67 and 60), ±8 %; 95.07 GiB per GPU "
+                        "as torchtitan's own log of these hosts reports it "
                         "(pytorch/torchtitan dsv3_scaling_experiment_results.md@9f7f46028, 'Hardware')"),
     "h800-80gb": ("h100-80gb", {"nvlink_bandwidth_bidirectional_gbytes_per_s": 400},
                   "H800 SXM: H100 compute and memory, NVLink cut to 400 GB/s bidirectional (DeepSeek-V3 report §3.2.2: "
@@ -572,8 +580,9 @@ TITAN_CP = [
 
 NEMO_LLAMA2_CP = [
     PublishedRun(
-        f"Llama 2 7B, {g} H100, TP{tp} CP{cp}, {seq // 1024}K, FP8 (NeMo)", model="llama-2-7b", seq=seq, gpus=g,
-        global_batch=gbs, micro_batch=1, tp=tp, pp=1, cp=cp, engine="megatron", hardware="h100-80gb",
+        f"Llama 2 7B, {g} H100, TP{tp}{f' PP{pp}' if pp > 1 else ''} CP{cp}, {seq // 1024}K, FP8 (NeMo)",
+        model="llama-2-7b", seq=seq, gpus=g,
+        global_batch=gbs, micro_batch=1, tp=tp, pp=pp, cp=cp, engine="megatron", hardware="h100-80gb",
         framework="NeMo 24.03.01 (Megatron-Core, Transformer Engine)",
         tokens_per_s_per_gpu=_tflops(tflops, nemo_llama2_flops_per_token(seq)), published=f"{tflops} TFLOP/s/GPU",
         source=NEMO_LONG, zero=1, sequence_parallel=tp > 1, precision="fp8-delayed",
@@ -582,9 +591,12 @@ NEMO_LLAMA2_CP = [
                "micro-batch 1, distributed optimizer and no recomputation assumed: the page gives TP, PP, DP, CP, "
                "GPUs and batch only", "FP8 as NeMo 24.03 ran it: Transformer Engine's delayed scaling (the page says FP8)"),
         group="Llama 2 7B, CP (NeMo)")
-    for seq, g, gbs, tp, cp, tflops in ((32768, 32, 128, 2, 2, 610), (65536, 64, 64, 4, 2, 574),
-                                        (131072, 128, 32, 4, 4, 555), (262144, 256, 16, 4, 8, 549),
-                                        (524288, 512, 8, 8, 16, 549), (1048576, 1024, 4, 8, 32, 536))
+    # the table's rows: sequence, GPUs, batch, TP, PP, CP, TFLOP/s per GPU (DP = GPUs / (TP·PP·CP)); the rows at
+    # 4K-16K run without CP, in the same container
+    for seq, g, gbs, tp, pp, cp, tflops in (
+        (4096, 4, 1024, 1, 1, 1, 768), (8192, 8, 512, 1, 2, 1, 730), (16384, 16, 256, 2, 1, 1, 660),
+        (32768, 32, 128, 2, 1, 2, 610), (65536, 64, 64, 4, 1, 2, 574), (131072, 128, 32, 4, 1, 4, 555),
+        (262144, 256, 16, 4, 1, 8, 549), (524288, 512, 8, 8, 1, 16, 549), (1048576, 1024, 4, 8, 1, 32, 536))
 ]
 
 DEEPSEEK_REPORTS = [
@@ -595,11 +607,12 @@ DEEPSEEK_REPORTS = [
         published="180K H800 GPU hours per trillion tokens", source=f"{DSV3}, §1 and Table 1 (training costs), "
         "§3.2 (2048 H800; 16-way PP, 64-way EP over 8 nodes, ZeRO-1 DP, DualPipe; recompute of RMSNorm and MLA "
         "up-projections), §3.3 (FP8 mixed precision), §4.2 (sequence 4K, batch ramped 3072 → 15360)",
-        zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"), dispatcher="custom all-to-all",
-        routing="aux-free", precision="fp8-blockwise",
+        zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"),
+        dispatcher="custom node-deduplicated all-to-all", routing="aux-free", precision="fp8-blockwise",
         features=("DualPipe", "node-limited routing (4 nodes)", "MTP 1 layer", "warp-specialised all-to-all kernels"),
-        missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe", "node-limited routing", "MTP layer",
-                 "per-module recompute", "whole-run average"),
+        missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe (its schedule and bubble; its all-to-all overlap "
+                 "priced as EP A2A overlap)", "node-limited routing", "MTP layer", "per-module recompute",
+                 "whole-run average"),
         notes=("a whole-run average (includes the batch ramp and any restarts), not one step",
                "micro-batch not stated: 1 assumed; batch: the final 15360", "engine: HAI-LLM priced as megatron")),
     PublishedRun(

@@ -66,23 +66,31 @@ def test_all_gather_is_exposed_and_holds_the_full_keys_and_values(llama, recompu
     assert (fwd, bwd) == pytest.approx(((cp - 1) / cp * _kv_bytes(1, tp), 2 * (cp - 1) / cp * _kv_bytes(1, tp)))
 
 
-def test_ring_exposes_only_what_each_step_does_not_hide(llama):
+@pytest.mark.parametrize("slowdown", [0.0, 0.189])
+def test_ring_exposes_what_each_step_does_not_hide(llama, slowdown):
     """Each of the cp − 1 forward steps exposes max(0, transfer − 1/cp of the attention); in backward the first
-    and last steps move one chunk, the middle ones two (K/V and dK/dV). Long attention hides it all."""
+    and last steps move one chunk, the middle ones two (K/V and dK/dV). The compute beside the hidden part runs
+    overlap_penalty slower: without that slowdown long attention hides the transfers whole, with it each step
+    costs the penalty on its transfer."""
     layer, cp, tp = block(llama), 4, 1
-    slow = replace(H100, inter_node_bytes_per_s=1e8)  # a slow network: the transfers show
+    slow = replace(H100, inter_node_bytes_per_s=1e8, overlap_slowdown=slowdown)  # a slow network: the transfers show
+    k = slowdown / (1 + slowdown)
     chunk = _kv_bytes(1, tp) / cp
     link = comm.Link(slow.inter_node_bytes_per_s, slow.inter_node_latency_s, inter_node=True)
     one, two = comm.p2p_time(chunk, link, slow), comm.p2p_time(2 * chunk, link, slow)
     attention = (cp * one / 2, cp * one / 4)  # each forward step hides half a transfer, a backward step a quarter
     got = context_cost(layer, b=1, seq_len=SEQ, tp=tp, cp=cp, cp_comm="ring", recompute="none",
                        attention_s=attention, gpus_per_node=2, hw=slow, dtype_bytes=BF16)  # 2 GPUs a node: crosses
-    assert got.fwd_s == pytest.approx((cp - 1) * one / 2, rel=1e-12)
-    assert got.bwd_s == pytest.approx(2 * (one - one / 4) + (cp - 2) * (two - one / 4), rel=1e-12)
+    assert got.fwd_s == pytest.approx((cp - 1) * (one / 2 + k * one / 2), rel=1e-12)
+    assert got.bwd_s == pytest.approx(2 * (one - one / 4 + k * one / 4) + (cp - 2) * (two - one / 4 + k * one / 4),
+                                      rel=1e-12)
     assert got.buffer_bytes == pytest.approx(max(cp, 4) * chunk)
+    hw = replace(H100, overlap_slowdown=slowdown)
     hidden = context_cost(layer, b=1, seq_len=SEQ, tp=tp, cp=cp, cp_comm="ring", recompute="none",
-                          attention_s=(1.0, 2.0), gpus_per_node=8, hw=H100, dtype_bytes=BF16)
-    assert hidden.fwd_s == hidden.bwd_s == 0.0
+                          attention_s=(1.0, 2.0), gpus_per_node=8, hw=hw, dtype_bytes=BF16)
+    chunk_on_nvlink = comm.p2p_time(chunk, comm.intra_node_link(hw, 2), hw)
+    assert hidden.fwd_s == pytest.approx((cp - 1) * k * chunk_on_nvlink, rel=1e-12)
+    assert (hidden.fwd_s == 0.0) == (slowdown == 0.0)
 
 
 def test_the_cost_model_prices_a_ranks_attention_for_the_ring(llama):

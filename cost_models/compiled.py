@@ -1,0 +1,43 @@
+"""Blocks as torch.compile runs them (``ParallelConfig.compile``: torchtitan's ``--compile``, which compiles each
+transformer block): the GEMMs and attention kernels as in eager, the element-wise ops between them fused, so a
+block's memory-bound traffic is what capture measured for the fused runs (LayerProfile.fwd_fused_memory_bytes_*:
+autopar/capture/fusion.py) instead of one kernel per op. Its heavy kernels (norms, transcendentals) keep their share
+of that traffic. The backward's memory-bound traffic follows the forward's, as for eager (compute.memory_times): an
+assumption, since AOTAutograd compiles the backward graph with the same fusion. The embedding, the final norm and
+the head stay eager (torchtitan compiles the blocks). A profile captured before the fused traffic was measured
+prices its blocks as eager."""
+from __future__ import annotations
+
+from typing import Any
+
+from cost_models.model import LayerLike
+
+
+class CompiledView:
+    """A block with its memory-bound bytes as compiled (module docstring); everything else is the block's."""
+
+    def __init__(self, layer: LayerLike):
+        eager = (layer.fwd_memory_bytes_per_sample, layer.fwd_memory_bytes_fixed)
+        fused = (layer.fwd_fused_memory_bytes_per_sample, layer.fwd_fused_memory_bytes_fixed)  # type: ignore[attr-defined]
+        ratio = [f / e if e > 0 else 1.0 for f, e in zip(fused, eager)]
+        self._base = layer
+        self.fwd_memory_bytes_per_sample, self.fwd_memory_bytes_fixed = fused
+        self.fwd_heavy_bytes_per_sample = getattr(layer, "fwd_heavy_bytes_per_sample", 0.0) * ratio[0]
+        self.fwd_heavy_bytes_fixed = getattr(layer, "fwd_heavy_bytes_fixed", 0.0) * ratio[1]
+        self.fwd_heavy_bytes_by_kernel = {k: (v[0] * ratio[0], v[1] * ratio[1])
+                                          for k, v in getattr(layer, "fwd_heavy_bytes_by_kernel", {}).items()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+def compiled(layer: LayerLike) -> LayerLike:
+    """``layer`` as torch.compile runs it: a block with measured fused traffic as CompiledView, any other as is."""
+    if layer.kind != "block" or getattr(layer, "fwd_fused_memory_bytes_per_sample", None) is None:
+        return layer
+    return CompiledView(layer)  # type: ignore[return-value]
+
+
+def uncompiled_blocks(layers: list[LayerLike]) -> int:
+    """Blocks whose profile has no fused traffic (captured before it was measured): priced as eager."""
+    return sum(1 for lp in layers if lp.kind == "block" and getattr(lp, "fwd_fused_memory_bytes_per_sample", None) is None)
