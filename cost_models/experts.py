@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from cost_models import comm
 from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_time, memory_times
+from cost_models.fp8 import recipe as fp8_recipe
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
 from cost_models.model import LayerLike, autocast_ratio, heavy_mix, input_bytes
@@ -120,7 +121,8 @@ class DenseView:
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
                 dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
-                hide_s: float = 0.0, modules: Sequence[str] | None = None, fp8_inputs: bool = False) -> LayerCost:
+                hide_s: float = 0.0, modules: Sequence[str] | None = None, fp8_inputs: bool = False,
+                fp8: str | None = None) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
@@ -128,7 +130,8 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     ``hide_s`` of it (the layer's dense forward and backward). Selective recomputation with ``modules``
     (recompute.py) naming moe re-runs the experts as full recomputation does (Megatron-Core checkpoints the whole
     MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute).
-    ``fp8_inputs``: the grouped GEMMs keep their inputs in FP8 (Transformer Engine's GroupedLinear; _saved_per_pair)."""
+    ``fp8_inputs``: the grouped GEMMs keep their inputs in FP8 (Transformer Engine's GroupedLinear; _saved_per_pair).
+    ``fp8``: the experts' GEMMs run in FP8 under that recipe (fp8_expert_times)."""
     moe = layer.moe
     k, cf, h = moe.top_k, capacity(moe), moe.hidden_size
     dispatched = b * seq_len * k * cf / tp             # token-expert pairs one GPU sends (and receives on average)
@@ -137,8 +140,12 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     t_gemm, memory = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw,
                                      dtype=dtype, dtype_bytes=dtype_bytes)
     mem_fwd, mem_bwd = memory_times(memory, hw, None if hw.grouped_experts else heavy_mix(layer, b))
-    fwd = t_gemm + mem_fwd
-    bwd = BACKWARD_FACTOR * t_gemm + mem_bwd
+    gemm_fwd, gemm_bwd = t_gemm, BACKWARD_FACTOR * t_gemm
+    if fp8 is not None:
+        gemm_fwd, gemm_bwd = fp8_expert_times(moe, fp8, t_gemm, received=received, etp=etp,
+                                              local_experts=local_experts, ep=ep, hw=hw, dtype_bytes=dtype_bytes)
+    fwd = gemm_fwd + mem_fwd
+    bwd = gemm_bwd + mem_bwd
     routed = b * seq_len * k * moe.expert_fwd_flops_per_token  # one replica's useful routed FLOPs
     executed = 3.0 * routed * cf
     saved = received * _saved_per_pair(moe, etp, dtype_bytes, hw, fp8_inputs) * \
@@ -166,6 +173,32 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
                      Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
                      Held(kept_bytes=kept, remat_bytes=remat, params_per_gpu=params, expert_params_per_gpu=params))
+
+
+def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, etp: int, local_experts: float,
+                     ep: int, hw: HardwareProfile, dtype_bytes: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the busiest GPU's routed-expert GEMMs in FP8 under recipe ``name``, with their
+    casts, as Transformer Engine's GroupedLinear runs them under an FP8 recipe (transformer_engine/pytorch/module/
+    grouped_linear.py: every local expert's input, weight and output gradient quantized, the GEMMs in FP8): the
+    same GEMMs as in the dtype (_expert_kernels) at the FP8 peak with one-byte operands, the weight gradient in
+    the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row-scaled GEMMs
+    at hardware.fp8_rowwise_gemm_efficiency; the casts as fp8.py prices a linear's, per element of each GEMM's
+    input (the permuted tokens, the activation's output), output gradient (the projections' outputs) and weight."""
+    r = fp8_recipe(name)
+    low, _ = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw, dtype="fp8",
+                             dtype_bytes=1)
+    if r.row_scaled:
+        low /= hw.fp8_rowwise_gemm_efficiency
+    h, f = moe.hidden_size, moe.expert_ffn_size / etp
+    gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
+    rows = received * etp
+    x = rows * (h + f)                                   # fc1's input and fc2's input
+    dy = rows * ((2 * f if gated else f) + h)            # fc1's output gradient and fc2's
+    w = local_experts * h * f * (3 if gated else 2)
+    bx, bw, bdy = r.cast_bytes
+    cast_fwd, cast_bwd = memory_time(x * bx + w * bw / 2, hw), memory_time(dy * bdy + w * bw / 2, hw)
+    backward = (BACKWARD_FACTOR * low) if r.wgrad_fp8 else (low + (BACKWARD_FACTOR - 1.0) * bf16_gemm)
+    return low + cast_fwd, backward + cast_bwd
 
 
 def activation_recompute(moe: Any, *, received: float, etp: int, hw: HardwareProfile,

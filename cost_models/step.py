@@ -242,8 +242,8 @@ class CostModel:
     def _with_experts(self, c: LayerCost, layer: LayerLike, cfg: ParallelConfig, mode: str,
                       autocast: bool, fp8: bool = False) -> LayerCost:
         """A MoE layer's dense cost with its routed experts added (experts.py), record by record; ``fp8``: the layer
-        runs in FP8 (its experts keep their GEMM inputs in FP8 under Transformer Engine; their GEMMs are priced in
-        the dtype)."""
+        runs in FP8: under Transformer Engine its experts' GEMMs too, keeping their inputs in FP8 (GroupedLinear);
+        torchao converts linears only, so under it the experts stay in the dtype."""
         fp8_inputs = fp8 and self.hw.fp8_library == TRANSFORMER_ENGINE
         key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast, fp8_inputs)
         e = self._experts.get(key)
@@ -259,7 +259,7 @@ class CostModel:
                 hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
                 overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s, modules=cfg.recompute_modules,
-                fp8_inputs=fp8_inputs)
+                fp8_inputs=fp8_inputs, fp8=cfg.fp8 if fp8_inputs else None)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 
     def _with_step_work(self, c: LayerCost, cfg: ParallelConfig, dp_l: int, link_dp: comm.Link, pp_link: comm.Link,

@@ -166,11 +166,12 @@ class PublishedRun:
     @property
     def unexpressed(self) -> tuple[str, ...]:
         """What the run used that autopar still cannot express (``missing`` less EXPRESSED; FP8 as what of it is
-        priced: the linears in the run's recipe or its nearest, the routed experts in bf16)."""
+        priced: the linears in the run's recipe or its nearest, the routed experts too under Transformer Engine, else in
+        bf16)."""
         out = [m for m in self.missing if not m.startswith(EXPRESSED) and m != "FP8"]
         if self.fp8 and self.precision not in FP8_RECIPES:
             out.append(f"FP8 {self.precision} (priced as {FP8_NEAREST[self.precision]})")
-        if self.fp8 and self.moe:
+        if self.fp8 and self.moe and self.engine != "megatron":
             out.append("FP8 experts (priced in bf16)")
         return tuple(out)
 
