@@ -3,9 +3,14 @@ transformer block): the GEMMs and attention kernels as in eager, the element-wis
 block's memory-bound traffic is what capture measured for the fused runs (LayerProfile.fwd_fused_memory_bytes_*:
 autopar/capture/fusion.py) instead of one kernel per op. Its heavy kernels (norms, transcendentals) keep their share
 of that traffic. The backward's memory-bound traffic follows the forward's, as for eager (compute.memory_times): an
-assumption, since AOTAutograd compiles the backward graph with the same fusion. The embedding, the final norm and
-the head stay eager (torchtitan compiles the blocks). A profile captured before the fused traffic was measured
-prices its blocks as eager."""
+assumption, since AOTAutograd compiles the backward graph with the same fusion. Its activations are what fused
+kernels keep (memory.py's ``fused``, as for Megatron-Core's fused norms and SwiGLU): AOTAutograd's min-cut
+partitioner saves the fused runs' inputs and recomputes their cheap element-wise ops in backward (PyTorch 2 paper,
+Ansel et al. 2024). The embedding, the final norm and the head stay eager (torchtitan compiles the blocks), and so
+do the parts a selective recomputation of named modules re-runs (recompute.py prices them from their traced eager
+traffic: pessimistic). A MoE block's routed experts are left out of the fusion at capture: the cost model prices
+them as the engine runs them (experts.py). A profile captured before the fused traffic was measured prices its
+blocks as eager."""
 from __future__ import annotations
 
 from typing import Any

@@ -56,6 +56,7 @@ class Engine:
     param_gather_overlap: bool = False  # ZeRO-1/2's gather of the updated parameters hidden (overlap_param_gather)
     grouped_experts: bool = False  # a MoE layer's experts as one grouped GEMM (experts._expert_kernels)
     fused_elementwise: bool = False  # fused norms and gated activation (recompute.unfused_bytes)
+    compiles: bool = False         # it can torch.compile the blocks (ParallelConfig.compile, compiled.py)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -70,6 +71,7 @@ class Engine:
                        kernel_masks=self.kernel_masks, fused_sinks=self.fused_sinks,
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
+                       compiles=self.compiles,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -122,7 +124,11 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
+        compiles=True,
         sources={
+            "compiles": "torchtitan's compile setting (training.compile in 0.2, compile.enable in 0.3) compiles each "
+                        "TransformerBlock with torch.compile (torchtitan/models/llama3/infra/parallelize.py "
+                        "apply_compile)",
             "kernel_masks": "torchtitan builds causal and sliding-window masks as FlexAttention BlockMasks "
                             "(torchtitan/models/attention.py: get_causal_mask_mod, get_sliding_window_mask_mod), "
                             "whose kernel skips the empty blocks; flash SDPA runs is_causal",

@@ -22,6 +22,8 @@ pytorch/ao ``torchao/testing/training/roofline_utils.py`` ``get_tensor_memory_tr
   (transformer_engine/common/transpose/cast_transpose.cu): 4 B each;
 - ``mxfp8`` (MX block scaling, 32 elements per scale; Blackwell, MI355X): torchao's ``mxfp8_cublas`` casts each
   layout in its own pass (3 + 3 = 6 B each; the e8m0 scales add 1/32).
+Under torch.compile each torchao recipe's first read of an input or output gradient fuses into the op that produced
+it (the roofline's ``fuse_with_prev``): 2 B less each; a weight's casts stay as they are.
 
 Elements per micro-batch on one tensor-parallel rank (``linear_elements``): each column linear of a column→row
 pair casts the pair's input (h wide, replicated), the row linear its input (r wide, split by tp); output
@@ -58,15 +60,21 @@ class Recipe:
     gathers_fp8: bool = False
     blockwise: bool = False
     row_scaled: bool = False     # its GEMMs take per-row scales (hardware.fp8_rowwise_gemm_efficiency prices them)
+    # of an activation's (input's, output gradient's) cast bytes, the first read, which torch.compile fuses into the
+    # op that produced it (torchao's roofline, ``fuse_with_prev``: the amax pass of tensorwise, the first cast of the
+    # others); Transformer Engine's casts are not compiled
+    fused_read_bytes: float = 0.0
 
 
 RECIPES: dict[str, Recipe] = {
-    "tensorwise": Recipe("tensorwise", (6.0, 8.0, 6.0), (TORCHAO_FLOAT8, TORCHAO, TRANSFORMER_ENGINE), gathers_fp8=True),
-    "rowwise": Recipe("rowwise", (8.0, 10.0, 8.0), (TORCHAO_FLOAT8, TORCHAO), row_scaled=True),
+    "tensorwise": Recipe("tensorwise", (6.0, 8.0, 6.0), (TORCHAO_FLOAT8, TORCHAO, TRANSFORMER_ENGINE), gathers_fp8=True,
+                         fused_read_bytes=2.0),
+    "rowwise": Recipe("rowwise", (8.0, 10.0, 8.0), (TORCHAO_FLOAT8, TORCHAO), row_scaled=True, fused_read_bytes=2.0),
     "rowwise_with_gw_hp": Recipe("rowwise_with_gw_hp", (3.0, 6.0, 3.0), (TORCHAO_FLOAT8, TORCHAO), wgrad_fp8=False,
-                                 row_scaled=True),
+                                 row_scaled=True, fused_read_bytes=2.0),
     "delayed": Recipe("delayed", (4.0, 4.0, 4.0), (TRANSFORMER_ENGINE,), gathers_fp8=True),
-    "mxfp8": Recipe("mxfp8", (6.0 + 1 / 16, 6.0 + 1 / 16, 6.0 + 1 / 16), (TORCHAO, TRANSFORMER_ENGINE), blockwise=True),
+    "mxfp8": Recipe("mxfp8", (6.0 + 1 / 16, 6.0 + 1 / 16, 6.0 + 1 / 16), (TORCHAO, TRANSFORMER_ENGINE), blockwise=True,
+                    fused_read_bytes=2.0),
 }
 
 # What each library keeps between micro-batches, per parameter of an FP8 linear: Transformer Engine caches the FP8
@@ -158,16 +166,20 @@ def linear_elements(layer: Any, *, tokens: float, seq_len: int, dtype_bytes: int
 
 
 def cast_bytes(layer: Any, name: str, *, tokens: float, seq_len: int, dtype_bytes: int,
-               split: int) -> tuple[float, float]:
+               split: int, compiled: bool = False) -> tuple[float, float]:
     """(forward, backward) HBM bytes of the recipe's casts for one micro-batch of a layer on one GPU: the inputs'
-    in the forward, the output gradients' in the backward, the weight's half in each."""
+    in the forward, the output gradients' in the backward, the weight's half in each. ``compiled``: under
+    torch.compile, whose producers of the activations absorb their casts' first read (Recipe.fused_read_bytes)."""
     x, w, dy, _ = linear_elements(layer, tokens=tokens, seq_len=seq_len, dtype_bytes=dtype_bytes, split=split)
-    bx, bw, bdy = RECIPES[name].cast_bytes
+    r = RECIPES[name]
+    bx, bw, bdy = r.cast_bytes
+    if compiled:
+        bx, bdy = bx - r.fused_read_bytes, bdy - r.fused_read_bytes
     return x * bx + w * bw / 2, dy * bdy + w * bw / 2
 
 
 def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, recompute: str, hw: HardwareProfile,
-             dtype: str, dtype_bytes: int, name: str) -> LayerCompute:
+             dtype: str, dtype_bytes: int, name: str, compiled: bool = False) -> LayerCompute:
     """A layer's compute (compute.layer_compute) with its linears' GEMMs in FP8 under recipe ``name``: each of the
     three GEMMs at the FP8 peak and table instead of the dtype's (the weight gradient's kept in the dtype where the
     recipe says so), at the same shape (work per token, rows), plus the casts (memory-bound: compute.memory_time).
@@ -182,7 +194,7 @@ def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, re
     if r.row_scaled:
         low /= hw.fp8_rowwise_gemm_efficiency
     fwd_bytes, bwd_bytes = cast_bytes(layer, name, tokens=b * seq_len, seq_len=seq_len, dtype_bytes=dtype_bytes,
-                                      split=split)
+                                      split=split, compiled=compiled)
     d_fwd = low - high + memory_time(fwd_bytes, hw)
     d_bwd = (2.0 if r.wgrad_fp8 else 1.0) * (low - high) + memory_time(bwd_bytes, hw)
     if recompute == "full":

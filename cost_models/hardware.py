@@ -224,6 +224,9 @@ class HardwareProfile:
     # (Transformer Engine's LayerNorm/RMSNorm, Megatron-Core's bias_swiglu), not the traced eager ops' copies; set
     # by cost_models.engines (recompute.unfused_bytes).
     fused_elementwise: bool = False
+    # The engine can torch.compile the blocks (ParallelConfig.compile; compiled.py); set by cost_models.engines (a
+    # profile on its own allows it).
+    compiles: bool = True
 
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""

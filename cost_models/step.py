@@ -22,6 +22,7 @@ from cost_models.compute import attention_core_times, engine_attention_kernel, l
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
+from cost_models.errors import ConfigError
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
 from cost_models.fp8 import (
@@ -96,20 +97,23 @@ class CostModel:
                modules if mode == "selective" else None, fp8, compiled)
         cost = self._cache.get(key)
         if cost is None:
-            representative = self._representative[layer.block_id]
-            cost = self._cache[key] = self._layer_cost(compiled_layer(representative) if compiled else representative,
-                                                       b, tp, sequence_parallel, mode, tp_link, attn, context,
-                                                       autocast, tp_overlap, modules, fp8)
+            cost = self._cache[key] = self._layer_cost(self._representative[layer.block_id], b, tp,
+                                                       sequence_parallel, mode, tp_link, attn, context, autocast,
+                                                       tp_overlap, modules, fp8, compiled)
         return cost
 
     def _layer_cost(self, layer: LayerLike, b: int, tp: int, sp: bool, mode: str, link: comm.Link,
                     attn: tuple[str, bool], context: tuple = (), autocast: bool = False,
                     tp_overlap: bool = False, modules: tuple[str, ...] | None = None,
-                    fp8: str | None = None) -> LayerCost:
+                    fp8: str | None = None, compiled: bool = False) -> LayerCost:
         """A layer priced as dense (a MoE layer without its routed experts: experts.py prices those). Under
         context parallelism (``context``: cp, its exchange, GPUs per node) a rank runs b/cp samples' worth of
-        every per-token figure and 1/cp of the attention (context.py)."""
+        every per-token figure and 1/cp of the attention (context.py). ``compiled``: a block under torch.compile, its
+        traffic fused (compiled.py) and its activations kept as fused kernels keep them (memory.py's ``fused``)."""
         seq, hw = self.model.seq_len, self.hw
+        fused = hw.fused_elementwise or (compiled and layer.kind == "block")
+        if compiled:
+            layer = compiled_layer(layer)
         attn = (engine_attention_kernel(layer, attn[0], hw), attn[1])
         cp = context[0] if context else 1
         share = b / cp if cp > 1 else b  # samples' worth of tokens on this GPU
@@ -120,7 +124,7 @@ class CostModel:
                           attention_dropout=attn[1], modules=modules)
         if fp8 is not None:
             c = with_fp8(c, layer, b=share, seq_len=seq, tp=tp, recompute=mode, hw=hw, dtype=self.model.dtype,
-                         dtype_bytes=self.dtype_bytes, name=fp8)
+                         dtype_bytes=self.dtype_bytes, name=fp8, compiled=compiled)
         tp_fwd, tp_bwd = comm.tp_layer_comm(layer, b=share, seq_len=seq, tp=tp, link=link, hw=hw,  # type: ignore[arg-type]
                                             sequence_parallel=sp)
         over_fwd, over_bwd = lockstep.tp_lockstep(layer, tp=tp, sequence_parallel=sp, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
@@ -135,7 +139,7 @@ class CostModel:
         split = tp if is_tp_sharded(layer, tp) else 1
         kw = dict(b=share, tp=tp, sequence_parallel=sp, recompute=mode, seq_len=seq, dtype_bytes=self.dtype_bytes,
                   attention_kernel=attn[0], attention_dropout=attn[1], autocast=autocast, modules=modules,
-                  fused=hw.fused_elementwise, fp8_inputs=fp8 is not None and hw.fp8_library == TRANSFORMER_ENGINE)
+                  fused=fused, fp8_inputs=fp8 is not None and hw.fp8_library == TRANSFORMER_ENGINE)
         exchange = context_cost(layer, b=b, seq_len=seq, tp=tp, cp=cp, cp_comm=context[1],
                                 recompute=core_mode(mode, modules),
                                 attention_s=attention_core_times(layer, b=share, seq_len=seq, tp=tp, hw=hw,
@@ -197,6 +201,9 @@ class CostModel:
         """Layer i's cost at recomputation ``mode`` and degree t as it runs, per micro-batch (its compute, its
         tensor-, context- and expert-parallel traffic, its activations), before the per-step work that depends
         on the data-parallel degree and the ZeRO stage (``_with_step_work``): what option_costs starts from."""
+        if cfg.compile and not self.hw.compiles:
+            raise ConfigError("--compile: this engine runs the blocks eagerly (torch.compile of each block is "
+                              "torchtitan's compile setting); plan with --engine torchtitan, or leave out --compile")
         layer = self.model.layers[i]
         gpn = self.domain(cfg)
         b = cfg.micro_batch_size * t // cfg.tp

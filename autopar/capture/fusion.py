@@ -4,46 +4,75 @@ and write only what leaves it, where eager PyTorch launches one kernel per op an
 the next reads it back (PyTorch 2 paper, Ansel et al. 2024, ASPLOS, §4: TorchInductor's "fusion of pointwise,
 reduction, and scatter operations"; torch/_inductor/scheduler.py fuses nodes that share reads or feed each other).
 
-``fused_memory`` walks the capture graph (graph.build_graph): among a layer's nodes, those that run no matmul and no
-attention core (element-wise ops, reductions, views, casts) form connected runs; each run moves the bytes of the
-tensors it reads from outside (each once) and of the tensors it hands on: to a GEMM, an attention core, another
-layer, the output, or autograd (a tensor some op saves for backward is written whatever reads it). A run never moves
-more than eager did. Not modelled: a reduction followed by element-wise ops over its input may take two kernels (one
-read more: optimistic), and AOTAutograd's partitioner may recompute cheap ops in backward instead of saving them
-(fewer writes: pessimistic). The backward's traffic scales as the forward's (cost_models/compiled.py)."""
+``fused_memory`` walks the capture graph (graph.build_graph). Among a layer's nodes, those that run no matmul and no
+attention core (element-wise ops, reductions, views, casts) form runs: two such nodes joined by an edge share a run
+when as many GEMMs and attention kernels lie upstream of each inside the layer (a residual add after the MLP cannot
+fuse with the add before it, whose output the MLP's GEMMs read first). An op that reads only its input's shape
+(zeros_like, sym_size: graph's _METADATA_OPS) reads nothing and joins nothing through that input. Each run moves the
+bytes of the tensors it reads from outside (each once) and of the tensors it hands on: to a GEMM, an attention core,
+another run, another layer, the output, or autograd (a tensor some op saves for backward is written whatever reads
+it). A run whose fused traffic would exceed its eager traffic (at one sample) keeps its eager figures, per sample and
+fixed alike. ``eager``: nodes left as they are (a MoE layer's routed experts, which the cost model prices as the
+engine runs them). Not modelled: a reduction followed by element-wise ops over its input may take two kernels (one
+read more: optimistic), a saved base and its view count as two writes, and AOTAutograd's partitioner may recompute
+cheap ops in backward instead of saving them (fewer writes): both pessimistic. The backward's traffic scales as the
+forward's (cost_models/compiled.py)."""
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import networkx as nx
 
+from autopar.capture.graph import _METADATA_OPS
+
+
+def _compute(attrs: dict) -> bool:
+    """A node that runs a library kernel Inductor does not fuse into: a GEMM or an attention core."""
+    return attrs["matmul_flops_per_sample"] > 0 or attrs["matmul_flops_fixed"] > 0 or attrs["scores"]
+
 
 def _anchor(attrs: dict) -> bool:
-    """A node Inductor leaves to a library kernel (a GEMM, an attention core) or that is not an op at all."""
-    return attrs["matmul_flops_per_sample"] > 0 or attrs["matmul_flops_fixed"] > 0 or attrs["fx_op"] in (
-        "placeholder", "get_attr", "output") or attrs["scores"]
+    return _compute(attrs) or attrs["fx_op"] in ("placeholder", "get_attr", "output")
 
 
-def fused_memory(g: nx.DiGraph, nodes: list[str]) -> tuple[float, float]:
+def fused_memory(g: nx.DiGraph, nodes: list[str], eager: Collection[str] = ()) -> tuple[float, float]:
     """(per sample, fixed) memory-bound bytes of ``nodes`` (one layer's forward) with their element-wise runs
     fused (module docstring)."""
+    eager = set(eager)
+    members = set(nodes)
     saved = {label for n in nodes for label in g.nodes[n]["saves"]}
-    fusible = [n for n in nodes if not _anchor(g.nodes[n])]
-    runs = nx.connected_components(g.subgraph(fusible).to_undirected(as_view=True))
+    fusible = [n for n in nodes if n not in eager and not _anchor(g.nodes[n])]
+    depth = _gemm_depth(g, nodes, members)
+    runs = nx.Graph()
+    runs.add_nodes_from(fusible)
+    runs.add_edges_from((u, v) for u, v in g.subgraph(fusible).edges
+                        if depth[u] == depth[v] and g.nodes[v]["op"] not in _METADATA_OPS)
     per_sample = fixed = 0.0
-    for run in runs:
-        eager = (sum(g.nodes[n]["memory_bytes_per_sample"] for n in run),
-                 sum(g.nodes[n]["memory_bytes_fixed"] for n in run))
-        reads = {src for n in run for src in g.predecessors(n) if src not in run}
+    for run in nx.connected_components(runs):
+        reads = {src for n in run if g.nodes[n]["op"] not in _METADATA_OPS
+                 for src in g.predecessors(n) if src not in run}
         writes = {n for n in run if n in saved or _leaves(g, n, run)}
         moved = [sum(g.nodes[n][f"out_bytes_{part}"] for n in reads | writes) for part in ("per_sample", "fixed")]
-        per_sample += min(eager[0], moved[0])
-        fixed += min(eager[1], moved[1])
-    untouched = [n for n in nodes if _anchor(g.nodes[n])]  # a GEMM's or attention's own traffic stays as counted
+        was = [sum(g.nodes[n][f"memory_bytes_{part}"] for n in run) for part in ("per_sample", "fixed")]
+        take = moved if moved[0] <= was[0] and sum(moved) <= sum(was) else was
+        per_sample += take[0]
+        fixed += take[1]
+    untouched = [n for n in nodes if n in eager or _anchor(g.nodes[n])]  # a GEMM's or attention's traffic as counted
     per_sample += sum(g.nodes[n]["memory_bytes_per_sample"] for n in untouched)
     fixed += sum(g.nodes[n]["memory_bytes_fixed"] for n in untouched)
     return per_sample, fixed
 
 
+def _gemm_depth(g: nx.DiGraph, nodes: list[str], members: set[str]) -> dict[str, int]:
+    """The most GEMMs and attention kernels on a path to each node from the layer's inputs, inside the layer."""
+    depth: dict[str, int] = {}
+    for n in nx.topological_sort(g.subgraph(members)):
+        depth[n] = max((depth[p] + _compute(g.nodes[p]) for p in g.predecessors(n) if p in members), default=0)
+    return depth
+
+
 def _leaves(g: nx.DiGraph, n: str, run: set[str]) -> bool:
-    """Whether something outside ``n``'s run reads its output, or nothing does (the graph's output)."""
+    """Whether something outside ``n``'s run reads its values (not just its shape), or nothing reads it at all (the
+    graph's output)."""
     successors = list(g.successors(n))
-    return not successors or any(s not in run for s in successors)
+    return not successors or any(s not in run and g.nodes[s]["op"] not in _METADATA_OPS for s in successors)

@@ -13,7 +13,7 @@ import torch
 from autopar.capture.attention import AttentionCore, core_masks
 from autopar.capture.fusion import fused_memory
 from autopar.capture.graph import Layer, layer_inputs
-from autopar.capture.moe import find_moe, measured
+from autopar.capture.moe import expert_nodes, find_moe, measured
 from autopar.capture.parts import layer_parts
 from autopar.capture.tp import tp_pattern
 from autopar.profile import LayerProfile, MoEProfile, PartProfile, TPPattern
@@ -33,23 +33,25 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     matmul, _ = total("matmul_flops")
     mem, mem_fixed = total("memory_bytes", kept)
     heavy, heavy_fixed = total("heavy_bytes", kept)
-    fused, fused_fixed = fused_memory(g, kept)
     saved, saved_fixed = (a - b for a, b in zip(total("saved_bytes"), total("saved_score_bytes")))
     # an eager attention's scores are priced apart, in the model's dtype (attention.py): left out of both
     cast, cast_fixed = (a - b for a, b in zip(total("autocast_saved_bytes"), total("saved_score_bytes")))
     fp8, fp8_fixed = total("fp8_saved_delta")
     unit = layer.units[0]
     module = model.get_submodule(unit) if unit != "<model>" else model
-    moe, extra, experts = None, 0.0, {}
+    moe, extra, experts, routed = None, 0.0, {}, []
     if len(layer.units) == 1 and (found := find_moe(module)) is not None:
         moe, experts = measured(found, unit, g, nodes, tokens)
+        routed = expert_nodes(found, unit, g, nodes)
         # the routed experts' work at the capacity factor (a model padded to it traced that work already)
         extra = 0.0 if found.padded else (moe.capacity_factor or 1.0) - 1.0
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]
         mem, saved = mem + extra * experts["memory_bytes"], saved + extra * experts["saved_bytes"]
-        fused += extra * experts["memory_bytes"]
         cast += extra * experts["autocast_saved_bytes"]
         fp8 -= experts["fp8_saved_delta"]  # the routed experts' inputs stay in the dtype, as their GEMMs (experts.py)
+    # the routed experts stay as traced: the cost model prices them as the engine runs them (cost_models/experts.py)
+    fused, fused_fixed = fused_memory(g, kept, eager=routed)
+    fused += extra * experts.get("memory_bytes", 0.0)
     is_head = layer.index == head
     pattern = _pattern(layer, unit, module, gm, g, is_head, moe, cores)
     parts = layer_parts(unit, module, g, nodes, cores, pattern, moe.module if moe else None) \

@@ -40,8 +40,8 @@ and TP: a plan with etp = tp > 1 is warned). Both place an expert-parallel group
 innermost), as Megatron-Core does. The experts themselves (count, top-k, widths) belong to the model's
 config (``--module`` / ``--config``), not to the job.
 
-torch.compile: 0.2's ``training.compile``, 0.3's ``compile.enable`` (which compiles the loss too, by default: a
-little faster than the plan prices, which compiles the blocks only).
+torch.compile: ``[compile] enable`` in both (which compiles the loss too, by default: a little faster than the plan
+prices, which compiles the blocks only).
 
 FP8 (export/fp8.py): 0.2's ``[model] converters`` and ``[quantize.linear.float8]`` (or ``.mx``); 0.3 takes them from
 the model's Python config only, so a plan with FP8 is warned there.
@@ -138,17 +138,16 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
     parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
     sections = {"training": training, "parallelism": parallelism, **torchtitan_fp8(plan, dialect, warnings)}
     _context(plan, dialect, parallelism, warnings)
+    if par.compile:
+        sections["compile"] = {"enable": True}
     if dialect == "0.2":
-        if par.compile:
-            training["compile"] = True
         parallelism["enable_async_tensor_parallel"] = False
         if par.tp > 1 and not par.sequence_parallel:
             warnings.append("torchtitan 0.2's tensor parallelism always shards norms and dropout along the "
                             "sequence (sequence parallelism); exported with it (less activation memory than "
                             "planned)")
     else:
-        sections["compile"] = {"enable": True} if par.compile else {}
-        sections["compile"]["enable_async_tensor_parallel"] = False
+        sections.setdefault("compile", {})["enable_async_tensor_parallel"] = False
         if par.tp > 1:
             parallelism["enable_sequence_parallel"] = par.sequence_parallel
     if par.pp > 1:

@@ -60,7 +60,8 @@ def configuration(plan: Plan) -> str:
     return (f"tp {par.tp} · {cp}pp {par.pp} · dp {par.dp} · micro-batch {par.micro_batch_size} × "
             f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}{fp8_summary(plan)}"
             f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
-            f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}")
+            f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}"
+            + (" · torch.compile" if par.compile else ""))
 
 
 def layer_range(first: str, last: str, count: int) -> str:

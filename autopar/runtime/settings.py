@@ -12,7 +12,9 @@ from __future__ import annotations
 from autopar.errors import AutoparError
 from autopar.plan import RunPlan
 
-# decision -> (the values the runtime runs, what it does)
+# decision -> (the values the runtime runs, what it does); EXPORT_TO: the engine such a plan was made for, where it is
+# not Megatron-Core
+EXPORT_TO = {"compile": "torchtitan"}
 RUNS = {
     "moe_dispatcher": (("alltoall",), "dispatches experts' tokens by all-to-all"),
     "moe_overlap": ((False,), "does not overlap the experts' all-to-alls with another micro-batch"),
@@ -31,4 +33,4 @@ def check_settings(spec: RunPlan) -> None:
             shown = ",".join(value) if isinstance(value, tuple) else value
             raise AutoparError(f"the plan sets {name} {shown}, but autopar's runtime {what}; re-plan for autopar's "
                                "runtime (autopar solve --engine autopar) or export the plan to the engine it was "
-                               "made for (autopar export --to megatron)")
+                               f"made for (autopar export --to {EXPORT_TO.get(name, 'megatron')})")

@@ -48,6 +48,15 @@ def test_a_run_of_element_wise_ops_moves_its_inputs_and_outputs_once(tmp_path: P
     assert blk.fwd_fused_memory_bytes_per_sample == fused
 
 
+def test_a_residual_add_after_a_gemm_does_not_fuse_with_the_ops_before_it(tmp_path: Path) -> None:
+    """h = 2x feeds fc1 and the residual add after fc2: the add runs after two GEMMs the multiply runs before, so
+    they are separate kernels, each moving what eager moves (32 B a tensor): the multiply 64, sin 128, the add 96."""
+    path = tmp_path / "residual.py"
+    path.write_text(CHAIN.replace("return self.fc2(BODY)", "h = x * 2.0\n        return h + self.fc2(torch.sin(self.fc1(h)))"))
+    blk = capture_graph(str(path), dtype="fp32").profile.layers[0]
+    assert blk.fwd_memory_bytes_per_sample == blk.fwd_fused_memory_bytes_per_sample == 288.0
+
+
 def test_a_llama_block_fused_moves_less_than_eager_and_at_least_its_input_and_output(llama) -> None:
     """Fusion never adds traffic; a block still reads its input and writes its output at least once."""
     for layer in llama.layers:

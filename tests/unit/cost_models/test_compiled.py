@@ -1,12 +1,13 @@
 """torch.compile in the cost model (cost_models/compiled.py): a block's memory-bound traffic as capture measured it
 fused (capture/fusion.py), its GEMMs and attention as in eager; the other layers stay eager; a profile without the
-fused traffic says so in the plan's notes."""
+fused traffic says so in the plan's notes. A compiled block keeps the activations fused kernels keep."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
+from autopar.errors import AutoparError
 from autopar.estimate import estimate
 from cost_models import CostModel, ParallelConfig, load_hardware
 from cost_models.compiled import compiled
@@ -31,15 +32,56 @@ def test_compile_takes_the_fused_traffic_off_each_block_and_nothing_else(llama):
         assert e.compute.fwd_s - c.compute.fwd_s == pytest.approx(fwd, rel=1e-9)
         assert e.compute.bwd_s - c.compute.bwd_s == pytest.approx(bwd, rel=1e-9)
         assert fwd > 0
+        # the activations a compiled block keeps are those fused kernels keep (memory.py's ``fused``)
+        assert c.held.kept_bytes < e.held.kept_bytes
+        assert c.held.kept_bytes == CostModel(llama, replace(H100, fused_elementwise=True)).layer_costs(CFG)[
+            layer.index].held.kept_bytes
 
 
 def test_a_profile_without_fused_traffic_prices_eager_and_says_so(llama):
     old = llama.model_copy(update={"layers": [lp.model_copy(update={"fwd_fused_memory_bytes_per_sample": None})
                                               for lp in llama.layers]})
-    kw = dict(gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none")
+    kw = dict(gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none", engine="torchtitan")
     plain, asked = estimate(old, **kw), estimate(old, compile=True, **kw)
     assert asked.prediction.step_time_s == plain.prediction.step_time_s
     assert any(note.startswith("compile: ") and "capture the model again" in note for note in asked.notes)
     fresh = estimate(llama, compile=True, **kw)
     assert fresh.prediction.step_time_s < plain.prediction.step_time_s
     assert fresh.parallelism.compile and not any(note.startswith("compile: ") for note in fresh.notes)
+
+
+def test_one_cost_model_prices_eager_and_compiled_apart(llama):
+    """The layer cache is keyed by compile: eager, compiled and eager again on the same CostModel."""
+    cost = CostModel(llama, H100)
+    eager = cost.evaluate(CFG).step_time_s
+    fused = cost.evaluate(replace(CFG, compile=True)).step_time_s
+    assert fused < eager and cost.evaluate(CFG).step_time_s == eager
+
+
+def test_a_moe_blocks_dense_part_is_fused_and_its_routed_experts_priced_as_before():
+    """Capture leaves the routed experts' nodes as traced (the cost model prices them as the engine runs them), so
+    under compile the dense part of a MoE block (attention, router, shared experts) moves its own fused traffic,
+    less than eager and more than nothing, and the experts' term is the same."""
+    from autopar.capture import capture_model
+    from cost_models.experts import DenseView
+    from helpers import ROOT
+
+    moe = capture_model(str(ROOT / "examples" / "moe.py"), {"n_layer": "2", "dim": "256", "n_head": "4",
+                                                           "n_kv_head": "2", "n_experts": "4",
+                                                           "expert_hidden": "384", "vocab_size": "512"}, seq_len=256)
+    layer = next(lp for lp in moe.layers if lp.moe)
+    eager, fused = DenseView(layer, 256), DenseView(compiled(layer), 256)
+    assert 0 < fused.fwd_memory_bytes_per_sample < eager.fwd_memory_bytes_per_sample
+    assert layer.fwd_fused_memory_bytes_per_sample >= 256 * layer.moe.top_k * layer.moe.expert_memory_bytes_per_token
+    cfg = ParallelConfig(tp=1, pp=1, dp=2, ep=2, micro_batch_size=1, num_microbatches=1, recompute="none")
+    plain = CostModel(moe, H100).layer_costs(cfg)[layer.index]
+    comp = CostModel(moe, H100).layer_costs(replace(cfg, compile=True))[layer.index]
+    assert comp.traffic.a2a_fwd_s == plain.traffic.a2a_fwd_s and comp.compute.fwd_s < plain.compute.fwd_s
+
+
+def test_an_engine_that_runs_blocks_eagerly_refuses_compile(llama):
+    kw = dict(gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none", compile=True)
+    assert estimate(llama, engine="torchtitan", **kw).parallelism.compile
+    for engine in ("megatron", "autopar", "deepspeed"):
+        with pytest.raises(AutoparError, match="--compile: this engine runs the blocks eagerly"):
+            estimate(llama, engine=engine, **kw)

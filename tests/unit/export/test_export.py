@@ -279,14 +279,14 @@ def test_a_degree_a_target_cannot_name_is_a_warning(monkeypatch):
 
 
 def test_compile_is_torchtitans_setting_and_a_warning_elsewhere(plans):
-    """A plan priced under torch.compile: torchtitan compiles (0.2's training.compile, 0.3's compile.enable); an
-    engine without such a setting says the export runs eager."""
+    """A plan priced under torch.compile: torchtitan compiles ([compile] enable, in 0.2's TOML and 0.3's
+    overrides); an engine without such a setting says the export runs eager."""
     plan = plans["zero3"].model_copy(update={"parallelism": plans["zero3"].parallelism.model_copy(
         update={"compile": True})})
-    assert titan_config(plan, "torchtitan@0.2")["training"]["compile"] is True
-    assert titan_config(plan, "torchtitan")["compile"]["enable"] is True
-    assert "compile" not in titan_config(plans["zero3"], "torchtitan@0.2")["training"]
-    assert "enable" not in titan_config(plans["zero3"], "torchtitan").get("compile", {})
+    for target in ("torchtitan", "torchtitan@0.2"):
+        assert titan_config(plan, target)["compile"]["enable"] is True
+        assert "enable" not in titan_config(plans["zero3"], target).get("compile", {})
+        assert "compile" not in titan_config(plan, target)["training"]
     for target in ("torchtitan", "torchtitan@0.2"):
         assert not any("compile" in w for w in export(plan, target).warnings)
     assert any("compile True" in w for w in export(plan, "megatron").warnings)

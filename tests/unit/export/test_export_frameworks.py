@@ -42,7 +42,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "recompute_modules", "h100_zero3", "fp8_tensorwise", "fp8_delayed"]
+                "recompute_modules", "h100_zero3", "fp8_tensorwise", "fp8_delayed", "compiled"]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,9 @@ def all_plans(plans, profile):
         "fp8_delayed": autopar.estimate(profile, gpu="h100-80gb", engine="megatron", gpus=8, tp=2, pp=1,
                                         micro_batch_size=1, global_batch_size=16, zero_stage=1, recompute="none",
                                         fp8="delayed", fp8_bf16_blocks=0),
+        "compiled": autopar.estimate(profile, gpu="h100-80gb", engine="torchtitan", gpus=8, tp=1, pp=1,
+                                     micro_batch_size=1, global_batch_size=16, zero_stage=3, recompute="none",
+                                     compile=True),
     }
     return {**plans, **extra}
 
@@ -288,7 +291,7 @@ def test_torchtitan_0_3_config_manager(all_plans, name, tmp_path, monkeypatch):
 
 _TITAN_0_2 = '''import dataclasses, json, sys
 from torchtitan.config.manager import ConfigManager
-sections = ("training", "parallelism", "activation_checkpoint", "model", "quantize")
+sections = ("training", "parallelism", "activation_checkpoint", "model", "quantize", "compile")
 parsed = {}
 for path in sys.argv[1:]:
     cfg = ConfigManager().parse_args(["--job.config_file", path])

@@ -224,7 +224,9 @@ def test_every_option_reaches_the_ranks() -> None:
     ({"tp_comm_overlap": True}, "the plan sets tp_comm_overlap True, but autopar's runtime does not overlap"),
     ({"overlap_grad_reduce": False}, "the plan sets overlap_grad_reduce False, but autopar's runtime reduces"),
     ({"recompute_modules": ["core_attn", "mlp"]}, "the plan sets recompute_modules core_attn,mlp, but autopar's"),
-    ({"compile": True}, "the plan sets compile True, but autopar's runtime runs the blocks eagerly"),
+    ({"compile": True}, "runs the blocks eagerly, without torch.compile; re-plan for autopar's runtime (autopar "
+                        "solve --engine autopar) or export the plan to the engine it was made for (autopar export "
+                        "--to torchtitan)"),
 ])
 def test_a_setting_the_runtime_runs_one_way_only_is_refused_before_torchrun(tmp_path: Path, setting: dict,
                                                                              message: str) -> None:
