@@ -28,7 +28,7 @@ from autopar.plan import (
 )
 from autopar.profile import ModelProfile
 from cost_models import ConfigError, CostModel, HardwareProfile, ParallelConfig, StepEstimate, load_hardware
-from cost_models.compiled import uncompiled_blocks
+from cost_models.compiled import check_compile, uncompiled_blocks
 from cost_models.engines import DEFAULT_ENGINE, FP8_RUNNERS, load_engine
 from cost_models.fp8 import check_recipe, fp8_blocks
 from cost_models.hardware import GIB
@@ -187,7 +187,9 @@ def plan_model(plan: Plan, profile: ModelProfile) -> tuple[ParallelConfig, CostM
     try:
         cfg = config_of(plan, profile)
         cfg.validate(profile)
-        return cfg, engine_model(profile, load_hardware(plan.cluster.hardware), plan.prediction.engine)
+        model = engine_model(profile, load_hardware(plan.cluster.hardware), plan.prediction.engine)
+        check_compile(cfg.compile, model.hw)
+        return cfg, model
     except (ConfigError, ValueError, OSError) as err:
         raise AutoparError(str(err)) from err
 

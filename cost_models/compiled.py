@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cost_models.errors import ConfigError
 from cost_models.model import LayerLike
 
 
@@ -46,3 +47,11 @@ def compiled(layer: LayerLike) -> LayerLike:
 def uncompiled_blocks(layers: list[LayerLike]) -> int:
     """Blocks whose profile has no fused traffic (captured before it was measured): priced as eager."""
     return sum(1 for lp in layers if lp.kind == "block" and getattr(lp, "fwd_fused_memory_bytes_per_sample", None) is None)
+
+
+def check_compile(compile_: bool, hw: Any) -> None:
+    """ConfigError (one line) for a plan under torch.compile on an engine that runs the blocks eagerly
+    (hardware.HardwareProfile.compiles, set by cost_models.engines)."""
+    if compile_ and not hw.compiles:
+        raise ConfigError("--compile: this engine runs the blocks eagerly (torch.compile of each block is torchtitan's "
+                          "compile setting); plan with --engine torchtitan, or leave out --compile")

@@ -263,7 +263,7 @@ def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: 
     gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
     shapes = ((h, 2 * f), (f, h)) if gated else ((h, f), (f, h))
     padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
-    rate = hw.peak(dtype) * max(e for _, e in hw.gemm_efficiency.points)
+    rate = hw.peak(dtype) * max(e for _, e in hw.gemm_table(dtype).points)
     total = 0.0
     for k, n in shapes:
         flops = 2.0 * padded * k * n * local_experts

@@ -16,13 +16,13 @@ from dataclasses import replace
 
 from cost_models import comm, lockstep
 from cost_models.algebra import FloatAlgebra
+from cost_models.compiled import check_compile
 from cost_models.compiled import compiled as compiled_layer
 from cost_models.composition import LARGEST, SUMMED, StepShape, compose, device_chunks, device_cuts, named_terms
 from cost_models.compute import attention_core_times, engine_attention_kernel, layer_compute
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
-from cost_models.errors import ConfigError
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of
 from cost_models.fp8 import (
@@ -201,9 +201,7 @@ class CostModel:
         """Layer i's cost at recomputation ``mode`` and degree t as it runs, per micro-batch (its compute, its
         tensor-, context- and expert-parallel traffic, its activations), before the per-step work that depends
         on the data-parallel degree and the ZeRO stage (``_with_step_work``): what option_costs starts from."""
-        if cfg.compile and not self.hw.compiles:
-            raise ConfigError("--compile: this engine runs the blocks eagerly (torch.compile of each block is "
-                              "torchtitan's compile setting); plan with --engine torchtitan, or leave out --compile")
+        check_compile(cfg.compile, self.hw)
         layer = self.model.layers[i]
         gpn = self.domain(cfg)
         b = cfg.micro_batch_size * t // cfg.tp
@@ -277,9 +275,11 @@ class CostModel:
         gradients (memory.accumulates_unsharded). ``devices``: the stage's GPUs, which its layers' ZeRO-3 gathers
         (over dp) and tensor-parallel collectives (over tp) hold in lock-step. ``fp8``: the layer's linears run in
         FP8 (its weights may be gathered in FP8 and kept as FP8 copies: fp8.step_precision)."""
-        precision = cfg.recipe(self.model.dtype)
+        precision = expert_precision = cfg.recipe(self.model.dtype)
         if fp8:
             precision = step_precision(precision, cfg.fp8, cfg.zero_stage, self.hw)
+            if self.hw.fp8_library == TRANSFORMER_ENGINE:  # torchao converts linears only: its experts stay bf16
+                expert_precision = precision
         own, copy, experts = c.held.params_per_gpu, c.held.tied_params_per_gpu, c.held.expert_params_per_gpu
         gather = self.hw.param_gather_overlap if cfg.overlap_param_gather is None else cfg.overlap_param_gather
         work = self._step_work_of(own - experts, copy, dp_l, cfg.zero_stage, precision, link_dp, whole, gather)
@@ -287,7 +287,8 @@ class CostModel:
             gpn = self.domain(cfg)
             edp = dp_l * cfg.tp // (cfg.expert_tp * cfg.ep)
             link_e = comm.group_link(self.hw, edp, cfg.expert_tp * cfg.ep, gpn)
-            work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, precision, link_e, whole, gather))
+            work = added(work, self._step_work_of(experts, 0.0, edp, cfg.zero_stage, expert_precision, link_e, whole,
+                                                  gather))
         tied = comm.all_reduce_time(copy * precision.grad_bytes, 2, pp_link, self.hw) if copy else 0.0
         zero3 = work.zero3_s
         z3_sync = lockstep.zero3_sync(c.compute.fwd_s, c.compute.bwd_s, self.hw, devices) if zero3 > 0 else 0.0

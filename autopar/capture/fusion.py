@@ -10,13 +10,14 @@ when as many GEMMs and attention kernels lie upstream of each inside the layer (
 fuse with the add before it, whose output the MLP's GEMMs read first). An op that reads only its input's shape
 (zeros_like, sym_size: graph's _METADATA_OPS) reads nothing and joins nothing through that input. Each run moves the
 bytes of the tensors it reads from outside (each once) and of the tensors it hands on: to a GEMM, an attention core,
-another run, another layer, the output, or autograd (a tensor some op saves for backward is written whatever reads
-it). A run whose fused traffic would exceed its eager traffic (at one sample) keeps its eager figures, per sample and
+another run, another layer or the output. A tensor made inside a run that some op saves for backward is not written:
+AOTAutograd's min-cut partitioner saves the run's inputs and recomputes such tensors in the backward (the same
+choice compiled.py makes for activation memory). A run whose fused traffic would exceed its eager traffic (at one sample) keeps its eager figures, per sample and
 fixed alike. ``eager``: nodes left as they are (a MoE layer's routed experts, which the cost model prices as the
 engine runs them). Not modelled: a reduction followed by element-wise ops over its input may take two kernels (one
-read more: optimistic), a saved base and its view count as two writes, and AOTAutograd's partitioner may recompute
-cheap ops in backward instead of saving them (fewer writes): both pessimistic. The backward's traffic scales as the
-forward's (cost_models/compiled.py)."""
+read more: optimistic), ops Inductor leaves to library kernels (topk, sort, nonzero) fuse here (optimistic, small:
+routers), a producer whose one reader lies past a GEMM is written and read again (pessimistic), and a saved base and
+its view count as two writes (pessimistic). The backward's traffic scales as the forward's (cost_models/compiled.py)."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -40,7 +41,6 @@ def fused_memory(g: nx.DiGraph, nodes: list[str], eager: Collection[str] = ()) -
     fused (module docstring)."""
     eager = set(eager)
     members = set(nodes)
-    saved = {label for n in nodes for label in g.nodes[n]["saves"]}
     fusible = [n for n in nodes if n not in eager and not _anchor(g.nodes[n])]
     depth = _gemm_depth(g, nodes, members)
     runs = nx.Graph()
@@ -51,7 +51,7 @@ def fused_memory(g: nx.DiGraph, nodes: list[str], eager: Collection[str] = ()) -
     for run in nx.connected_components(runs):
         reads = {src for n in run if g.nodes[n]["op"] not in _METADATA_OPS
                  for src in g.predecessors(n) if src not in run}
-        writes = {n for n in run if n in saved or _leaves(g, n, run)}
+        writes = {n for n in run if _leaves(g, n, run)}
         moved = [sum(g.nodes[n][f"out_bytes_{part}"] for n in reads | writes) for part in ("per_sample", "fixed")]
         was = [sum(g.nodes[n][f"memory_bytes_{part}"] for n in run) for part in ("per_sample", "fixed")]
         take = moved if moved[0] <= was[0] and sum(moved) <= sum(was) else was

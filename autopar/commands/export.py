@@ -33,6 +33,7 @@ def export_command(
     from autopar.files import write_atomic
     from autopar.models import PlanModel
     from autopar.plan import Plan
+    from cost_models.engines import ENGINES
 
     try:
         target, _ = check_target(to)  # before reading the plan: a bad --to fails first
@@ -42,7 +43,11 @@ def export_command(
         raise typer.Exit(2)
     engine = ENGINE_OF[target]
     try:
-        plan = for_engine(plan, engine, PlanModel(plan, plan_file, model, trust_plan_model))
+        if plan.parallelism.compile and not ENGINES[engine].compiles:
+            typer.echo(f"warning: the plan is priced under torch.compile, which {target} does not run; the header keeps "
+                       f"the plan's prediction (for the {plan.prediction.engine} engine)", err=True)
+        else:
+            plan = for_engine(plan, engine, PlanModel(plan, plan_file, model, trust_plan_model))
     except ModelNotNamed as err:
         typer.echo(f"warning: the header's prediction is the plan's, for the {plan.prediction.engine} engine; "
                    f"{target} runs {engine}: to price it for {engine}, {err}", err=True)

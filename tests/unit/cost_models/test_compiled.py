@@ -85,3 +85,25 @@ def test_an_engine_that_runs_blocks_eagerly_refuses_compile(llama):
     for engine in ("megatron", "autopar", "deepspeed"):
         with pytest.raises(AutoparError, match="--compile: this engine runs the blocks eagerly"):
             estimate(llama, engine=engine, **kw)
+
+
+def test_a_compiled_plan_priced_again_for_an_engine_that_cannot_compile_is_one_line(llama, tmp_path):
+    """explain and export price a plan again for its (or the target's) engine: a plan under torch.compile for one
+    that runs eagerly (a hand-edited plan, or one from before engines were checked) fails in one line, and the
+    Megatron export keeps the plan's own prediction, saying why."""
+    from typer.testing import CliRunner
+
+    from autopar.cli import app
+    from autopar.pricing import plan_model
+    from helpers.builders import LLAMA
+
+    plan = estimate(llama, gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none",
+                    engine="torchtitan", compile=True)
+    moved = plan.model_copy(update={"prediction": plan.prediction.model_copy(update={"engine": "megatron"})})
+    with pytest.raises(AutoparError, match="--compile: this engine runs the blocks eagerly"):
+        plan_model(moved, llama)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    result = CliRunner().invoke(app, ["export", str(path), "--to", "megatron", "--model", LLAMA])
+    assert result.exit_code == 0, result.output
+    assert "priced under torch.compile, which megatron does not run" in result.output

@@ -279,3 +279,14 @@ def test_transformer_engine_runs_the_experts_gemms_in_fp8_with_their_casts() -> 
     scaled = fp8 / H100.fp8_rowwise_gemm_efficiency
     assert high_wgrad == pytest.approx(scaled + bf16 + memory_time(3 * rows * (2 * f + h) + 3 * weights, H100))
     assert fwd + bwd < 3 * bf16
+
+
+def test_grouped_fp8_gemms_run_at_the_fp8_table():
+    """A profile whose FP8 GEMMs reach a lower share of their peak than its bf16 ones (MI300X's) prices the grouped
+    FP8 expert GEMMs at that share, as the dense FP8 linears."""
+    moe = SimpleNamespace(hidden_size=2048, expert_ffn_size=768, expert_fwd_flops_per_token=6 * 2048 * 768)
+    hw = replace(load_hardware("mi300x"), grouped_experts=True)
+    fp8 = grouped_gemm_time(moe, rows_each=4096, local_experts=8, etp=1, hw=hw, dtype="fp8", dtype_bytes=1)
+    top = max(e for _, e in hw.gemm_table("fp8").points)
+    assert top < max(e for _, e in hw.gemm_table("bf16").points)
+    assert fp8 == pytest.approx(2 * 4096 * (2048 * 1536 + 768 * 2048) * 8 / (hw.peak("fp8") * top))

@@ -44,7 +44,7 @@ CHANGES = {
     "overlap_param_gather": ("gpt", BASE, {"overlap_param_gather": False}),  # None: the engine's default
     "tp_comm_overlap": ("gpt", {**BASE, "sequence_parallel": True}, {"tp_comm_overlap": True}),
     "recompute_modules": ("gpt", {**BASE, "recompute": "selective"}, {"recompute_modules": ("core_attn", "mlp")}),
-    "compile": ("gpt", BASE, {"compile": True}),
+    "compile": ("gpt", {**BASE, "engine": "torchtitan"}, {"compile": True}),
 }
 MODELS = {"gpt": (EX / "gpt.py", GPT), "moe": (EX / "moe.py", MOE)}
 
