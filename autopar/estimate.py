@@ -32,7 +32,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
     hardware_name = str(hardware_file) if hardware_file is not None else gpu
     if hardware_file is not None and Path(hardware_file).suffix != ".json":
         raise AutoparError(f"--hardware expects a .json profile file, got {hardware_file}")
-    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=choices.get("fp8"))
+    raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=choices.get("fp8"),
+                              compile_=choices.get("compile"))
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain, whole_nodes=False)
     try:
         profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)

@@ -36,15 +36,20 @@ from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
 def priced_hardware(gpu: str, hardware_file: str | Path | None = None, *, dtype: str,
-                    engine: str = DEFAULT_ENGINE, fp8: str | None = None) -> tuple[HardwareProfile, HardwareProfile]:
+                    engine: str = DEFAULT_ENGINE, fp8: str | None = None,
+                    compile_: bool | None = None) -> tuple[HardwareProfile, HardwareProfile]:
     """(the hardware profile as loaded, the profile the engine runs at: cost_models/engines.py). AutoparError, one
-    line, for an unknown profile or engine, a CPU without a calibration, a dtype the device lacks, or an FP8 recipe
-    the device or the engine does not run."""
+    line, for an unknown profile or engine, a CPU without a calibration, a dtype the device lacks, an FP8 recipe
+    the device or the engine does not run, or torch.compile (``compile_``) on an engine that runs blocks eagerly:
+    before the model is traced."""
     try:
         hw = load_hardware(hardware_file if hardware_file is not None else gpu)
         hw.check_dtype(dtype)
         priced = load_engine(engine).on(hw)
         check_recipe(fp8, priced, FP8_RUNNERS)
+        if compile_ and not priced.compiles:
+            raise ConfigError(f"--compile: the {engine} engine runs the blocks eagerly; torch.compile of each block is "
+                              "torchtitan's compile setting: plan with --engine torchtitan, or leave out --compile")
         return hw, priced
     except ConfigError as err:
         raise AutoparError(str(err)) from None

@@ -97,7 +97,8 @@ class ParallelConfig:
     # torch.compile of every block (compiled.py): its element-wise ops fused between the GEMMs. An engine setting the
     # search leaves as pinned (it speeds up every plan alike).
     compile: bool = decision(False, help="torch.compile every block, its element-wise ops fused between the GEMMs "
-                                         "(torchtitan's --compile)", records=(LAYER,), searched=False)
+                                         "(torchtitan's compile.enable; needs --engine torchtitan)",
+                             records=(LAYER,), searched=False)
     # The attention kernel the run uses: "fused" (flash / SDPA, what capture traces) or "unfused" (materialised
     # S×S scores, e.g. Megatron-LM before FlashAttention), with or without attention dropout.
     attention_kernel: AttentionKernel = decision("fused", help="attention as the fused (flash) kernel or unfused "

@@ -20,6 +20,7 @@ from autopar.errors import AutoparError
 from autopar.models import load_profile, model_source
 from autopar.plan import Plan
 from autopar.pricing import predict
+from autopar.runtime.settings import check_settings
 from cost_models import ConfigError, load_hardware
 from cost_models.hardware import GIB
 
@@ -98,6 +99,7 @@ def validate(plan_path: str | Path, model: str | None = None, *, hardware_file: 
     if steps < 1 or warmup < 0:
         raise AutoparError("--steps must be at least 1 and --warmup at least 0")
     plan = Plan.load(plan_path)
+    check_settings(plan)  # what the runtime runs one way only: refused before pricing it for the runtime
     hardware = str(hardware_file) if hardware_file is not None else plan.cluster.hardware
     try:
         hw = load_hardware(hardware)

@@ -42,12 +42,12 @@ def export_command(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2)
     engine = ENGINE_OF[target]
+    if plan.parallelism.compile and not ENGINES[engine].compiles:
+        typer.echo(f"warning: the plan is priced under torch.compile, which {target} does not run: it is exported, and "
+                   "priced with --model, without it (the blocks eager)", err=True)
+        plan = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"compile": False})})
     try:
-        if plan.parallelism.compile and not ENGINES[engine].compiles:
-            typer.echo(f"warning: the plan is priced under torch.compile, which {target} does not run; the header keeps "
-                       f"the plan's prediction (for the {plan.prediction.engine} engine)", err=True)
-        else:
-            plan = for_engine(plan, engine, PlanModel(plan, plan_file, model, trust_plan_model))
+        plan = for_engine(plan, engine, PlanModel(plan, plan_file, model, trust_plan_model))
     except ModelNotNamed as err:
         typer.echo(f"warning: the header's prediction is the plan's, for the {plan.prediction.engine} engine; "
                    f"{target} runs {engine}: to price it for {engine}, {err}", err=True)

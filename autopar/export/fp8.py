@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from autopar.export.common import block_indices
+from autopar.export.stages import TargetNames, target_name
 from autopar.plan import Plan
 
 MEGATRON_RECIPES = {"tensorwise": "tensorwise", "delayed": "delayed", "mxfp8": "mxfp8"}
@@ -108,29 +109,39 @@ def bridge_mixed_precision(plan: Plan, target: str, warnings: list[str]) -> str 
     return name
 
 
-def kept_in_bf16(plan: Plan) -> list[str]:
-    """Names a torchtitan filter_fqns entry matches for every layer the plan keeps in bf16: a numbered block as
-    ``layers.0.`` (so ``layers.0`` does not also match ``layers.01``), any other layer by its name."""
+def kept_in_bf16(plan: Plan, names: TargetNames) -> list[str]:
+    """Names a torchtitan filter_fqns entry matches for every layer the plan keeps in bf16, in torchtitan's module
+    names (``names``: export/stages.py): a numbered block as ``layers.0.`` (so it does not also match ``layers.01``),
+    the embeddings, final norm and head as torchtitan names them, any other layer by its own name."""
     blocks = set(block_indices(plan))
-    return [f"{layer.name}." if i in blocks else layer.name
-            for i, layer in enumerate(plan.layers) if not layer.fp8]
+    out = []
+    for i, layer in enumerate(plan.layers):
+        name = target_name(plan, i, names) if not layer.fp8 else None
+        if name is not None:
+            out.append(f"{name}." if i in blocks else name)
+    return list(dict.fromkeys(out))  # GPT's wte and wpe are both torchtitan's tok_embeddings
 
 
-def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[str, Any]]:
-    """torchtitan 0.2's sections for the plan's FP8 ({} without, or for 0.3 with a warning)."""
+def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str], names: TargetNames) -> dict[str, dict[str, Any]]:
+    """torchtitan 0.2's sections for the plan's FP8 ({} without, or for 0.3 with a warning); ``names``: torchtitan's
+    module names, which its filter_fqns match."""
     par = plan.parallelism
     if par.fp8 is None:
         return {}
     if dialect != "0.2":
-        warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: use a --config "
-                        f"whose model_registry(...) has converters=[Float8LinearConverter.Config(recipe_name=...)] "
-                        f"(as llama3_debugmodel_float8 does; rowwise recipes only) for the plan's {par.fp8}, with "
-                        f"filter_fqns={kept_in_bf16(plan)} for the layers it keeps in bf16")
+        if par.fp8 in ("rowwise", "rowwise_with_gw_hp"):
+            how = (f"use a --config whose model_registry(...) has converters=[Float8LinearConverter.Config("
+                   f"recipe_name={par.fp8!r}, filter_fqns={kept_in_bf16(plan, names)})] (as llama3_debugmodel_float8 "
+                   "does)")
+        else:
+            how = (f"its Float8LinearConverter takes the rowwise recipes only, not the plan's {par.fp8}: plan "
+                   "--fp8 rowwise for torchtitan 0.3, or export to torchtitan@0.2")
+        warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: {how}")
         return {}
     if par.fp8 == "delayed":
         warnings.append("torchtitan's float8 (torchao) has no delayed scaling; the plan's delayed recipe is exported "
                         "as tensorwise (dynamic) scaling")
-    skip = kept_in_bf16(plan)
+    skip = kept_in_bf16(plan, names)
     if par.fp8 == "mxfp8":
         return {"model": {"converters": ["quantize.linear.mx"]},
                 "quantize": {"linear": {"mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": skip}}}}

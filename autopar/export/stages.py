@@ -92,3 +92,17 @@ def stage_names(plan: Plan, names: TargetNames, target: str) -> StageNames:
         return StageNames(None, len(blocks), f"{target}: a pipeline chunk of the plan holds no layer the target "
                                              "models; exported without a stage cut")
     return StageNames(chunks, len(blocks))
+
+
+def target_name(plan: Plan, index: int, names: TargetNames) -> str | None:
+    """Layer ``index`` of the plan in the target's module names: the k-th block as ``names.block``, an embedding,
+    final norm or head as the target's (None: a parameter-free layer with no counterpart), any other by its own
+    name."""
+    blocks = block_indices(plan)
+    if index in blocks:
+        return names.block.format(blocks.index(index))
+    layer = plan.layers[index]
+    role = _role(layer.units[0], before_blocks=bool(blocks) and index < blocks[0]) if layer.units else None
+    if role == "skip":
+        return None
+    return getattr(names, role) if role is not None else layer.name

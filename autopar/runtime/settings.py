@@ -10,7 +10,7 @@ before torchrun (the plan was made for another engine: export it to that engine 
 from __future__ import annotations
 
 from autopar.errors import AutoparError
-from autopar.plan import RunPlan
+from autopar.plan import Plan, RunPlan
 
 # decision -> (the values the runtime runs, what it does); EXPORT_TO: the engine such a plan was made for, where it is
 # not Megatron-Core
@@ -25,7 +25,7 @@ RUNS = {
 }
 
 
-def check_settings(spec: RunPlan) -> None:
+def check_settings(spec: RunPlan | Plan) -> None:
     """AutoparError (one line) for the first setting of ``spec`` the runtime does not run as asked."""
     for name, (runs, what) in RUNS.items():
         value = getattr(spec.parallelism, name)

@@ -83,7 +83,7 @@ def test_an_engine_that_runs_blocks_eagerly_refuses_compile(llama):
     kw = dict(gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none", compile=True)
     assert estimate(llama, engine="torchtitan", **kw).parallelism.compile
     for engine in ("megatron", "autopar", "deepspeed"):
-        with pytest.raises(AutoparError, match="--compile: this engine runs the blocks eagerly"):
+        with pytest.raises(AutoparError, match=f"--compile: the {engine} engine runs the blocks eagerly"):
             estimate(llama, engine=engine, **kw)
 
 
@@ -106,4 +106,27 @@ def test_a_compiled_plan_priced_again_for_an_engine_that_cannot_compile_is_one_l
     path.write_text(plan.model_dump_json())
     result = CliRunner().invoke(app, ["export", str(path), "--to", "megatron", "--model", LLAMA])
     assert result.exit_code == 0, result.output
-    assert "priced under torch.compile, which megatron does not run" in result.output
+    assert "priced under torch.compile, which megatron does not run: it is exported, and priced with --model, " \
+           "without it" in result.output
+    assert "under the megatron engine" in result.output and "compile True" not in result.output
+
+
+def test_validate_and_estimate_refuse_compile_where_it_does_not_run(llama, tmp_path):
+    """validate runs a plan on autopar's runtime, which runs the blocks eagerly: a compiled plan is one line naming
+    the torchtitan export, before anything is priced or launched; estimate and solve name the engine that refuses
+    --compile, before the model is traced."""
+    from typer.testing import CliRunner
+
+    from autopar.cli import app
+    from helpers.builders import LLAMA
+
+    plan = estimate(llama, gpus=1, tp=1, micro_batch_size=2, global_batch_size=2, recompute="none",
+                    engine="torchtitan", compile=True)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    result = CliRunner().invoke(app, ["validate", str(path), LLAMA])
+    assert result.exit_code == 2 and "runs the blocks eagerly" in result.output
+    assert "autopar export --to torchtitan" in result.output and "Traceback" not in result.output
+    for command in ("estimate", "solve"):
+        result = CliRunner().invoke(app, [command, LLAMA, "--gpus", "2", "--compile", "--engine", "megatron"])
+        assert result.exit_code == 2 and "--compile: the megatron engine runs the blocks eagerly" in result.output

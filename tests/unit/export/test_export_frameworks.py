@@ -388,8 +388,16 @@ def test_fp8_in_each_frameworks_names(all_plans):
     toml = tomllib.loads(export(tensorwise, "torchtitan@0.2").text)
     float8 = toml["quantize"]["linear"]["float8"]
     assert toml["model"]["converters"] == ["quantize.linear.float8"] and float8["enable_fsdp_float8_all_gather"]
-    assert {"h.0.", f"h.{len([x for x in tensorwise.layers if x.name.startswith('h.')]) - 1}."} <= set(
-        float8["filter_fqns"])  # the first and last blocks stay in bf16
+    blocks = len([x for x in tensorwise.layers if x.name.startswith("h.")])
+    # the first and last blocks and the head stay in bf16, in torchtitan's names (its filter matches substrings)
+    assert {"layers.0.", f"layers.{blocks - 1}.", "output"} <= set(float8["filter_fqns"])
+    assert not any(name.startswith(("h.", "lm_head")) for name in float8["filter_fqns"])
+    titan_0_3 = " ".join(export(tensorwise, "torchtitan").warnings)
+    assert "takes the rowwise recipes only, not the plan's tensorwise" in titan_0_3
+    rowwise_plan = tensorwise.model_copy(update={"parallelism": tensorwise.parallelism.model_copy(
+        update={"fp8": "rowwise"})})
+    advice = " ".join(export(rowwise_plan, "torchtitan").warnings)
+    assert "recipe_name='rowwise', filter_fqns=['tok_embeddings', 'layers.0.', 'layers.7.', 'norm', 'lm_head']" in advice
     rowwise = tensorwise.model_copy(update={"parallelism": tensorwise.parallelism.model_copy(update={"fp8": "rowwise"})})
     assert any("no row-scaled FP8 recipe" in w for w in export(rowwise, "megatron").warnings)
     assert any("the plan's fp8 'tensorwise'" in w for w in export(tensorwise, "deepspeed").warnings)
