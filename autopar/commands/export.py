@@ -20,7 +20,7 @@ def export_command(
     plan_file: Annotated[Path, options.PLAN],
     to: Annotated[str, typer.Option("--to", metavar="TARGET", help="megatron, nemo, bionemo, deepspeed, lightning, "
                                     "torchtitan or sagemaker; TARGET@VERSION picks an older dialect (torchtitan@0.2, "
-                                    "sagemaker@v1)")],
+                                    "sagemaker@2, sagemaker@smp1)")],
     output: Annotated[Optional[Path], options.output("write here (atomically) instead of printing")] = None,
     model: Annotated[Optional[str], options.PRICING_MODEL] = None,
     trust_plan_model: Annotated[bool, options.TRUST_PLAN_MODEL] = False,
