@@ -132,6 +132,20 @@ def thin_margin(peak: float, capacity: float) -> str:
             "memory_reserve_gib")
 
 
+def memory_remedies(cfg: ParallelConfig, profile: ModelProfile) -> str:
+    """What would lower a plan's memory, leaving out what it already does: more model parallelism, full
+    recomputation, a higher ZeRO stage, a smaller micro-batch."""
+    blocks = [i for i, layer in enumerate(profile.layers) if layer.kind == "block"]
+    remedies = ["raise --tp or --pp"]
+    if any(cfg.layer_mode(i, "block") != "full" for i in blocks):
+        remedies.append("use --recompute full")
+    if cfg.zero_stage < 3:
+        remedies.append("a higher --zero-stage")
+    if cfg.micro_batch_size > 1:
+        remedies.append("a smaller --micro-batch-size")
+    return remedies[0] if len(remedies) == 1 else ", ".join(remedies[:-1]) + ", or " + remedies[-1]
+
+
 def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gpus_per_node: int,
             hardware_name: str, solver: SolverInfo | None = None, engine: str = DEFAULT_ENGINE,
             uncertainty: Uncertainty | None = None, gpus_per_domain: int | None = None) -> Plan:
@@ -154,8 +168,7 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
     if not est.fits:
         worst = max(est.devices, key=lambda d: d.memory.total)
         notes.append(f"does not fit: stage {worst.stage} needs {worst.memory.total / GIB:.1f} GiB per GPU but "
-                     f"{hw.name} has {hw.memory_bytes / GIB:.1f} GiB; raise --tp or --pp, use --recompute full, "
-                     "a higher --zero-stage or a smaller --micro-batch-size")
+                     f"{hw.name} has {hw.memory_bytes / GIB:.1f} GiB; {memory_remedies(cfg, profile)}")
     elif hw.memory_bytes - est.peak_memory_bytes < THIN_MARGIN * hw.memory_bytes:
         notes.append(thin_margin(est.peak_memory_bytes, hw.memory_bytes))
     if cfg.compile and (eager := uncompiled_blocks(profile.layers)):

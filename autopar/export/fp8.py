@@ -135,7 +135,8 @@ def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str], names: TargetN
                    "does)")
         else:
             how = (f"its Float8LinearConverter takes the rowwise recipes only, not the plan's {par.fp8}: plan "
-                   "--fp8 rowwise for torchtitan 0.3, or export to torchtitan@0.2")
+                   f"--fp8 rowwise for torchtitan 0.3 (filter_fqns={kept_in_bf16(plan, names)} for the layers the "
+                   "plan keeps in bf16), or export to torchtitan@0.2")
         warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: {how}")
         return {}
     if par.fp8 == "delayed":
