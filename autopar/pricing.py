@@ -47,9 +47,7 @@ def priced_hardware(gpu: str, hardware_file: str | Path | None = None, *, dtype:
         hw.check_dtype(dtype)
         priced = load_engine(engine).on(hw)
         check_recipe(fp8, priced, FP8_RUNNERS)
-        if compile_ and not priced.compiles:
-            raise ConfigError(f"--compile: the {engine} engine runs the blocks eagerly; torch.compile of each block is "
-                              "torchtitan's compile setting: plan with --engine torchtitan, or leave out --compile")
+        check_compile(compile_, priced, engine)
         return hw, priced
     except ConfigError as err:
         raise AutoparError(str(err)) from None

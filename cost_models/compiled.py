@@ -24,7 +24,8 @@ class CompiledView:
 
     def __init__(self, layer: LayerLike):
         eager = (layer.fwd_memory_bytes_per_sample, layer.fwd_memory_bytes_fixed)
-        fused = (layer.fwd_fused_memory_bytes_per_sample, layer.fwd_fused_memory_bytes_fixed)  # type: ignore[attr-defined]
+        fused = (layer.fwd_fused_memory_bytes_per_sample,  # type: ignore[attr-defined]
+                 layer.fwd_fused_memory_bytes_fixed)  # type: ignore[attr-defined]
         ratio = [f / e if e > 0 else 1.0 for f, e in zip(fused, eager)]
         self._base = layer
         self.fwd_memory_bytes_per_sample, self.fwd_memory_bytes_fixed = fused
@@ -46,12 +47,17 @@ def compiled(layer: LayerLike) -> LayerLike:
 
 def uncompiled_blocks(layers: list[LayerLike]) -> int:
     """Blocks whose profile has no fused traffic (captured before it was measured): priced as eager."""
-    return sum(1 for lp in layers if lp.kind == "block" and getattr(lp, "fwd_fused_memory_bytes_per_sample", None) is None)
+    return sum(1 for lp in layers
+               if lp.kind == "block" and getattr(lp, "fwd_fused_memory_bytes_per_sample", None) is None)
 
 
-def check_compile(compile_: bool, hw: Any) -> None:
+def check_compile(compile_: bool | None, hw: Any, engine: str | None = None) -> None:
     """ConfigError (one line) for a plan under torch.compile on an engine that runs the blocks eagerly
-    (hardware.HardwareProfile.compiles, set by cost_models.engines)."""
-    if compile_ and not hw.compiles:
+    (hardware.HardwareProfile.compiles, set by cost_models.engines); ``engine``: its name, where the caller knows it."""
+    if not compile_ or hw.compiles:
+        return
+    if engine is None:
         raise ConfigError("--compile: this engine runs the blocks eagerly (torch.compile of each block is torchtitan's "
                           "compile setting); plan with --engine torchtitan, or leave out --compile")
+    raise ConfigError(f"--compile: the {engine} engine runs the blocks eagerly; torch.compile of each block is "
+                      "torchtitan's compile setting: plan with --engine torchtitan, or leave out --compile")

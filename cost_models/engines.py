@@ -126,7 +126,7 @@ ENGINES: dict[str, Engine] = {
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
         compiles=True,
         sources={
-            "compiles": "torchtitan's compile setting (training.compile in 0.2, compile.enable in 0.3) compiles each "
+            "compiles": "torchtitan's compile setting ([compile] enable, 0.2 and 0.3) compiles each "
                         "TransformerBlock with torch.compile (torchtitan/models/llama3/infra/parallelize.py "
                         "apply_compile)",
             "kernel_masks": "torchtitan builds causal and sliding-window masks as FlexAttention BlockMasks "

@@ -190,7 +190,7 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     if r.row_scaled:
         low /= hw.fp8_rowwise_gemm_efficiency
     h, f = moe.hidden_size, moe.expert_ffn_size / etp
-    gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
+    gated = _gated(moe)
     rows = received * etp
     x = rows * (h + f)                                   # fc1's input and fc2's input
     dy = rows * ((2 * f if gated else f) + h)            # fc1's output gradient and fc2's
@@ -249,6 +249,11 @@ def _expert_kernels(moe: Any, *, received: float, etp: int, local_experts: float
     return t_gemm, memory
 
 
+def _gated(moe: Any) -> bool:
+    """A gated expert (SwiGLU): its FLOPs per token are three hidden × ffn products, not two."""
+    return round(moe.expert_fwd_flops_per_token / (2 * moe.hidden_size * moe.expert_ffn_size)) >= 3
+
+
 def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: int, hw: HardwareProfile,
                       dtype: str, dtype_bytes: int) -> float:
     """Forward seconds of the routed experts' GEMMs run as grouped GEMMs (one kernel per projection over every
@@ -260,7 +265,7 @@ def grouped_gemm_time(moe: Any, *, rows_each: float, local_experts: float, etp: 
     hidden × ffn products), else up and down. Per-token FLOPs, the dense layers' proxy for GEMM size, would
     price a small expert like a small dense model's layer, whose few rows and narrow K do starve the GPU."""
     h, f = moe.hidden_size, moe.expert_ffn_size / etp
-    gated = round(moe.expert_fwd_flops_per_token / (2 * h * moe.expert_ffn_size)) >= 3
+    gated = _gated(moe)
     shapes = ((h, 2 * f), (f, h)) if gated else ((h, f), (f, h))
     padded = math.ceil(rows_each / GEMM_TILE_ROWS) * GEMM_TILE_ROWS if rows_each > 0 else GEMM_TILE_ROWS
     rate = hw.peak(dtype) * max(e for _, e in hw.gemm_table(dtype).points)

@@ -8,13 +8,13 @@ reduction, and scatter operations"; torch/_inductor/scheduler.py fuses nodes tha
 attention core (element-wise ops, reductions, views, casts) form runs: two such nodes joined by an edge share a run
 when as many GEMMs and attention kernels lie upstream of each inside the layer (a residual add after the MLP cannot
 fuse with the add before it, whose output the MLP's GEMMs read first). An op that reads only its input's shape
-(zeros_like, sym_size: graph's _METADATA_OPS) reads nothing and joins nothing through that input. Each run moves the
+(zeros_like, sym_size: graph's METADATA_OPS) reads nothing and joins nothing through that input. Each run moves the
 bytes of the tensors it reads from outside (each once) and of the tensors it hands on: to a GEMM, an attention core,
 another run, another layer or the output. A tensor made inside a run that some op saves for backward is not written:
 AOTAutograd's min-cut partitioner saves the run's inputs and recomputes such tensors in the backward (the same
-choice compiled.py makes for activation memory). A run whose fused traffic would exceed its eager traffic (at one sample) keeps its eager figures, per sample and
-fixed alike. ``eager``: nodes left as they are (a MoE layer's routed experts, which the cost model prices as the
-engine runs them). Not modelled: a reduction followed by element-wise ops over its input may take two kernels (one
+choice compiled.py makes for activation memory). A run whose fused traffic would exceed its eager traffic (at one
+sample) keeps its eager figures, per sample and fixed alike. ``eager``: nodes left as they are (a MoE layer's
+routed experts, which the cost model prices as the engine runs them). Not modelled: a reduction followed by element-wise ops over its input may take two kernels (one
 read more: optimistic), ops Inductor leaves to library kernels (topk, sort, nonzero) fuse here (optimistic, small:
 routers), a producer whose one reader lies past a GEMM is written and read again (pessimistic), and a saved base and
 its view count as two writes (pessimistic). The backward's traffic scales as the forward's (cost_models/compiled.py)."""
@@ -24,7 +24,7 @@ from collections.abc import Collection
 
 import networkx as nx
 
-from autopar.capture.graph import _METADATA_OPS
+from autopar.capture.graph import METADATA_OPS
 
 
 def _compute(attrs: dict) -> bool:
@@ -46,10 +46,10 @@ def fused_memory(g: nx.DiGraph, nodes: list[str], eager: Collection[str] = ()) -
     runs = nx.Graph()
     runs.add_nodes_from(fusible)
     runs.add_edges_from((u, v) for u, v in g.subgraph(fusible).edges
-                        if depth[u] == depth[v] and g.nodes[v]["op"] not in _METADATA_OPS)
+                        if depth[u] == depth[v] and g.nodes[v]["op"] not in METADATA_OPS)
     per_sample = fixed = 0.0
     for run in nx.connected_components(runs):
-        reads = {src for n in run if g.nodes[n]["op"] not in _METADATA_OPS
+        reads = {src for n in run if g.nodes[n]["op"] not in METADATA_OPS
                  for src in g.predecessors(n) if src not in run}
         writes = {n for n in run if _leaves(g, n, run)}
         moved = [sum(g.nodes[n][f"out_bytes_{part}"] for n in reads | writes) for part in ("per_sample", "fixed")]
@@ -75,4 +75,4 @@ def _leaves(g: nx.DiGraph, n: str, run: set[str]) -> bool:
     """Whether something outside ``n``'s run reads its values (not just its shape), or nothing reads it at all (the
     graph's output)."""
     successors = list(g.successors(n))
-    return not successors or any(s not in run and g.nodes[s]["op"] not in _METADATA_OPS for s in successors)
+    return not successors or any(s not in run and g.nodes[s]["op"] not in METADATA_OPS for s in successors)

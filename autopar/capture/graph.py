@@ -169,7 +169,7 @@ def build_graph(gm: torch.fx.GraphModule, assignment: dict[str, int], kinds: dic
 
 
 # Ops that read only a tensor's shape, dtype or device, never its values.
-_METADATA_OPS = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset", "size", "dim", "numel",
+METADATA_OPS = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset", "size", "dim", "numel",
                  "_assert_tensor_metadata", "new_zeros", "new_ones", "new_empty", "new_full", "zeros_like",
                  "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"}
 
@@ -181,7 +181,7 @@ def sample_dependent(gm: torch.fx.GraphModule, kinds: dict[str, str]) -> set[str
     cut or feeds a collective."""
     dependent = {n.name for n in gm.graph.nodes if n.op == "placeholder" and kinds.get(n.name) == "input"}
     for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output") or op_name(n) in _METADATA_OPS:
+        if n.op in ("placeholder", "output") or op_name(n) in METADATA_OPS:
             continue
         if any(a.name in dependent for a in n.all_input_nodes):
             dependent.add(n.name)

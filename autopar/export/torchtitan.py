@@ -136,7 +136,8 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
         training["disable_cuda_graphs"] = True
     names = _DEGREES_0_2 if dialect == "0.2" else _DEGREES
     parallelism = _data_parallel(plan, names, warnings) | model_degrees(plan, names, TARGET, warnings)
-    sections = {"training": training, "parallelism": parallelism, **torchtitan_fp8(plan, dialect, warnings, MODULE_NAMES[dialect])}
+    sections = {"training": training, "parallelism": parallelism,
+                **torchtitan_fp8(plan, dialect, warnings, MODULE_NAMES[dialect])}
     _context(plan, dialect, parallelism, warnings)
     if par.compile:
         sections["compile"] = {"enable": True}
