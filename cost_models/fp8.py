@@ -92,6 +92,22 @@ FP8_PARAM_COPY_BYTES = {TORCHAO_FLOAT8: 0.0, TORCHAO: 0.0, TRANSFORMER_ENGINE: 1
 FP8_GATHER_FROM_STAGE = {TORCHAO_FLOAT8: 2, TORCHAO: 2, TRANSFORMER_ENGINE: 1}
 
 
+def caches_weight_casts(hw: Any) -> bool:
+    """Does the engine's FP8 library cast each weight once per step rather than at each micro-batch? Transformer
+    Engine does where it keeps the copies (WEIGHT_COPY_BYTES): its modules cast on ``is_first_microbatch`` and
+    reuse the cache after, and Megatron-Core passes the flag to every TE linear and grouped linear
+    (megatron/core/extensions/transformer_engine.py, TELinear.forward and TEGroupedLinear.forward: ``self.
+    is_first_microbatch`` unless ``disable_parameter_transpose_cache``), set again at each step's first
+    micro-batch (megatron/core/pipeline_parallel/schedules.py, ``set_is_first_microbatch``)."""
+    return WEIGHT_COPY_BYTES.get(hw.fp8_library, 0.0) > 0
+
+
+def weight_cast_step_s(weights: float, name: str, hw: HardwareProfile) -> float:
+    """Seconds of one step's casts of ``weights`` FP8 weight elements on one GPU, once per step where the library
+    caches them (caches_weight_casts), with the recipe's weight cast bytes (both layouts)."""
+    return memory_time(weights * RECIPES[name].cast_bytes[1], hw) if caches_weight_casts(hw) else 0.0
+
+
 def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
@@ -166,13 +182,15 @@ def linear_elements(layer: Any, *, tokens: float, seq_len: int, dtype_bytes: int
 
 
 def cast_bytes(layer: Any, name: str, *, tokens: float, seq_len: int, dtype_bytes: int,
-               split: int, compiled: bool = False) -> tuple[float, float]:
+               split: int, compiled: bool = False, weights: bool = True) -> tuple[float, float]:
     """(forward, backward) HBM bytes of the recipe's casts for one micro-batch of a layer on one GPU: the inputs'
-    in the forward, the output gradients' in the backward, the weight's half in each. ``compiled``: under
-    torch.compile, whose producers of the activations absorb their casts' first read (Recipe.fused_read_bytes)."""
+    in the forward, the output gradients' in the backward, the weight's half in each (``weights`` False: none, the
+    library casts them once per step: weight_cast_step_s). ``compiled``: under torch.compile, whose producers of
+    the activations absorb their casts' first read (Recipe.fused_read_bytes)."""
     x, w, dy, _ = linear_elements(layer, tokens=tokens, seq_len=seq_len, dtype_bytes=dtype_bytes, split=split)
     r = RECIPES[name]
     bx, bw, bdy = r.cast_bytes
+    bw = bw if weights else 0.0
     if compiled:
         bx, bdy = bx - r.fused_read_bytes, bdy - r.fused_read_bytes
     return x * bx + w * bw / 2, dy * bdy + w * bw / 2
@@ -182,7 +200,8 @@ def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, re
              dtype: str, dtype_bytes: int, name: str, compiled: bool = False) -> LayerCompute:
     """A layer's compute (compute.layer_compute) with its linears' GEMMs in FP8 under recipe ``name``: each of the
     three GEMMs at the FP8 peak and table instead of the dtype's (the weight gradient's kept in the dtype where the
-    recipe says so), at the same shape (work per token, rows), plus the casts (memory-bound: compute.memory_time).
+    recipe says so), at the same shape (work per token, rows), plus the casts (memory-bound: compute.memory_time);
+    the weights' only where the library casts them at each micro-batch (caches_weight_casts).
     A full recomputation repeats the forward's GEMMs and casts."""
     split = tp if is_tp_sharded(layer, tp) else 1
     matmul = fwd_matmul_flops(layer, b) / split  # type: ignore[arg-type]
@@ -194,7 +213,7 @@ def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, re
     if r.row_scaled:
         low /= hw.fp8_rowwise_gemm_efficiency
     fwd_bytes, bwd_bytes = cast_bytes(layer, name, tokens=b * seq_len, seq_len=seq_len, dtype_bytes=dtype_bytes,
-                                      split=split, compiled=compiled)
+                                      split=split, compiled=compiled, weights=not caches_weight_casts(hw))
     d_fwd = low - high + memory_time(fwd_bytes, hw)
     d_bwd = (2.0 if r.wgrad_fp8 else 1.0) * (low - high) + memory_time(bwd_bytes, hw)
     if recompute == "full":

@@ -126,6 +126,31 @@ def test_transformer_engine_keeps_linear_inputs_and_weights_in_fp8_torchao_does_
     assert peak("autopar", fp8="tensorwise", fp8_bf16_blocks=0) == pytest.approx(peak("autopar"), rel=1e-6)
 
 
+def test_transformer_engine_casts_weights_once_a_step_torchao_at_each_micro_batch() -> None:
+    """Megatron-Core passes is_first_microbatch to Transformer Engine, which casts each FP8 weight on a step's first
+    micro-batch and reuses the copies: the weights' casts are per-step work (4 B a parameter under delayed
+    scaling), so more micro-batches leave the step's cast time alone. torchao casts at each micro-batch."""
+    blocks = [mlp_block(i) for i in range(1, 5)]
+    cfg = make_config(1, global_batch_size=8, tp=1, pp=1, micro_batch_size=1, zero_stage=0, recompute="none",
+                      fp8="delayed", fp8_bf16_blocks=0)
+    te, torchao = ENGINES["megatron"].on(FP8_HW), ENGINES["autopar"].on(FP8_HW)
+
+    def per_step(hw: object, **kw: object) -> list[float]:
+        return [c.step.optimizer_s for c in CostModel(model(blocks, seq_len=SEQ), hw).layer_costs(replace(cfg, **kw))]
+
+    casts = [a - b for a, b in zip(per_step(te), per_step(te, fp8=None))]
+    assert casts == pytest.approx([memory_time(4 * 2 * H * INNER, te)] * 4, rel=1e-6)
+    assert per_step(torchao, fp8="tensorwise") == pytest.approx(per_step(torchao, fp8=None), rel=1e-9)
+    bf16 = layer_compute(blocks[0], b=1, seq_len=SEQ, tp=1, sequence_parallel=False, recompute="none", hw=te,
+                         dtype="bf16")
+    run = with_fp8(bf16, blocks[0], b=1, seq_len=SEQ, tp=1, recompute="none", hw=te, dtype="bf16", dtype_bytes=2,
+                   name="delayed")
+    _, w, _, _ = linear_elements(blocks[0], tokens=SEQ, seq_len=SEQ, dtype_bytes=2, split=1)
+    each = with_fp8(bf16, blocks[0], b=1, seq_len=SEQ, tp=1, recompute="none", hw=replace(te, fp8_library="torchao"),
+                    dtype="bf16", dtype_bytes=2, name="delayed")  # the same device, casting at each micro-batch
+    assert (each.fwd_s - run.fwd_s, each.bwd_s - run.bwd_s) == pytest.approx((memory_time(2 * w, te),) * 2)
+
+
 def test_fp8_gathers_follow_the_recipe_and_the_engines_data_parallelism() -> None:
     bf16 = default_precision("bf16")
     torchao, te = ENGINES["autopar"].on(FP8_HW), ENGINES["megatron"].on(FP8_HW)
