@@ -277,19 +277,37 @@ def tp_comm_kind(layer: LayerLike, tp: int) -> str | None:
 
 
 # -- data parallel and ZeRO ---------------------------------------------------------------------------
-# Gradients are synchronised in buckets (PyTorch DDP ``bucket_cap_mb=25``; Megatron's DDP and distributed
-# optimizer bucket the same way), so each collective runs at the efficiency of a bucket-sized message and
-# pays its latency once per bucket. That makes data-parallel time linear in the parameters synchronised,
-# which the solver relies on to encode it exactly.
+# Gradients are synchronised in buckets, each collective at the efficiency of a bucket-sized message and paying its
+# latency once per bucket; the engine sets the size (hardware.HardwareProfile.grad_buckets). That makes
+# data-parallel time linear in the parameters synchronised, which the solver relies on to encode it exactly.
+# PyTorch DDP: ``bucket_cap_mb=25``.
 GRAD_BUCKET_BYTES = 25 * 2**20
 
 
-def bucketed_time(op: str, nbytes: float, n: int, link: Link, hw: HardwareProfile) -> float:
-    """A collective over ``nbytes`` split into 25 MiB buckets: (S / bucket) × the op's time for one bucket
+def grad_bucket_bytes(hw: HardwareProfile, dp: int, element_bytes: int) -> float:
+    """Bytes of one bucket of the data-parallel sync over ``dp`` ranks of ``element_bytes`` elements, as the engine
+    sizes it (HardwareProfile.grad_buckets):
+
+    - ``ddp``: PyTorch DDP's 25 MiB (``bucket_cap_mb``);
+    - ``megatron``: Megatron-Core's max(40M, 1M × dp) parameters ("larger DP sizes need larger buckets to ensure
+      collectives do not become latency-bound", megatron/core/distributed/distributed_data_parallel_config.py,
+      ``bucket_size``). Without --overlap-grad-reduce it syncs one bucket for the whole buffer; priced at the
+      overlap's size (its latency paid per 40M+ parameters rather than once: at most a few ms too slow);
+    - ``deepspeed``: DeepSpeed's ``reduce_bucket_size`` and ``allgather_bucket_size``, 5e8 elements by default
+      (DeepSpeed's configuration reference, ZeRO optimizations)."""
+    if hw.grad_buckets == "megatron":
+        return max(40e6, 1e6 * dp) * element_bytes
+    if hw.grad_buckets == "deepspeed":
+        return 5e8 * element_bytes
+    return float(GRAD_BUCKET_BYTES)
+
+
+def bucketed_time(op: str, nbytes: float, n: int, link: Link, hw: HardwareProfile, bucket: float) -> float:
+    """A collective over ``nbytes`` split into ``bucket``-byte buckets: (S / bucket) × the op's time for one bucket
     (its latency paid once per bucket, its bandwidth at a bucket's efficiency and calibrated scale)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return nbytes / GRAD_BUCKET_BYTES * COLLECTIVES[op](GRAD_BUCKET_BYTES, n, link, hw)
+    return nbytes / bucket * COLLECTIVES[op](bucket, n, link, hw)
 
 
 def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int, link: Link,
@@ -302,10 +320,11 @@ def dp_step_rates(*, dp: int, zero_stage: int, param_bytes: int, grad_bytes: int
     ZeRO-3 syncs per micro-batch instead (zero3_layer_time)."""
     if dp <= 1 or zero_stage == 3:
         return 0.0, 0.0
+    grads = grad_bucket_bytes(hw, dp, grad_bytes)
     if zero_stage == 0:
-        return bucketed_time("all_reduce", grad_bytes, dp, link, hw), 0.0
-    gather = bucketed_time("all_gather", param_bytes, dp, link, hw)
-    return bucketed_time("reduce_scatter", grad_bytes, dp, link, hw), gather
+        return bucketed_time("all_reduce", grad_bytes, dp, link, hw, grads), 0.0
+    gather = bucketed_time("all_gather", param_bytes, dp, link, hw, grad_bucket_bytes(hw, dp, param_bytes))
+    return bucketed_time("reduce_scatter", grad_bytes, dp, link, hw, grads), gather
 
 
 def zero3_layer_time(params_per_gpu: float, *, dp: int, param_bytes: int, grad_bytes: int, link: Link,

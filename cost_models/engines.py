@@ -57,6 +57,7 @@ class Engine:
     grouped_experts: bool = False  # a MoE layer's experts as one grouped GEMM (experts._expert_kernels)
     fused_elementwise: bool = False  # fused norms and gated activation (recompute.unfused_bytes)
     compiles: bool = False         # it can torch.compile the blocks (ParallelConfig.compile, compiled.py)
+    grad_buckets: str = "ddp"      # how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -71,7 +72,7 @@ class Engine:
                        kernel_masks=self.kernel_masks, fused_sinks=self.fused_sinks,
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
-                       compiles=self.compiles,
+                       compiles=self.compiles, grad_buckets=self.grad_buckets,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -98,8 +99,10 @@ ENGINES: dict[str, Engine] = {
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
         fused_elementwise=True, kernel_masks=True, fused_sinks=True,
-        fp8_library=TRANSFORMER_ENGINE,
+        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron",
         sources={
+            "grad_buckets": "Megatron-Core's DDP buckets max(40M, 1M x dp) parameters unless --ddp-bucket-size is "
+                            "given (megatron/core/distributed/distributed_data_parallel_config.py, bucket_size)",
             "kernel_masks": "Megatron-Core passes attn_mask_type causal and the layer's window_size to Transformer "
                             "Engine's DotProductAttention (TransformerConfig.window_size, window_attn_skip_freq)",
             "fused_sinks": "Megatron-Bridge's GPTOSSProvider (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py): "
@@ -169,7 +172,10 @@ ENGINES: dict[str, Engine] = {
     "deepspeed": Engine(
         "deepspeed", "DeepSpeed (and Megatron-DeepSpeed): ZeRO, its pipeline engine",
         compute=0.93, dp_overlap=0.0, layer_overhead_s=0.0055, fp8_library="", kernel_masks=True,
+        grad_buckets="deepspeed",
         sources={
+            "grad_buckets": "ZeRO's reduce_bucket_size and allgather_bucket_size, 5e8 elements by default "
+                            "(DeepSpeed configuration JSON reference, ZeRO optimizations)",
             "kernel_masks": "flash-attn's flash_attn_func takes causal and window_size (Hugging Face's flash path passes "
                             "(sliding_window - 1, sliding_window - 1)) and skips the blocks outside them",
             "fused_sinks": "off: Hugging Face's GPT-OSS has no SDPA path (_supports_sdpa False) and runs flash only "

@@ -217,6 +217,8 @@ class HardwareProfile:
     # overlap_param_gather decide where they are given); set by cost_models.engines.
     grad_reduce_overlap: float = 1.0
     param_gather_overlap: bool = False
+    # How the engine sizes the data-parallel sync's buckets (comm.grad_bucket_bytes): ddp, megatron or deepspeed.
+    grad_buckets: str = "ddp"
     # The engine runs a MoE layer's routed experts as one grouped GEMM (not a loop of per-expert GEMMs); set by
     # cost_models.engines.
     grouped_experts: bool = False

@@ -338,7 +338,7 @@ class CostModel:
         precision = cfg.recipe(self.model.dtype)
         over, _ = comm.dp_step_rates(dp=cfg.grad_replicas, zero_stage=cfg.zero_stage, param_bytes=precision.param_bytes,
                                      grad_bytes=precision.grad_bytes, link=self.links(cfg)[1], hw=self.hw)
-        return over * comm.GRAD_BUCKET_BYTES / precision.grad_bytes
+        return over * comm.grad_bucket_bytes(self.hw, cfg.grad_replicas, precision.grad_bytes) / precision.grad_bytes
 
     def boundary_time(self, index: int, cfg: ParallelConfig, tp_link: comm.Link, pp_link: comm.Link) -> float:
         """One pipeline transfer across the cut after layer ``index`` (activation forward or gradient

@@ -187,6 +187,25 @@ def test_gradient_sync_pays_latency_per_bucket() -> None:
     assert params * over == pytest.approx(2 * 6 * 1e-5 + 2 * 3 / 4 * 2 * GRAD_BUCKET_BYTES / 10e9)
 
 
+
+def test_each_engine_sizes_its_gradient_buckets() -> None:
+    """PyTorch DDP's 25 MiB; Megatron-Core's max(40M, 1M × dp) parameters; DeepSpeed's 5e8 elements. A ring over
+    220 ranks pays its latency per bucket, so Megatron-Core's larger buckets at large dp pay it far fewer times."""
+    from dataclasses import replace
+
+    from cost_models.comm import grad_bucket_bytes
+    megatron, deepspeed = replace(HW, grad_buckets="megatron"), replace(HW, grad_buckets="deepspeed")
+    assert grad_bucket_bytes(HW, 220, 4) == GRAD_BUCKET_BYTES
+    assert grad_bucket_bytes(megatron, 8, 4) == 40e6 * 4 and grad_bucket_bytes(megatron, 220, 2) == 220e6 * 2
+    assert grad_bucket_bytes(deepspeed, 220, 4) == 5e8 * 4
+    link = Link(10e9, 1e-5, inter_node=True)
+    ddp, _ = dp_step_rates(dp=220, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=HW)
+    mcore, _ = dp_step_rates(dp=220, zero_stage=0, param_bytes=2, grad_bytes=4, link=link, hw=megatron)
+    per_step = 2 * 219 / 220 * 4 / 10e9  # seconds per parameter of the all-reduce's bandwidth term
+    latency = 2 * 219 * 1e-5  # one bucket's ring latency
+    assert ddp == pytest.approx(per_step + 4 / GRAD_BUCKET_BYTES * latency)
+    assert mcore == pytest.approx(per_step + 1 / 220e6 * latency)
+
 # -- memory --------------------------------------------------------------------------------------
 def test_bytes_per_parameter_reproduce_published_breakdowns() -> None:
     # SageMaker's "Introduction to Model Parallelism": fp16 param 2 + fp16 grad 2 + Adam 8 + fp32 param 4 + fp32 grad 4 = 20 bytes.
