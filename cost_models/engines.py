@@ -13,6 +13,8 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
   ``overlap_param_gather`` overrides it);
 - ``zero3_overlap``: share of compute the ZeRO-3 / FSDP traffic may hide behind (prefetching);
 - ``layer_overhead_s``: host time the engine adds per layer and micro-batch (forward and backward);
+- ``grad_buckets``: how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes);
+- ``zero_stages``: the ZeRO stages it runs, the only ones solve searches unless one is pinned;
 - ``zero3_copies``: what the engine's ZeRO-3 copies on the compute stream (hardware.ZERO3_COPIES): FSDP2's
   per-parameter sharding copies each all-gather's output out into the parameters and the unsharded gradients into
   the reduce-scatter's input.
@@ -58,6 +60,7 @@ class Engine:
     fused_elementwise: bool = False  # fused norms and gated activation (recompute.unfused_bytes)
     compiles: bool = False         # it can torch.compile the blocks (ParallelConfig.compile, compiled.py)
     grad_buckets: str = "ddp"      # how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the ZeRO stages it runs, which solve searches
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -72,7 +75,7 @@ class Engine:
                        kernel_masks=self.kernel_masks, fused_sinks=self.fused_sinks,
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
-                       compiles=self.compiles, grad_buckets=self.grad_buckets,
+                       compiles=self.compiles, grad_buckets=self.grad_buckets, zero_stages=self.zero_stages,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -127,8 +130,11 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
-        compiles=True,
+        compiles=True, zero_stages=(0, 3),
         sources={
+            "zero_stages": "torchtitan shards data parallelism with FSDP2 (data_parallel_shard_degree: ZeRO-3) or "
+                           "replicates it (data_parallel_replicate_degree: ZeRO-0); it has no sharded optimizer "
+                           "without sharded parameters (torchtitan/distributed/parallel_dims.py)",
             "compiles": "torchtitan's compile setting ([compile] enable, 0.2 and 0.3) compiles each "
                         "TransformerBlock with torch.compile (torchtitan/models/llama3/infra/parallelize.py "
                         "apply_compile)",

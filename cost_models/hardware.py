@@ -219,6 +219,8 @@ class HardwareProfile:
     param_gather_overlap: bool = False
     # How the engine sizes the data-parallel sync's buckets (comm.grad_bucket_bytes): ddp, megatron or deepspeed.
     grad_buckets: str = "ddp"
+    # The ZeRO stages the engine runs (the search keeps to them); set by cost_models.engines.
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     # The engine runs a MoE layer's routed experts as one grouped GEMM (not a loop of per-expert GEMMs); set by
     # cost_models.engines.
     grouped_experts: bool = False

@@ -130,10 +130,11 @@ def _sp_choices(tp: int, pins: Pins) -> list[bool]:
 
 def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
                   allow_cross_node_tp: bool = False, family: tuple[int, int] | None = None,
-                  defer_families: bool = False) -> Iterator[ParallelConfig]:
+                  defer_families: bool = False, zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[ParallelConfig]:
     """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
     model: Megatron's even split, no recomputation), with the attention kernel the model runs. ``family``: only
-    that (tp, cp) family's; ``defer_families``: leave out the families context_families names."""
+    that (tp, cp) family's; ``defer_families``: leave out the families context_families names; ``zero_stages``:
+    the ZeRO stages the engine runs (HardwareProfile.zero_stages; a pinned stage is searched whatever it is)."""
     n_layers = len(profile.layers)
     deferred = set(context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                     allow_cross_node_tp=allow_cross_node_tp)) if defer_families else set()
@@ -146,7 +147,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
         for b in _micro_batches(global_batch_size, tp, cp, dp, pins):
             m = global_batch_size // (b * dp)
             for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
-                if pins.zero_stage is not None and zero != pins.zero_stage:
+                if zero != pins.zero_stage and (pins.zero_stage is not None or zero not in zero_stages):
                     continue
                 if zero == 2 and m > 1 and pins.zero_stage is None:
                     continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)

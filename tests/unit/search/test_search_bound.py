@@ -10,6 +10,7 @@ import random
 import pytest
 
 from autopar.errors import AutoparError
+from autopar.search import Pins
 from autopar.search.bound import LowerBound
 from autopar.search.brute import choice_optimum
 from autopar.search.cpsat import MODES
@@ -102,3 +103,25 @@ def test_device_zeros_tail_bound_is_below_every_assignment() -> None:
         devices = [linear(f, 1.0, n) for f in fixed]
         got = least_step_with_tail(n, devices[0], devices[1:], [(own, per_block)], total / pp, total, m, v)
         assert got <= exact + 1e-9, (fixed, n, own, per_block, m, v)
+
+
+def test_the_search_keeps_to_the_zero_stages_the_engine_runs() -> None:
+    """torchtitan shards with FSDP2 (ZeRO-3) or replicates (ZeRO-0): the search offers it no other stage, every
+    stage to an engine that runs them all, and a pinned stage whatever the engine."""
+    from dataclasses import replace as with_
+
+    from cost_models import load_hardware
+    from cost_models.engines import ENGINES
+
+    profile, _, _, _, _, _ = random_instance(3)
+    titan, megatron = (ENGINES[e].on(load_hardware("h100-80gb")) for e in ("torchtitan", "megatron"))
+    assert titan.zero_stages == (0, 3)
+    pins = Pins()
+
+    def stages(hw: object, pins: Pins) -> set[int]:
+        return {c.zero_stage for c in outer_choices(profile, gpus=8, gpus_per_node=8, global_batch_size=8, pins=pins,
+                                                    zero_stages=hw.zero_stages)}  # type: ignore[attr-defined]
+
+    assert stages(titan, pins) == {0, 3}
+    assert stages(megatron, pins) == {0, 1, 2, 3}
+    assert stages(titan, with_(pins, zero_stage=1)) == {1}
