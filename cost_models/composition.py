@@ -5,7 +5,7 @@ calls (autopar/search/cpsat.py), so "the CP-SAT model mirrors the cost model ter
 construction. Every term of the step is defined here and nowhere else:
 
   leaves (per device, summed over its layers: layer_cost.layer_row; or the largest: ``LARGEST``)
-      fwd, bwd, tp, a2a, cp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync; remat, gather_buffer,
+      fwd, bwd, tp, a2a, cp, kept, state, dpo, dpe, optimizer, z3, z3_sync, tied_sync, cast; remat, gather_buffer,
       cp_buffer, z3_edge; p2p (per pipeline cut the device sends across)
   device d, per micro-batch
       T_d      = fwd + bwd + tp + a2a + cp + p2p + offload + zero3
@@ -22,7 +22,9 @@ construction. Every term of the step is defined here and nowhere else:
   step
       pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
       tail     = max(0, max_d end_d)
-      step     = pipeline + tail
+      fill     = Σ_d cast_d      (work each device does once a step before its first forward, on the pipeline's
+                                  fill path: FP8 weight casts a library caches for the step's micro-batches, fp8.py)
+      step     = pipeline + tail + fill
 
 Sources of each term: pipeline.py (schedules), comm.py (collectives, data parallelism, ZeRO), memory.py
 (model states, activations in flight, offload), lockstep.py (sync and dispatch costs), experts.py (routed
@@ -45,7 +47,7 @@ SUMMED: dict[str, str] = {
     "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "", "state_params": SIZE,
     "state_grads": SIZE,
     "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
-    "tied_sync": TIME,
+    "tied_sync": TIME, "cast": TIME,
 }
 # The leaves that are the largest over a device's layers: the one layer rematerialised at a time in
 # backward (memory.remat_peak_bytes), the ZeRO-3 gather buffers sized by the largest layer, the K/V a
@@ -60,7 +62,7 @@ UNHIDDEN = ("tp", "a2a", "cp")
 # The unit of every named term of a step (named_terms): leaves, device terms, step terms.
 TERM_UNITS: dict[str, str] = {**{k: u for k, u in SUMMED.items() if u}, **LARGEST, "p2p": TIME, "time": TIME,
                               "offload": TIME, "zero3": TIME, "dp_tail": TIME, "memory": SIZE, "pipeline": TIME,
-                              "tail": TIME, "step": TIME}
+                              "tail": TIME, "fill": TIME, "step": TIME}
 DEVICE_TERMS = ("time", "offload", "zero3", "dp_tail", "memory")
 
 
@@ -208,8 +210,9 @@ def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -
     t_max = A.max(times, "T_max")
     pipeline = pipeline_total(t_max, sum(times[1:], times[0]), shape.m, shape.v)
     tail = A.max([A.time(0.0), *ends], "tail")
-    return {"devices": devices, "ends": ends, "t_max": t_max, "pipeline": pipeline, "tail": tail,
-            "step": pipeline + tail}
+    fill = sum((q["cast"] for q in leaves[1:]), leaves[0]["cast"])
+    return {"devices": devices, "ends": ends, "t_max": t_max, "pipeline": pipeline, "tail": tail, "fill": fill,
+            "step": pipeline + tail + fill}
 
 
 def named_terms(leaves: Sequence[Mapping[str, Any]], step: Mapping[str, Any]) -> dict[str, Any]:
@@ -219,7 +222,7 @@ def named_terms(leaves: Sequence[Mapping[str, Any]], step: Mapping[str, Any]) ->
     for d, (q, terms) in enumerate(zip(leaves, step["devices"])):
         out.update({f"{name}_{d}": q[name] for name in TERM_UNITS if name in q and name != "params"})
         out.update({f"{name}_{d}": terms[name] for name in DEVICE_TERMS})
-    out.update({name: step[name] for name in ("pipeline", "tail", "step")})
+    out.update({name: step[name] for name in ("pipeline", "tail", "fill", "step")})
     return out
 
 

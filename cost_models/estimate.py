@@ -96,14 +96,15 @@ def device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[st
 
 
 def breakdown(devices: tuple[DeviceEstimate, ...], step: dict, pipe: PipelineTime, m: int) -> dict[str, float]:
-    """Where the step's time goes: the slowest device's per-micro-batch parts × m, the bubble, and the tail
-    of the device that finishes last, split into its optimizer step and the gradient sync before it."""
+    """Where the step's time goes: the slowest device's per-micro-batch parts × m (with the once-a-step work on the
+    pipeline's fill path as compute), the bubble, and the tail of the device that finishes last, split into its
+    optimizer step and the gradient sync before it."""
     slow = max(devices, key=lambda dev: dev.time_per_microbatch_s)
     ends = step["ends"]
     last = max(range(len(devices)), key=lambda d: ends[d])
     tail = step["tail"]
     optimizer = min(tail, devices[last].optimizer_s)
-    return {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s, "ep_comm": m * slow.ep_comm_s,
+    return {"compute": m * slow.compute_s + step["fill"], "tp_comm": m * slow.tp_comm_s, "ep_comm": m * slow.ep_comm_s,
             "cp_comm": m * slow.cp_comm_s,
             "pp_comm": m * slow.pp_comm_s,
             "offload": m * slow.offload_s, "dp_comm": m * slow.zero3_comm_s + (tail - optimizer),

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from cost_models import comm
 from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_time, memory_times
+from cost_models.fp8 import caches_weight_casts
 from cost_models.fp8 import recipe as fp8_recipe
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
@@ -184,7 +185,8 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row-scaled GEMMs
     at hardware.fp8_rowwise_gemm_efficiency; the casts as fp8.py prices a linear's, per element of each GEMM's
     input (the permuted tokens, the activation's output) and output gradient (the projections' outputs); the
-    weights' casts once per step (fp8.weight_cast_step_s: Megatron-Core's TEGroupedLinear caches them)."""
+    weights' once a step where the library caches them (fp8.weight_cast_step_s: Megatron-Core's TEGroupedLinear),
+    else at each micro-batch."""
     r = fp8_recipe(name)
     low, _ = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw, dtype="fp8",
                              dtype_bytes=1)
@@ -195,8 +197,9 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     rows = received * etp
     x = rows * (h + f)                                   # fc1's input and fc2's input
     dy = rows * ((2 * f if gated else f) + h)            # fc1's output gradient and fc2's
-    bx, _, bdy = r.cast_bytes
-    cast_fwd, cast_bwd = memory_time(x * bx, hw), memory_time(dy * bdy, hw)
+    bx, bw, bdy = r.cast_bytes
+    w = 0.0 if caches_weight_casts(hw) else local_experts * h * f * (3 if gated else 2)
+    cast_fwd, cast_bwd = memory_time(x * bx + w * bw / 2, hw), memory_time(dy * bdy + w * bw / 2, hw)
     backward = (BACKWARD_FACTOR * low) if r.wgrad_fp8 else (low + (BACKWARD_FACTOR - 1.0) * bf16_gemm)
     return low + cast_fwd, backward + cast_bwd
 

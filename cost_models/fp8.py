@@ -102,10 +102,15 @@ def caches_weight_casts(hw: Any) -> bool:
     return WEIGHT_COPY_BYTES.get(hw.fp8_library, 0.0) > 0
 
 
-def weight_cast_step_s(weights: float, name: str, hw: HardwareProfile) -> float:
+def weight_cast_step_s(weights: float, name: str, hw: HardwareProfile, fp8_params: bool = False) -> float:
     """Seconds of one step's casts of ``weights`` FP8 weight elements on one GPU, once per step where the library
-    caches them (caches_weight_casts), with the recipe's weight cast bytes (both layouts)."""
-    return memory_time(weights * RECIPES[name].cast_bytes[1], hw) if caches_weight_casts(hw) else 0.0
+    caches them (caches_weight_casts), with the recipe's weight cast bytes (both layouts). ``fp8_params``: the
+    weights are FP8 parameters (step_precision), which the optimizer writes in FP8: only the transpose is made
+    (read 1 B, write 1 B; the optimizer's own cast of its shard is part of its step). Every parameter of the layer
+    is counted, its norms' and router's too (a few per mille more than its linears')."""
+    if not caches_weight_casts(hw):
+        return 0.0
+    return memory_time(weights * (2.0 if fp8_params else RECIPES[name].cast_bytes[1]), hw)
 
 
 def recipe(name: str) -> Recipe:

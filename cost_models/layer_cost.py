@@ -79,6 +79,7 @@ class StepWork:
     dp_overlappable_s: float = term("dpo")     # gradient sync that can hide behind backward, per step
     dp_exposed_s: float = term("dpe")          # ZeRO-1/2 parameter gather after the optimizer, per step
     optimizer_s: float = term("optimizer")     # per step
+    weight_cast_s: float = term("cast")        # per step, before the first forward (fp8.weight_cast_step_s)
     tied_dp_overlappable_s: float = term("dpo", tied=True)
     tied_dp_exposed_s: float = term("dpe", tied=True)
     tied_optimizer_s: float = term("optimizer", tied=True)

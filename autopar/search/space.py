@@ -149,7 +149,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
             for zero in ZERO_STAGES if dp * cp > 1 else (0,):  # ZeRO shards over the dp·cp replicas
                 if zero != pins.zero_stage and (pins.zero_stage is not None or zero not in zero_stages):
                     continue
-                if zero == 2 and m > 1 and pins.zero_stage is None:
+                if zero == 2 and m > 1 and pins.zero_stage is None and 1 in zero_stages:
                     continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)
                 for sp in _sp_choices(tp, pins):
                     for schedule, v in _schedules(pp, m, n_layers, pins):

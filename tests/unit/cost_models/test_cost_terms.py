@@ -187,7 +187,6 @@ def test_gradient_sync_pays_latency_per_bucket() -> None:
     assert params * over == pytest.approx(2 * 6 * 1e-5 + 2 * 3 / 4 * 2 * GRAD_BUCKET_BYTES / 10e9)
 
 
-
 def test_each_engine_sizes_its_gradient_buckets() -> None:
     """PyTorch DDP's 25 MiB; Megatron-Core's max(40M, 1M × dp) parameters; DeepSpeed's 5e8 elements. A ring over
     220 ranks pays its latency per bucket, so Megatron-Core's larger buckets at large dp pay it far fewer times."""
@@ -205,6 +204,7 @@ def test_each_engine_sizes_its_gradient_buckets() -> None:
     latency = 2 * 219 * 1e-5  # one bucket's ring latency
     assert ddp == pytest.approx(per_step + 4 / GRAD_BUCKET_BYTES * latency)
     assert mcore == pytest.approx(per_step + 1 / 220e6 * latency)
+
 
 # -- memory --------------------------------------------------------------------------------------
 def test_bytes_per_parameter_reproduce_published_breakdowns() -> None:

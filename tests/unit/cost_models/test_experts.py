@@ -266,7 +266,7 @@ def test_transformer_engine_runs_the_experts_gemms_in_fp8_with_their_casts() -> 
     experts of 4096 rows each: compute-bound, so the FP8 GEMMs take the bf16 time over the peaks' ratio."""
     moe = SimpleNamespace(hidden_size=2048, expert_ffn_size=768, expert_fwd_flops_per_token=6 * 2048 * 768)
     rows, experts, h, f = 8 * 4096, 8, 2048, 768
-    hw = replace(H100, grouped_experts=True)
+    hw = replace(H100, grouped_experts=True, fp8_library="transformer_engine")
     bf16 = grouped_gemm_time(moe, rows_each=4096, local_experts=experts, etp=1, hw=hw, dtype="bf16", dtype_bytes=2)
     fp8 = grouped_gemm_time(moe, rows_each=4096, local_experts=experts, etp=1, hw=hw, dtype="fp8", dtype_bytes=1)
     assert fp8 == pytest.approx(bf16 * H100.peak("bf16") / H100.peak("fp8"))  # the bf16 shares of the FP8 peak
@@ -274,6 +274,9 @@ def test_transformer_engine_runs_the_experts_gemms_in_fp8_with_their_casts() -> 
                                 dtype_bytes=2)
     assert fwd == pytest.approx(fp8 + memory_time(6 * rows * (h + f), H100))
     assert bwd == pytest.approx(2 * fp8 + memory_time(6 * rows * (2 * f + h), H100))
+    uncached, _ = fp8_expert_times(moe, "tensorwise", bf16, received=rows, etp=1, local_experts=experts, ep=1,
+                                   hw=replace(hw, fp8_library="torchao"), dtype_bytes=2)  # casting at each use
+    assert uncached == pytest.approx(fp8 + memory_time(6 * rows * (h + f) + 4 * experts * 3 * h * f, H100))
     _, high_wgrad = fp8_expert_times(moe, "rowwise_with_gw_hp", bf16, received=rows, etp=1, local_experts=experts,
                                      ep=1, hw=hw, dtype_bytes=2)
     scaled = fp8 / H100.fp8_rowwise_gemm_efficiency

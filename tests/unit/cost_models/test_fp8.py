@@ -129,18 +129,32 @@ def test_transformer_engine_keeps_linear_inputs_and_weights_in_fp8_torchao_does_
 def test_transformer_engine_casts_weights_once_a_step_torchao_at_each_micro_batch() -> None:
     """Megatron-Core passes is_first_microbatch to Transformer Engine, which casts each FP8 weight on a step's first
     micro-batch and reuses the copies: the weights' casts are per-step work (4 B a parameter under delayed
-    scaling), so more micro-batches leave the step's cast time alone. torchao casts at each micro-batch."""
+    scaling; 2 B, the transpose alone, where the weights are FP8 parameters), done before each stage's first
+    forward, so a pipeline's step pays every stage's. torchao casts at each micro-batch."""
     blocks = [mlp_block(i) for i in range(1, 5)]
     cfg = make_config(1, global_batch_size=8, tp=1, pp=1, micro_batch_size=1, zero_stage=0, recompute="none",
                       fp8="delayed", fp8_bf16_blocks=0)
     te, torchao = ENGINES["megatron"].on(FP8_HW), ENGINES["autopar"].on(FP8_HW)
+    each_block = memory_time(4 * 2 * H * INNER, te)
 
-    def per_step(hw: object, **kw: object) -> list[float]:
-        return [c.step.optimizer_s for c in CostModel(model(blocks, seq_len=SEQ), hw).layer_costs(replace(cfg, **kw))]
+    def per_step(hw: object, config: object = cfg, **kw: object) -> list[float]:
+        costs = CostModel(model(blocks, seq_len=SEQ), hw).layer_costs(replace(config, **kw))
+        return [c.step.weight_cast_s for c in costs]
 
-    casts = [a - b for a, b in zip(per_step(te), per_step(te, fp8=None))]
-    assert casts == pytest.approx([memory_time(4 * 2 * H * INNER, te)] * 4, rel=1e-6)
-    assert per_step(torchao, fp8="tensorwise") == pytest.approx(per_step(torchao, fp8=None), rel=1e-9)
+    assert per_step(te) == pytest.approx([each_block] * 4, rel=1e-6)
+    fp8_params = make_config(2, global_batch_size=8, tp=1, pp=1, micro_batch_size=1, zero_stage=1, recompute="none",
+                             fp8="delayed", fp8_bf16_blocks=0)  # --fp8-param-gather under the distributed optimizer
+    assert per_step(te, fp8_params) == pytest.approx([each_block / 2] * 4, rel=1e-6)
+    assert per_step(torchao, fp8="tensorwise") == [0.0] * 4
+    for pp in (1, 2):  # the step grows by the casts of every stage, whatever the micro-batches
+        staged = make_config(pp, global_batch_size=8, tp=1, pp=pp, micro_batch_size=1, zero_stage=0,
+                             recompute="none", fp8_bf16_blocks=0)
+        once = CostModel(model(blocks, seq_len=SEQ), te).evaluate(replace(staged, fp8="tensorwise"))
+        every = CostModel(model(blocks, seq_len=SEQ), replace(te, fp8_library="torchao")).evaluate(
+            replace(staged, fp8="tensorwise"))  # the same plan with the weights cast at each micro-batch instead
+        _, w, _, _ = linear_elements(blocks[0], tokens=SEQ, seq_len=SEQ, dtype_bytes=2, split=1)
+        per_microbatch = (8 + pp - 1) * 4 / pp * memory_time(8 * w, te)  # (m + pp − 1) slots × a stage's blocks
+        assert every.step_time_s - once.step_time_s == pytest.approx(per_microbatch - 2 * 4 * each_block, rel=0.02)
     bf16 = layer_compute(blocks[0], b=1, seq_len=SEQ, tp=1, sequence_parallel=False, recompute="none", hw=te,
                          dtype="bf16")
     run = with_fp8(bf16, blocks[0], b=1, seq_len=SEQ, tp=1, recompute="none", hw=te, dtype="bf16", dtype_bytes=2,
