@@ -293,3 +293,21 @@ def test_grouped_fp8_gemms_run_at_the_fp8_table():
     top = max(e for _, e in hw.gemm_table("fp8").points)
     assert top < max(e for _, e in hw.gemm_table("bf16").points)
     assert fp8 == pytest.approx(2 * 4096 * (2048 * 1536 + 768 * 2048) * 8 / (hw.peak("fp8") * top))
+
+
+def test_transformer_engine_casts_the_local_experts_weights_once_a_step(tiny) -> None:
+    """Under Transformer Engine a MoE layer's per-step FP8 weight casts cover its dense weights and the routed
+    experts it holds: halving the experts a GPU holds (ep 1 → 2) halves the experts' share of the casts (4 B a
+    parameter under delayed scaling); torchtitan's torchao casts at each micro-batch, none per step."""
+    index = next(i for i, layer in enumerate(tiny.layers) if layer.moe)
+    te = ENGINES["megatron"].on(H100)
+
+    def cast(ep: int, hw: object = te, fp8: str = "delayed") -> float:
+        cfg = make_config(2, tp=1, pp=1, micro_batch_size=2, global_batch_size=4, ep=ep, zero_stage=0, fp8=fp8,
+                          fp8_bf16_blocks=0)
+        return CostModel(tiny, hw).layer_costs(cfg)[index].step.weight_cast_s
+
+    experts = 4 * 3 * 64 * 96  # the tiny model's routed experts' parameters (test_expert_cost_matches_hand_computed)
+    assert cast(1) - cast(2) == pytest.approx(memory_time(4 * experts / 2, te), rel=1e-6)
+    assert cast(2) > memory_time(4 * experts / 2, te)  # the dense weights too
+    assert cast(1, ENGINES["torchtitan"].on(H100), "tensorwise") == 0.0
