@@ -56,8 +56,6 @@ def check_compile(compile_: bool | None, hw: Any, engine: str | None = None) -> 
     (hardware.HardwareProfile.compiles, set by cost_models.engines); ``engine``: its name, where the caller knows it."""
     if not compile_ or hw.compiles:
         return
-    if engine is None:
-        raise ConfigError("--compile: this engine runs the blocks eagerly (torch.compile of each block is torchtitan's "
-                          "compile setting); plan with --engine torchtitan, or leave out --compile")
-    raise ConfigError(f"--compile: the {engine} engine runs the blocks eagerly; torch.compile of each block is "
-                      "torchtitan's compile setting: plan with --engine torchtitan, or leave out --compile")
+    who = "this engine" if engine is None else f"the {engine} engine"
+    raise ConfigError(f"--compile: {who} runs the blocks eagerly; torch.compile of each block is torchtitan's "
+                      "compile setting: plan with --engine torchtitan, or leave out --compile")

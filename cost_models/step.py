@@ -300,9 +300,10 @@ class CostModel:
         # gradient sync's overlap with the last backward is left unpriced (at most overlap_penalty × one sync).
         fwd = c.compute.fwd_s + work.zero3_copy_fwd_s
         z3_sync += self.hw.overlap_penalty * min(zero3, self.hw.zero3_overlap * cfg.zero3_overlap * 3.0 * fwd)
-        copies = fp8_weight_copy_bytes(own, self.hw, fp8_params=precision.param_bytes == 1) if fp8 else 0.0
+        fp8_params = precision.param_bytes == 1
+        copies = fp8_weight_copy_bytes(own, self.hw, fp8_params=fp8_params) if fp8 else 0.0
         # a library that caches its FP8 weights casts them once a step (Transformer Engine: its experts' too)
-        casts = weight_cast_step_s(own, cfg.fp8, self.hw, fp8_params=precision.param_bytes == 1) if fp8 else 0.0
+        casts = weight_cast_step_s(own, cfg.fp8, self.hw, fp8_params=fp8_params) if fp8 else 0.0
         rest = StepWork(tied_sync_s=tied, zero3_sync_s=z3_sync, state_params_bytes=copies, weight_cast_s=casts,
                         gather_buffer_bytes=zero3_buffer_bytes(own, precision) if cfg.zero_stage == 3 else 0.0)
         return LayerCost(c.compute, c.traffic, c.held, added(work, rest))

@@ -41,8 +41,8 @@ def layer_profile(layer: Layer, model: torch.nn.Module, gm: torch.fx.GraphModule
     module = model.get_submodule(unit) if unit != "<model>" else model
     moe, extra, experts, routed = None, 0.0, {}, []
     if len(layer.units) == 1 and (found := find_moe(module)) is not None:
-        moe, experts = measured(found, unit, g, nodes, tokens)
         routed = expert_nodes(found, unit, g, nodes)
+        moe, experts = measured(found, unit, g, nodes, tokens, routed)
         # the routed experts' work at the capacity factor (a model padded to it traced that work already)
         extra = 0.0 if found.padded else (moe.capacity_factor or 1.0) - 1.0
         flops, matmul = flops + extra * experts["flops"], matmul + extra * experts["matmul_flops"]

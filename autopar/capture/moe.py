@@ -134,13 +134,12 @@ def expert_nodes(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str]) -> 
     return [n for n in nodes if g.nodes[n]["module"] == prefix or g.nodes[n]["module"].startswith(prefix + ".")]
 
 
-def measured(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str],
-             tokens: int) -> tuple[MoEProfile, dict[str, float]]:
-    """The profile with one routed expert's per-token figures — what the experts' nodes cost per sample,
-    divided by the rows they ran per sample (tokens × top_k, times the capacity factor when the experts are
-    padded to it) — and those per-sample totals by field."""
+def measured(moe: MoEModule, unit: str, g: nx.DiGraph, nodes: list[str], tokens: int,
+             inside: list[str]) -> tuple[MoEProfile, dict[str, float]]:
+    """The profile with one routed expert's per-token figures — what the experts' nodes (``inside``: expert_nodes)
+    cost per sample, divided by the rows they ran per sample (tokens × top_k, times the capacity factor when the
+    experts are padded to it) — and those per-sample totals by field."""
     prefix = f"{unit}.{moe.experts}" if unit else moe.experts
-    inside = expert_nodes(moe, unit, g, nodes)
     totals = {f: sum(g.nodes[n][f"{f}_per_sample"] for n in inside)
               for f in ("flops", "matmul_flops", "memory_bytes", "saved_bytes", "autocast_saved_bytes", "fp8_saved_delta")}
     pairs = tokens * moe.profile.top_k * ((moe.profile.capacity_factor or 1.0) if moe.padded else 1.0)

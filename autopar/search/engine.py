@@ -330,13 +330,12 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     state = _Search(cost, modes, LowerBound(cost, modes, gpus_per_node), top_k, budget, must_find)
     space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                  allow_cross_node_tp=allow_cross_node_tp)
-    stages = dict(zero_stages=hw.zero_stages)
     families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch_size),  # type: ignore[arg-type]
-                 partial(outer_choices, profile, family=family, **space, **stages))
+                 partial(outer_choices, profile, family=family, zero_stages=hw.zero_stages, **space))
                 for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                                allow_cross_node_tp=allow_cross_node_tp)]
     try:
-        queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, **space, **stages), families,  # type: ignore[arg-type]
+        queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, zero_stages=hw.zero_stages, **space), families,  # type: ignore[arg-type]
                        stop=state.should_stop)
     except _Stopped:
         state.stop(0.0)
