@@ -122,13 +122,13 @@ class DenseView:
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
                 dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
-                hide_s: float = 0.0, modules: Sequence[str] | None = None, fp8_inputs: bool = False,
+                hide_s: tuple[float, float] = (0.0, 0.0), modules: Sequence[str] | None = None, fp8_inputs: bool = False,
                 fp8: str | None = None) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
-    reach the experts (dispatch_time); ``overlap``: the all-to-alls hide behind another micro-batch's compute,
-    ``hide_s`` of it (the layer's dense forward and backward). Selective recomputation with ``modules``
+    reach the experts (dispatch_time); ``overlap``: the all-to-alls hide behind another micro-batch's compute
+    (_overlapped), ``hide_s`` the layer's dense (forward, backward). Selective recomputation with ``modules``
     (recompute.py) naming moe re-runs the experts as full recomputation does (Megatron-Core checkpoints the whole
     MoE layer, its dispatch included); naming moe_act, it re-runs their activation (activation_recompute).
     ``fp8_inputs``: the grouped GEMMs keep their inputs in FP8 (Transformer Engine's GroupedLinear; _saved_per_pair).
@@ -169,7 +169,7 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
         remat = min(saved, remat * (autocast_ratio(layer) if autocast else 1.0))
         kept, bwd = saved - remat, bwd + t_act
     if overlap:
-        a2a_fwd, a2a_bwd = _overlapped(a2a_fwd, a2a_bwd, hide_s + fwd + bwd, hw)
+        a2a_fwd, a2a_bwd = _overlapped(a2a_fwd, a2a_bwd, hide_s, (fwd, bwd), hw)
     params = moe.num_experts * moe.expert_params / (ep * etp)
     return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
                      Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
@@ -335,16 +335,28 @@ def dispatch_time(moe: Any, dispatcher: str, *, received: float, tokens: float, 
     return comm.all_to_all_time(received * h * dtype_bytes, ep, stride=etp, gpus_per_node=gpus_per_node, hw=hw)
 
 
-def _overlapped(fwd: float, bwd: float, compute: float, hw: HardwareProfile) -> tuple[float, float]:
-    """The all-to-alls hidden behind another micro-batch's ``compute`` (Megatron-Core's
-    --overlap-moe-expert-parallel-comm runs one micro-batch's forward beside another's backward): what exceeds
-    that compute stays exposed, and the compute beside the hidden part runs overlap_penalty slower (comm.py's
-    overlap slowdown, Lee et al. 2025)."""
+def _overlapped(fwd: float, bwd: float, dense: tuple[float, float], experts: tuple[float, float],
+                hw: HardwareProfile) -> tuple[float, float]:
+    """The all-to-alls of one layer hidden behind another micro-batch's compute as Megatron-Core's
+    --overlap-moe-expert-parallel-comm pairs them (megatron/core/models/common/model_chunk_schedule_plan.py,
+    TransformerLayerSchedulePlan.run: one micro-batch's forward beside another's backward, on a communication and a
+    computation stream): the backward's combine beside the forward's ``dense`` part (attention, router: Megatron's
+    pre_dispatch_computation); the forward's dispatch, then the backward's, beside the backward's experts, then the
+    forward's (each dispatch waits for its own side's compute, each expert pass for its own dispatch); the forward's
+    combine beside the backward's dense part. Dispatch and combine each take half of a direction's all-to-all time.
+    What the phases take beyond the compute stays exposed; the compute beside the hidden part runs overlap_penalty
+    slower (comm.py's overlap slowdown, Lee et al. 2025). Assumed: every micro-batch pairs so (the pipeline's warm-up
+    and cool-down forwards and backwards run alone), and the experts' weight gradients run with their backward."""
     total = fwd + bwd
     if total <= 0:
         return fwd, bwd
-    hidden = min(total, compute)
-    exposed = total - hidden + hw.overlap_penalty * hidden
+    (af, ab), (mf, mb) = dense, experts
+    df = cf = fwd / 2
+    db = cb = bwd / 2
+    span = max(cb, af) + max(mb, df) + max(mf, db) + max(cf, ab)
+    shown = max(0.0, span - (af + ab + mf + mb))
+    hidden = total - shown
+    exposed = shown + hw.overlap_penalty * hidden
     return fwd / total * exposed, bwd / total * exposed
 
 

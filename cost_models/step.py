@@ -264,7 +264,7 @@ class CostModel:
                 gpus_per_node=self.domain(cfg), dtype=self.model.dtype,
                 hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
-                overlap=cfg.moe_overlap, hide_s=c.compute.fwd_s + c.compute.bwd_s, modules=cfg.recompute_modules,
+                overlap=cfg.moe_overlap, hide_s=(c.compute.fwd_s, c.compute.bwd_s), modules=cfg.recompute_modules,
                 fp8_inputs=fp8_inputs, fp8=cfg.fp8 if fp8_inputs else None)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 

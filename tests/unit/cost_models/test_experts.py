@@ -21,6 +21,7 @@ from cost_models.engines import ENGINES
 from cost_models.experts import (
     EXPERT_SPREAD_AUX_LOSS,
     DenseView,
+    _overlapped,
     dispatch_time,
     expected_maximum,
     expert_cost,
@@ -201,15 +202,30 @@ def test_an_all_to_all_pays_one_network_latency_not_one_per_peer() -> None:
     assert small[1] < 4 * H100.inter_node_latency_s
 
 
-def test_overlapped_all_to_alls_hide_behind_compute(tiny) -> None:
+def test_overlapped_all_to_alls_hide_behind_the_compute_megatron_pairs_them_with(tiny) -> None:
+    """Megatron-Core's EP A2A overlap (model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run) runs one
+    micro-batch's forward beside another's backward in three phases: the backward's combine beside the forward's
+    attention, the dispatches beside the experts (the forward's dispatch beside the backward's experts, the
+    backward's dispatch beside the forward's experts, each waiting for its own side), and the forward's combine
+    beside the backward's attention. Ample attention compute cannot hide the dispatches: only the experts' can."""
     layer = next(layer for layer in tiny.layers if layer.moe)
     common = dict(b=4, seq_len=SEQ, tp=1, etp=1, ep=4, sequence_parallel=False, recompute="none", imbalance=1.0,
                   gpus_per_node=2, hw=H100, dtype="bf16", dtype_bytes=2)
     plain = expert_cost(layer, **common)
-    hidden = expert_cost(layer, **common, overlap=True, hide_s=1.0)
-    total = plain.traffic.a2a_fwd_s + plain.traffic.a2a_bwd_s
-    assert hidden.traffic.a2a_fwd_s + hidden.traffic.a2a_bwd_s == pytest.approx(H100.overlap_penalty * total)
-    none = expert_cost(layer, **common, overlap=True, hide_s=0.0)
+    fwd, bwd = plain.traffic.a2a_fwd_s, plain.traffic.a2a_bwd_s
+    mf, mb = plain.compute.fwd_s, plain.compute.bwd_s
+    total = fwd + bwd
+    ample = expert_cost(layer, **common, overlap=True, hide_s=(1.0, 1.0))
+    shown = max(mb, fwd / 2) + max(mf, bwd / 2) - mb - mf  # phase 2; phases 1 and 3 hide behind the attention
+    assert ample.traffic.a2a_fwd_s + ample.traffic.a2a_bwd_s == pytest.approx(
+        shown + H100.overlap_penalty * (total - shown))
+    assert shown > 0  # this layer's experts are too small to cover its dispatches
+    # by hand: attention 1 s forward, 2 s backward; experts 3 s and 6 s; all-to-alls 2 s forward, 4 s backward:
+    # phases max(2, 1) + max(6, 1) + max(3, 2) + max(1, 2) = 13 s against 12 s of compute: 1 s shown (the
+    # backward's combine behind the forward's attention), 5 s hidden
+    hw = replace(H100, overlap_slowdown=0.1)
+    assert sum(_overlapped(2.0, 4.0, (1.0, 2.0), (3.0, 6.0), hw)) == pytest.approx(1.0 + hw.overlap_penalty * 5.0)
+    none = expert_cost(layer, **common, overlap=True, hide_s=(0.0, 0.0))
     assert none.traffic.a2a_fwd_s + none.traffic.a2a_bwd_s < total + 1e-12
 
 
