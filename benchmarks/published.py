@@ -1,22 +1,23 @@
-"""Published MoE and long-context runs on Hopper GPUs (tests/helpers/published_moe_runs.py) priced with autopar's
-cost model as it is: each run's configuration and engine through ``autopar.estimate``, its predicted tokens/s per
-GPU beside the published one. Printed figures, not a test (issue #29's independent check).
+"""Published MoE and long-context runs on Hopper GPUs, and one Blackwell table (tests/helpers/published_moe_runs.py),
+priced with autopar's cost model as it is: each run's configuration and engine through ``autopar.estimate``, its
+predicted tokens/s per GPU beside the published one. Printed figures, not a test (issue #29's independent check).
 
     python benchmarks/published.py                  # every run
     python benchmarks/published.py --only qwen3     # runs whose name contains a word (case-insensitive)
     python benchmarks/published.py --json out.json  # also write every row
 
-A run that used something autopar cannot express (FP8, a Megatron-Core dispatcher, per-module recomputation,
-overlaps, CUDA graphs, torch.compile, ...) is priced at the nearest configuration autopar expresses
+A run that used something autopar cannot express (FP8, a Megatron-Core dispatcher, per-module recomputation, overlaps,
+CUDA graphs, torch.compile, ...) is priced at the nearest configuration autopar expresses
 (``PublishedRun.estimate_choices``) and flagged; the flags are listed under the table. Columns: the published and
 predicted tokens/s per GPU, the error (predicted − published) / published, whether the plan fits in memory, the
 predicted peak memory per GPU (and the published one where the source gives it), ``comp/pub`` the predicted compute
-time alone over the published step time (above 1: compute alone is slower than the whole published step), and
-the largest terms of the predicted step (share of the step time: compute, expert dispatch ``ep``, pipeline bubble, ``dp`` gradient and
-ZeRO traffic, ...). Then the median |error| and the worst error, for the performance runs (a run whose source calls
-its throughput a sanity check is listed, marked †, and counted only in the last line), for the BF16 runs autopar
-expresses whole, the count that does not fit, and the Spearman rank correlation within each group of plans of one
-model from one source. Profiles are traced once per (model, sequence) and reused.
+time alone over the published step time (above 1: compute alone is slower than the whole published step), and the
+largest terms of the predicted step (share of the step time: compute, expert dispatch ``ep``, pipeline bubble, ``dp``
+gradient and ZeRO traffic, ...). Then the median |error| and the worst error, for the performance runs (a run whose
+source calls its throughput a sanity check is listed, marked †, and counted only in the last line), for the BF16 runs
+autopar expresses whole, the runs at 32K tokens and more, the count that does not fit, and the Spearman rank
+correlation within each group of plans of one model from one source. Profiles are traced once per (model, sequence)
+and reused.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def choices_of(run: published.PublishedRun, profile) -> dict:  # noqa: ANN001 - 
 def price(run: published.PublishedRun, folder: Path) -> dict:
     """One row: the run, what autopar predicts for it, or why it could not."""
     row = {"name": run.name, "model": run.model, "published": run.tokens_per_s_per_gpu, "precision": run.precision,
-           "moe": run.moe, "missing": list(run.unexpressed), "group": run.group, "published_gib": run.memory_gib,
+           "moe": run.moe, "seq": run.seq, "missing": list(run.unexpressed), "group": run.group, "published_gib": run.memory_gib,
            "sanity_check": run.sanity_check}
     profile = profile_of(run)
     try:
@@ -179,6 +180,7 @@ def main() -> None:
     for label, subset in (("performance runs", perf), ("BF16", [r for r in perf if r["precision"] == "bf16"]),
                           ("FP8", [r for r in perf if r["precision"] != "bf16"]),
                           ("MoE", [r for r in perf if r["moe"]]), ("dense", [r for r in perf if not r["moe"]]),
+                          ("long context (32K tokens and more)", [r for r in perf if r["seq"] >= 32768]),
                           ("BF16 and nothing missing", whole), ("every row, sanity checks too", rows)):
         print(summary(label, subset))
 
