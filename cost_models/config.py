@@ -89,8 +89,9 @@ class ParallelConfig:
     # under this scaling recipe; embeddings, the head, attention and norms stay in the dtype. A numerics choice, so
     # the search never makes it: the pin, else none.
     fp8: Fp8Recipe | None = decision(None, help="FP8 GEMMs in the blocks' linears, with this scaling recipe: "
-                                                "tensorwise, rowwise, rowwise_with_gw_hp (torchao), delayed "
-                                                "(Transformer Engine), mxfp8 (Blackwell, MI355X); default: none",
+                                                "tensorwise, rowwise, rowwise_with_gw_hp (torchao), delayed, "
+                                                "blockwise (Transformer Engine; blockwise on Hopper), mxfp8 "
+                                                "(Blackwell, MI355X); default: none",
                                      records=(LAYER, STEP), searched=False)
     fp8_bf16_blocks: int = decision(1, help="blocks at each end of the model kept in bf16 under --fp8 (the head "
                                             "always is)", records=(LAYOUT,), minimum=0, searched=False, metavar="K")

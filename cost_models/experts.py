@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 from cost_models import comm
 from cost_models.compute import BACKWARD_FACTOR, gemm_time, memory_time, memory_times
-from cost_models.fp8 import caches_weight_casts
+from cost_models.fp8 import caches_weight_casts, scaled_gemm_efficiency
 from cost_models.fp8 import recipe as fp8_recipe
 from cost_models.hardware import HardwareProfile
 from cost_models.layer_cost import Compute, Held, LayerCost, Traffic
@@ -182,16 +182,15 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     casts, as Transformer Engine's GroupedLinear runs them under an FP8 recipe (transformer_engine/pytorch/module/
     grouped_linear.py: every local expert's input, weight and output gradient quantized, the GEMMs in FP8): the
     same GEMMs as in the dtype (_expert_kernels) at the FP8 peak with one-byte operands, the weight gradient in
-    the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row-scaled GEMMs
-    at hardware.fp8_rowwise_gemm_efficiency; the casts as fp8.py prices a linear's, per element of each GEMM's
+    the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row- and
+    block-scaled GEMMs at their rate (fp8.scaled_gemm_efficiency); the casts as fp8.py prices a linear's, per element of each GEMM's
     input (the permuted tokens, the activation's output) and output gradient (the projections' outputs); the
     weights' once a step where the library caches them (fp8.weight_cast_step_s: Megatron-Core's TEGroupedLinear),
     else at each micro-batch."""
     r = fp8_recipe(name)
     low, _ = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw, dtype="fp8",
                              dtype_bytes=1)
-    if r.row_scaled:
-        low /= hw.fp8_rowwise_gemm_efficiency
+    low /= scaled_gemm_efficiency(r, hw)
     h, f = moe.hidden_size, moe.expert_ffn_size / etp
     gated = _gated(moe)
     rows = received * etp

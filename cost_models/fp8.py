@@ -20,6 +20,12 @@ pytorch/ao ``torchao/testing/training/roofline_utils.py`` ``get_tensor_memory_tr
 - ``delayed`` (Transformer Engine's DelayedScaling): the scale comes from the amax history, so one fused
   cast-transpose kernel reads the tensor once, writes both layouts and records its amax
   (transformer_engine/common/transpose/cast_transpose.cu): 4 B each;
+- ``blockwise`` (Transformer Engine's Float8BlockScaling, DeepSeek-V3's scheme: a scale per 128 elements of a row
+  for activations and gradients, per 128×128 tile for weights; Hopper): one kernel reads the tensor and writes both
+  layouts, each quantized from the source with its own block scales (transformer_engine/common/transpose/
+  quantize_transpose_vector_blockwise.cu, ..._square_blockwise.cu): 4 B each, the fp32 scales 1/16 B more; its GEMMs
+  are software-emulated block-scaled GEMMs on Hopper (TE's fp8_blockwise_scaling.rst), priced at
+  hardware.fp8_blockwise_gemm_efficiency of the tensorwise rate;
 - ``mxfp8`` (MX block scaling, 32 elements per scale; Blackwell, MI355X): torchao's ``mxfp8_cublas`` casts each
   layout in its own pass (3 + 3 = 6 B each; the e8m0 scales add 1/32).
 Under torch.compile each torchao recipe's first read of an input or output gradient fuses into the op that produced
@@ -40,7 +46,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.model import attention_core_fwd_flops_per_sample, fwd_matmul_flops, is_tp_sharded
 from cost_models.precision import Precision
 
-Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "mxfp8"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "blockwise", "mxfp8"]
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 # The libraries that run FP8 linears: torchao.float8 alone (autopar's runtime: per-tensor and per-row scales), torchao
 # with its MX formats (torchtitan: also mxfp8), Transformer Engine (Megatron-Core).
@@ -60,6 +66,7 @@ class Recipe:
     gathers_fp8: bool = False
     blockwise: bool = False
     row_scaled: bool = False     # its GEMMs take per-row scales (hardware.fp8_rowwise_gemm_efficiency prices them)
+    block_scaled: bool = False   # its GEMMs take 128-element block scales (hardware.fp8_blockwise_gemm_efficiency)
     # of an activation's (input's, output gradient's) cast bytes, the first read, which torch.compile fuses into the
     # op that produced it (torchao's roofline, ``fuse_with_prev``: the amax pass of tensorwise, the first cast of the
     # others); Transformer Engine's casts are not compiled
@@ -73,6 +80,8 @@ RECIPES: dict[str, Recipe] = {
     "rowwise_with_gw_hp": Recipe("rowwise_with_gw_hp", (3.0, 6.0, 3.0), (TORCHAO_FLOAT8, TORCHAO), wgrad_fp8=False,
                                  row_scaled=True, fused_read_bytes=2.0),
     "delayed": Recipe("delayed", (4.0, 4.0, 4.0), (TRANSFORMER_ENGINE,), gathers_fp8=True),
+    "blockwise": Recipe("blockwise", (4.0 + 1 / 16, 4.0 + 1 / 16, 4.0 + 1 / 16), (TRANSFORMER_ENGINE,), gathers_fp8=True,
+                        block_scaled=True),
     "mxfp8": Recipe("mxfp8", (6.0 + 1 / 16, 6.0 + 1 / 16, 6.0 + 1 / 16), (TORCHAO, TRANSFORMER_ENGINE), blockwise=True,
                     fused_read_bytes=2.0),
 }
@@ -115,6 +124,14 @@ def weight_cast_step_s(weights: float, name: str, hw: HardwareProfile, fp8_param
 
 def recipe(name: str) -> Recipe:
     return RECIPES[name]
+
+
+def scaled_gemm_efficiency(r: Recipe, hw: HardwareProfile) -> float:
+    """The recipe's FP8 GEMMs' rate against tensor-scaled ones: row-scaled and block-scaled GEMMs at the profile's
+    figures for them, others 1."""
+    if r.row_scaled:
+        return hw.fp8_rowwise_gemm_efficiency
+    return hw.fp8_blockwise_gemm_efficiency if r.block_scaled else 1.0
 
 
 def check_recipe(name: str | None, hw: Any, runners: Mapping[str, str] | None = None) -> None:
@@ -215,8 +232,7 @@ def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, re
     high = gemm_time(linear, per_token, rows, hw, dtype)  # type: ignore[arg-type]
     r = RECIPES[name]
     low = gemm_time(linear, per_token, rows, hw, "fp8")  # type: ignore[arg-type]
-    if r.row_scaled:
-        low /= hw.fp8_rowwise_gemm_efficiency
+    low /= scaled_gemm_efficiency(r, hw)
     fwd_bytes, bwd_bytes = cast_bytes(layer, name, tokens=b * seq_len, seq_len=seq_len, dtype_bytes=dtype_bytes,
                                       split=split, compiled=compiled, weights=not caches_weight_casts(hw))
     d_fwd = low - high + memory_time(fwd_bytes, hw)

@@ -189,6 +189,7 @@ class HardwareProfile:
     # FP8 (cost_models/fp8.py): its GEMM efficiency table (None: gemm_efficiency), the recipes it runs, its encoding.
     fp8_gemm_efficiency: EfficiencyTable | None = None
     fp8_rowwise_gemm_efficiency: float = 1.0     # row-scaled FP8 GEMMs relative to fp8_gemm_efficiency
+    fp8_blockwise_gemm_efficiency: float = 1.0   # block-scaled FP8 GEMMs (128-element scales), likewise
     fp8_recipes: tuple[str, ...] = ()
     fp8_format: str = "e4m3fn"
     # The library that runs the engine's FP8 linears (cost_models/fp8.py: "torchao", "transformer_engine"; "": the
@@ -353,6 +354,7 @@ def hardware_from_dict(raw: Mapping[str, Any], default_name: str = "custom") -> 
             fp8_gemm_efficiency=_table(f.fp8_gemm_efficiency_by_mflop_per_token, scale=1e6)
             if f.fp8_gemm_efficiency_by_mflop_per_token else None,
             fp8_rowwise_gemm_efficiency=f.fp8_rowwise_gemm_efficiency,
+            fp8_blockwise_gemm_efficiency=f.fp8_blockwise_gemm_efficiency,
             fp8_recipes=tuple(f.fp8_recipes),
             fp8_format=f.fp8_format,
             flash_attention={name: (_table(pts, scale=1.0), f.flash_attention_backward_over_forward.get(name, 2.5))

@@ -75,8 +75,12 @@ class HardwareFile(_Strict):
     # tensor-scaled ones on some devices (torchao/float8/float8_ops.py: CUTLASS's row-scaled kernel, or cuBLAS's
     # tensor-scaled one plus a rescale of its output).
     fp8_rowwise_gemm_efficiency: float = Field(default=1.0, gt=0, le=1)
+    # Block-scaled FP8 GEMMs (Transformer Engine's blockwise recipe: a scale per 128 elements or 128×128 tile)
+    # relative to that table: software-emulated on Hopper.
+    fp8_blockwise_gemm_efficiency: float = Field(default=1.0, gt=0, le=1)
     # The FP8 training recipes the device runs (cost_models/fp8.py RECIPES): tensorwise and rowwise scaling from
-    # Hopper / MI300 on, MX block scaling (mxfp8) from Blackwell / MI355X on; empty: no FP8 training.
+    # Hopper / MI300 on, 128-element block scaling (blockwise) on Hopper, MX block scaling (mxfp8) from Blackwell /
+    # MI355X on; empty: no FP8 training.
     fp8_recipes: list[str] = []
     # The FP8 encoding its tensor cores take: OCP e4m3fn (NVIDIA, MI355X) or e4m3fnuz (MI300X / MI325X).
     fp8_format: Literal["e4m3fn", "e4m3fnuz"] = "e4m3fn"

@@ -78,6 +78,9 @@ FIELDS: Mapping[str, tuple[str, Mover]] = {
         hw, fp8_gemm_efficiency=_eff_table(hw.fp8_gemm_efficiency, u, d) if hw.fp8_gemm_efficiency else None)),
     "fp8_rowwise_gemm_efficiency": (COMPUTE, lambda hw, u, d: replace(
         hw, fp8_rowwise_gemm_efficiency=_fraction(hw.fp8_rowwise_gemm_efficiency, u, d) or hw.fp8_rowwise_gemm_efficiency)),
+    "fp8_blockwise_gemm_efficiency": (COMPUTE, lambda hw, u, d: replace(
+        hw, fp8_blockwise_gemm_efficiency=_fraction(hw.fp8_blockwise_gemm_efficiency, u, d)
+        or hw.fp8_blockwise_gemm_efficiency)),
     "gemm_efficiency_by_rows": (COMPUTE, lambda hw, u, d: replace(
         hw, gemm_rows_efficiency=_eff_table(hw.gemm_rows_efficiency, u, d))),
     "memory_bandwidth_efficiency": (COMPUTE, lambda hw, u, d: replace(

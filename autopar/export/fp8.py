@@ -3,13 +3,13 @@ each framework's names.
 
 - Megatron-Core (TransformerConfig fields, as Megatron-LM's arguments.py generates their flags): ``--fp8-format
   hybrid`` (e4m3 forward, e5m2 gradients: Transformer Engine's default; ``e4m3`` for MXFP8), ``--fp8-recipe
-  tensorwise | delayed | mxfp8``, ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 K
+  tensorwise | delayed | blockwise | mxfp8``, ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 K
   --num-layers-at-end-in-bf16 K``, and ``--fp8-param-gather`` where the plan gathers FP8 weights (the distributed
   optimizer or Megatron-FSDP: cost_models/fp8.py FP8_GATHER_FROM_STAGE). Megatron has no row-scaled recipe, and its
   TransformerConfig refuses bf16 ends under delayed scaling ("Delayed scaling does not support first / last layer in
   BF16"): both warned.
 - Megatron-Bridge (NeMo 2's recipes): ``mixed_precision`` names its FP8 recipe (``bf16_with_fp8_current_scaling_mixed``,
-  ``..._delayed_scaling_mixed``, ``bf16_with_mxfp8_mixed``); the bf16 ends and FP8 parameter gathers are warned with
+  ``..._delayed_scaling_mixed``, ``..._fp8_subchannel_scaling_mixed`` for blockwise, ``bf16_with_mxfp8_mixed``); the bf16 ends and FP8 parameter gathers are warned with
   the fields to set.
 - NeMo's legacy YAML (its Megatron GPT model config, which maps ``fp8`` / ``fp8_hybrid`` to TransformerConfig.fp8 and passes the
   other TransformerConfig fields through): ``fp8: true``, ``fp8_hybrid`` or ``fp8_e4m3``, ``fp8_recipe``,
@@ -29,7 +29,7 @@ from autopar.export.common import block_indices
 from autopar.export.stages import TargetNames, target_name
 from autopar.plan import Plan
 
-MEGATRON_RECIPES = {"tensorwise": "tensorwise", "delayed": "delayed", "mxfp8": "mxfp8"}
+MEGATRON_RECIPES = {"tensorwise": "tensorwise", "delayed": "delayed", "blockwise": "blockwise", "mxfp8": "mxfp8"}
 # Transformer Engine gathers FP8 weights under Megatron's distributed optimizer (ZeRO-1 on); torchao under FSDP2.
 _TE_GATHER_STAGE, _TORCHAO_GATHER_STAGE = 1, 2
 
@@ -63,7 +63,7 @@ def megatron_core_fp8(plan: Plan, target: str, warnings: list[str]) -> dict[str,
                         "or --fp8 tensorwise for what runs)")
     elif ends:
         fields.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=ends, num_layers_at_end_in_bf16=ends)
-    if recipe in ("tensorwise", "delayed") and par.zero_stage >= _TE_GATHER_STAGE:
+    if recipe in ("tensorwise", "delayed", "blockwise") and par.zero_stage >= _TE_GATHER_STAGE:
         fields["fp8_param"] = True   # Megatron-LM: --fp8-param-gather
     return fields
 
@@ -91,7 +91,7 @@ def nemo_fp8(plan: Plan, target: str, warnings: list[str]) -> dict[str, Any]:
 
 # Megatron-Bridge's mixed-precision recipes (megatron/bridge/training/mixed_precision.py) by the plan's FP8 recipe.
 BRIDGE_RECIPES = {"tensorwise": "with_fp8_current_scaling_mixed", "delayed": "with_fp8_delayed_scaling_mixed",
-                  "mxfp8": "with_mxfp8_mixed"}
+                  "blockwise": "with_fp8_subchannel_scaling_mixed", "mxfp8": "with_mxfp8_mixed"}
 
 
 def bridge_mixed_precision(plan: Plan, target: str, warnings: list[str]) -> str | None:
@@ -139,14 +139,14 @@ def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str], names: TargetN
                    "plan keeps in bf16), or export to torchtitan@0.2")
         warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: {how}")
         return {}
-    if par.fp8 == "delayed":
-        warnings.append("torchtitan's float8 (torchao) has no delayed scaling; the plan's delayed recipe is exported "
-                        "as tensorwise (dynamic) scaling")
+    if par.fp8 in ("delayed", "blockwise"):
+        warnings.append(f"torchtitan's float8 (torchao) has no {par.fp8} scaling; the plan's {par.fp8} recipe is "
+                        "exported as tensorwise (dynamic) scaling")
     skip = kept_in_bf16(plan, names)
     if par.fp8 == "mxfp8":
         return {"model": {"converters": ["quantize.linear.mx"]},
                 "quantize": {"linear": {"mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": skip}}}}
-    recipe = "tensorwise" if par.fp8 == "delayed" else par.fp8
+    recipe = "tensorwise" if par.fp8 in ("delayed", "blockwise") else par.fp8
     float8: dict[str, Any] = {"recipe_name": recipe, "filter_fqns": skip}
     if recipe == "tensorwise" and par.zero_stage >= _TORCHAO_GATHER_STAGE:
         float8.update(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)

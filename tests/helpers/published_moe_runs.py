@@ -178,12 +178,13 @@ class PublishedRun:
 
 
 # FP8 recipes as autopar's fp8 decision (cost_models/fp8.py): Transformer Engine's current scaling and torchao's
-# tensorwise float8 scale per tensor; NeMo's FP8 of 2024 is Transformer Engine's delayed scaling. Blockwise scaling
-# (DeepSeek-V3's 1×128 / 128×128 tiles, Transformer Engine's Float8BlockScaling) has no recipe of its own: priced
-# as tensorwise, Transformer Engine's current scaling, the nearest recipe the megatron engine runs (its casts
-# read and write each tensor as often; the block scales' bytes are not counted).
-FP8_RECIPES = {"fp8-cs": "tensorwise", "float8-tensorwise": "tensorwise", "fp8-delayed": "delayed"}
-FP8_NEAREST = {"fp8-blockwise": "tensorwise"}
+# tensorwise float8 scale per tensor; NeMo's FP8 of 2024 is Transformer Engine's delayed scaling; blockwise scaling
+# (DeepSeek-V3's 1×128 / 128×128 tiles) is Transformer Engine's Float8BlockScaling. DeepSeek's own framework (the
+# V3 report) is priced with Transformer Engine's kernels for it. A recipe autopar does not express would be priced
+# at its nearest (FP8_NEAREST) and flagged.
+FP8_RECIPES = {"fp8-cs": "tensorwise", "float8-tensorwise": "tensorwise", "fp8-delayed": "delayed",
+               "fp8-blockwise": "blockwise"}
+FP8_NEAREST: dict[str, str] = {}
 
 # What ``missing`` lists that autopar now expresses (estimate_choices maps each).
 EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",
@@ -682,7 +683,7 @@ DEEPSEEK_REPORTS = [
         features=("DualPipe", "node-limited routing (4 nodes)", "MTP 1 layer", "warp-specialised all-to-all kernels"),
         missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe (its schedule and bubble; its all-to-all overlap "
                  "priced as EP A2A overlap)", "node-limited routing", "MTP layer", "per-module recompute",
-                 "whole-run average"),
+                 "whole-run average", "DeepSeek's own FP8 GEMMs (priced as Transformer Engine's blockwise)"),
         notes=("a whole-run average (includes the batch ramp and any restarts), not one step",
                "micro-batch not stated: 1 assumed; batch: the final 15360", "engine: HAI-LLM priced as megatron")),
     PublishedRun(

@@ -51,6 +51,9 @@ def test_cast_elements_and_bytes_by_hand() -> None:
     for compiled in (False, True):
         assert cast_bytes(mlp_block(), "delayed", tokens=tokens, seq_len=SEQ, dtype_bytes=2, split=1,
                           compiled=compiled) == (4 * x + 2 * w, 4 * dy + 2 * w)
+    # blockwise (Transformer Engine's Float8BlockScaling): one pass writing both layouts, each with its block scales
+    assert cast_bytes(mlp_block(), "blockwise", tokens=tokens, seq_len=SEQ, dtype_bytes=2, split=1) == pytest.approx(
+        ((4 + 1 / 16) * x + (2 + 1 / 32) * w, (4 + 1 / 16) * dy + (2 + 1 / 32) * w))
     # split over tp 4: activations entering the row linear, output gradients of the column linear, weights / 4
     x4, w4, dy4, _ = linear_elements(mlp_block(), tokens=tokens, seq_len=SEQ, dtype_bytes=2, split=4)
     assert (x4, w4, dy4) == (tokens * (H + INNER / 4), w / 4, tokens * (INNER / 4 + H))
@@ -72,6 +75,13 @@ def test_each_gemm_is_priced_at_the_fp8_peak_plus_its_casts() -> None:
                   name="rowwise_with_gw_hp")
     _, hp_bwd = cast_bytes(block, "rowwise_with_gw_hp", tokens=b * SEQ, seq_len=SEQ, dtype_bytes=2, split=1)
     assert hp.bwd_s == pytest.approx(bf16.bwd_s - gemm / 2 + memory_time(hp_bwd, FP8_HW))
+    # blockwise: its block-scaled GEMMs at the profile's rate of them (0.8 here), its casts as cast_bytes gives
+    block_hw = replace(FP8_HW, fp8_blockwise_gemm_efficiency=0.8)
+    blockwise = with_fp8(bf16, block, b=b, seq_len=SEQ, tp=1, recompute="none", hw=block_hw, dtype="bf16",
+                         dtype_bytes=2, name="blockwise")
+    b_fwd, b_bwd = cast_bytes(block, "blockwise", tokens=b * SEQ, seq_len=SEQ, dtype_bytes=2, split=1)
+    assert blockwise.fwd_s == pytest.approx(bf16.fwd_s - gemm + gemm / 2 / 0.8 + b_fwd / 1e12)
+    assert blockwise.bwd_s == pytest.approx(bf16.bwd_s - 2 * gemm + gemm / 0.8 + b_bwd / 1e12)
     # a full recomputation repeats the forward's saving and casts
     full = with_fp8(bf16, block, b=b, seq_len=SEQ, tp=1, recompute="full", hw=FP8_HW, dtype="bf16", dtype_bytes=2,
                     name="tensorwise")
@@ -182,6 +192,13 @@ def test_a_recipe_the_device_or_engine_cannot_run_is_one_line_saying_what_to() -
     with pytest.raises(ConfigError, match="Transformer Engine|transformer_engine"):
         check_recipe("delayed", ENGINES["autopar"].on(load_hardware("h100-80gb")), {"megatron": "transformer_engine"})
     check_recipe("mxfp8", ENGINES["torchtitan"].on(load_hardware("b200")))
+    # blockwise: Transformer Engine's, on Hopper (compute capability 9.0 and CUDA 12.9 on)
+    check_recipe("blockwise", ENGINES["megatron"].on(load_hardware("h100-80gb")))
+    with pytest.raises(ConfigError, match="blockwise FP8 recipe is transformer_engine's.*--engine that runs blockwise "
+                                          r"\(megatron\)"):
+        check_recipe("blockwise", ENGINES["torchtitan"].on(load_hardware("h100-80gb")),
+                     {"megatron": "transformer_engine", "torchtitan": "torchao"})
+    assert load_hardware("h100-80gb").fp8_blockwise_gemm_efficiency == pytest.approx(1.75 / 2)
     assert load_hardware("mi300x").fp8_format == "e4m3fnuz" and load_hardware("mi355x").fp8_format == "e4m3fn"
 
 

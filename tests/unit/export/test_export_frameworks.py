@@ -42,7 +42,7 @@ from helpers.exports import (
 # Plans the real parsers see: ZeRO 0-3, TP, PP (1F1B, GPipe, interleaved, uneven), SP, selective / full /
 # per-block mixed recomputation, accumulation (every plan has several micro-batches per step), bf16 / fp16 / fp32.
 PARSER_PLANS = ["interleaved", "zero3", "gpipe_fp16", "offload", "uneven_ok", "recompute_mixed", "zero0_tp",
-                "recompute_modules", "h100_zero3", "fp8_tensorwise", "fp8_delayed", "compiled"]
+                "recompute_modules", "h100_zero3", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "compiled"]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,9 @@ def all_plans(plans, profile):
         "fp8_delayed": autopar.estimate(profile, gpu="h100-80gb", engine="megatron", gpus=8, tp=2, pp=1,
                                         micro_batch_size=1, global_batch_size=16, zero_stage=1, recompute="none",
                                         fp8="delayed", fp8_bf16_blocks=0),
+        "fp8_blockwise": autopar.estimate(profile, gpu="h100-80gb", engine="megatron", gpus=8, tp=2, pp=1,
+                                          micro_batch_size=1, global_batch_size=16, zero_stage=1, recompute="none",
+                                          fp8="blockwise"),
         "compiled": autopar.estimate(profile, gpu="h100-80gb", engine="torchtitan", gpus=8, tp=1, pp=1,
                                      micro_batch_size=1, global_batch_size=16, zero_stage=3, recompute="none",
                                      compile=True),
@@ -384,6 +387,10 @@ def test_fp8_in_each_frameworks_names(all_plans):
     assert yaml.safe_load(bridge.text)["mixed_precision"] == "bf16_with_fp8_delayed_scaling_mixed"
     assert any("fp8_param_gather=True on its mixed_precision config" in w for w in bridge.warnings)
     assert yaml.safe_load(export(tensorwise, "nemo").text)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
+    blockwise = all_plans["fp8_blockwise"]  # Transformer Engine's Float8BlockScaling: Bridge's subchannel recipe
+    assert yaml.safe_load(export(blockwise, "nemo").text)["mixed_precision"] == "bf16_with_fp8_subchannel_scaling_mixed"
+    assert any("no blockwise scaling; the plan's blockwise recipe is exported as tensorwise" in w
+               for w in export(blockwise, "torchtitan@0.2").warnings)
     assert any("torchtitan 0.3 sets FP8 in the model's config" in w for w in export(tensorwise, "torchtitan").warnings)
     toml = tomllib.loads(export(tensorwise, "torchtitan@0.2").text)
     float8 = toml["quantize"]["linear"]["float8"]
