@@ -334,6 +334,21 @@ def dispatch_time(moe: Any, dispatcher: str, *, received: float, tokens: float, 
     return comm.all_to_all_time(received * h * dtype_bytes, ep, stride=etp, gpus_per_node=gpus_per_node, hw=hw)
 
 
+def overlap_refusal(*, ep: int, dispatcher: str, dtype: str, recompute: str, modules: Sequence[str] | None, pp: int,
+                    interleaved: bool) -> str | None:
+    """Why Megatron-Core does not run --overlap-moe-expert-parallel-comm for this configuration (its
+    TransformerConfig.__post_init__ refuses it), or None where it does: the cost model prices the all-to-alls
+    exposed there, and the export leaves the flag off, warning (autopar/export/overlap.py)."""
+    chosen = modules_of(modules) if recompute == "selective" else ()
+    for reason, refused in (("ep 1", ep == 1), ("the allgather dispatcher", dispatcher == "allgather"),
+                            ("fp32", dtype == "fp32"), ("full recomputation", recompute == "full"),
+                            ("the moe module recomputed", "moe" in chosen),
+                            ("pipelining without a virtual pipeline", pp > 1 and not interleaved)):
+        if refused:
+            return reason
+    return None
+
+
 def _overlapped(fwd: float, bwd: float, dense: tuple[float, float], experts: tuple[float, float],
                 hw: HardwareProfile) -> tuple[float, float]:
     """The all-to-alls of one layer hidden behind another micro-batch's compute as Megatron-Core's
@@ -345,7 +360,10 @@ def _overlapped(fwd: float, bwd: float, dense: tuple[float, float], experts: tup
     combine beside the backward's dense part. Dispatch and combine each take half of a direction's all-to-all time.
     What the phases take beyond the compute stays exposed; the compute beside the hidden part runs overlap_penalty
     slower (comm.py's overlap slowdown, Lee et al. 2025). Assumed: every micro-batch pairs so (the pipeline's warm-up
-    and cool-down forwards and backwards run alone), and the experts' weight gradients run with their backward."""
+    and cool-down forwards and backwards run alone), the experts' weight gradients run with their backward, and a
+    layer pairs with one like it (Megatron pairs forward layer i with backward layer n − 1 − i, which differ where
+    dense and MoE layers mix, as DeepSeek-V3's first three; ep_overlap_early_attn_memory_release's reordering is
+    not modelled)."""
     total = fwd + bwd
     if total <= 0:
         return fwd, bwd

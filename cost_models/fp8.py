@@ -23,7 +23,8 @@ pytorch/ao ``torchao/testing/training/roofline_utils.py`` ``get_tensor_memory_tr
 - ``blockwise`` (Transformer Engine's Float8BlockScaling, DeepSeek-V3's scheme: a scale per 128 elements of a row
   for activations and gradients, per 128×128 tile for weights; Hopper): one kernel reads the tensor and writes both
   layouts, each quantized from the source with its own block scales (transformer_engine/common/transpose/
-  quantize_transpose_vector_blockwise.cu, ..._square_blockwise.cu): 4 B each, the fp32 scales 1/16 B more; its GEMMs
+  quantize_transpose_vector_blockwise.cu, ..._square_blockwise.cu): 4 B each, the fp32 scales 1/16 B more (a weight's
+  128×128 tiles: 1/2048 B); its GEMMs
   are software-emulated block-scaled GEMMs on Hopper (TE's fp8_blockwise_scaling.rst), priced at
   hardware.fp8_blockwise_gemm_efficiency of the tensorwise rate;
 - ``mxfp8`` (MX block scaling, 32 elements per scale; Blackwell, MI355X): torchao's ``mxfp8_cublas`` casts each
@@ -64,7 +65,7 @@ class Recipe:
     libraries: tuple[str, ...]
     wgrad_fp8: bool = True
     gathers_fp8: bool = False
-    blockwise: bool = False
+    mx: bool = False             # it needs MX (block-scaled: 32 elements per e8m0 scale) tensor cores
     row_scaled: bool = False     # its GEMMs take per-row scales (hardware.fp8_rowwise_gemm_efficiency prices them)
     block_scaled: bool = False   # its GEMMs take 128-element block scales (hardware.fp8_blockwise_gemm_efficiency)
     # of an activation's (input's, output gradient's) cast bytes, the first read, which torch.compile fuses into the
@@ -80,9 +81,9 @@ RECIPES: dict[str, Recipe] = {
     "rowwise_with_gw_hp": Recipe("rowwise_with_gw_hp", (3.0, 6.0, 3.0), (TORCHAO_FLOAT8, TORCHAO), wgrad_fp8=False,
                                  row_scaled=True, fused_read_bytes=2.0),
     "delayed": Recipe("delayed", (4.0, 4.0, 4.0), (TRANSFORMER_ENGINE,), gathers_fp8=True),
-    "blockwise": Recipe("blockwise", (4.0 + 1 / 16, 4.0 + 1 / 16, 4.0 + 1 / 16), (TRANSFORMER_ENGINE,), gathers_fp8=True,
-                        block_scaled=True),
-    "mxfp8": Recipe("mxfp8", (6.0 + 1 / 16, 6.0 + 1 / 16, 6.0 + 1 / 16), (TORCHAO, TRANSFORMER_ENGINE), blockwise=True,
+    "blockwise": Recipe("blockwise", (4.0 + 1 / 16, 4.0 + 1 / 2048, 4.0 + 1 / 16), (TRANSFORMER_ENGINE,),
+                        gathers_fp8=True, block_scaled=True),
+    "mxfp8": Recipe("mxfp8", (6.0 + 1 / 16, 6.0 + 1 / 16, 6.0 + 1 / 16), (TORCHAO, TRANSFORMER_ENGINE), mx=True,
                     fused_read_bytes=2.0),
 }
 

@@ -24,7 +24,7 @@ from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
-from cost_models.experts import DenseView, expert_cost, imbalance_of
+from cost_models.experts import DenseView, expert_cost, imbalance_of, overlap_refusal
 from cost_models.fp8 import (
     TRANSFORMER_ENGINE,
     check_recipe,
@@ -251,7 +251,10 @@ class CostModel:
         runs in FP8: under Transformer Engine its experts' GEMMs too, keeping their inputs in FP8 (GroupedLinear);
         torchao converts linears only, so under it the experts stay in the dtype."""
         fp8_inputs = fp8 and self.hw.fp8_library == TRANSFORMER_ENGINE
-        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast, fp8_inputs)
+        overlap = cfg.moe_overlap and overlap_refusal(
+            ep=cfg.ep, dispatcher=cfg.moe_dispatcher, dtype=self.model.dtype, recompute=mode,
+            modules=cfg.recompute_modules, pp=cfg.pp, interleaved=cfg.schedule == "interleaved") is None
+        key = (layer.block_id, mode, cfg.layer_setting, cfg.expert_shape, autocast, fp8_inputs, overlap)
         e = self._experts.get(key)
         if e is None:  # a context-parallel rank routes its 1/cp of the tokens
             moe = layer.moe
@@ -264,7 +267,7 @@ class CostModel:
                 gpus_per_node=self.domain(cfg), dtype=self.model.dtype,
                 hw=self.hw if cfg.moe_grouped_gemm is None else replace(self.hw, grouped_experts=cfg.moe_grouped_gemm),
                 dtype_bytes=self.dtype_bytes, autocast=autocast, dispatcher=cfg.moe_dispatcher,
-                overlap=cfg.moe_overlap, hide_s=(c.compute.fwd_s, c.compute.bwd_s), modules=cfg.recompute_modules,
+                overlap=overlap, hide_s=(c.compute.fwd_s, c.compute.bwd_s), modules=cfg.recompute_modules,
                 fp8_inputs=fp8_inputs, fp8=cfg.fp8 if fp8_inputs else None)
         return LayerCost(added(c.compute, e.compute), added(c.traffic, e.traffic), added(c.held, e.held), NO_STEP_WORK)
 

@@ -140,7 +140,7 @@ def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str], names: TargetN
         warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: {how}")
         return {}
     if par.fp8 in ("delayed", "blockwise"):
-        warnings.append(f"torchtitan's float8 (torchao) has no {par.fp8} scaling; the plan's {par.fp8} recipe is "
+        warnings.append(f"torchtitan 0.2's float8 converter has no {par.fp8} recipe; the plan's {par.fp8} recipe is "
                         "exported as tensorwise (dynamic) scaling")
     skip = kept_in_bf16(plan, names)
     if par.fp8 == "mxfp8":

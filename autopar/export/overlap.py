@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from autopar.export.common import megatron_recompute, precision
 from autopar.plan import Plan
 from cost_models.engines import ENGINES
+from cost_models.experts import overlap_refusal
 
 READS = frozenset({"moe_dispatcher", "moe_grouped_gemm", "moe_overlap", "overlap_grad_reduce", "overlap_param_gather",
                    "tp_comm_overlap", "recompute_modules"})
@@ -73,11 +74,9 @@ def _moe_overlap(plan: Plan, target: str, warnings: list[str]) -> dict[str, obje
     par = plan.parallelism
     fields: dict[str, object] = {}
     if par.moe_overlap:
-        reason = ("ep 1" if par.ep == 1 else
-                  "the allgather dispatcher" if par.moe_dispatcher == "allgather" else
-                  "fp32" if precision(plan) == "fp32" else
-                  "full recomputation" if megatron_recompute(plan, target).granularity == "full" else
-                  "pipelining without a virtual pipeline" if par.pp > 1 and par.schedule != "interleaved" else None)
+        reason = overlap_refusal(ep=par.ep, dispatcher=par.moe_dispatcher, dtype=precision(plan),
+                                 recompute=megatron_recompute(plan, target).granularity,
+                                 modules=par.recompute_modules, pp=par.pp, interleaved=par.schedule == "interleaved")
         if reason is None:
             fields["overlap_moe_expert_parallel_comm"] = True
         else:

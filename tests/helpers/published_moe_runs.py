@@ -125,7 +125,8 @@ class PublishedRun:
         """autopar.estimate's keywords for the nearest configuration autopar can express: the dispatcher (HybridEP,
         DeepEP and DeepSeek-V3's own kernels as flex: each sends a token once per destination node over the network
         and forwards it over NVLink, DeepSeek-V3 report §3.2.2), the overlaps the run lists (DualPipe's overlap of
-        one chunk's all-to-all with another's compute, §3.2.1, as Megatron-Core's EP A2A overlap), per-module
+        one chunk's all-to-all with another's compute, §3.2.1, as Megatron-Core's EP A2A overlap, which the cost model
+        prices only where Megatron-Core runs it: experts.overlap_refusal), per-module
         recomputation as selective with its modules, forced balance as an imbalance of 1, each FP8 recipe as autopar's (FP8_RECIPES) or its nearest.
         A run that names no data-parallel overlap ran without it where its scripts predate the recipes that set it
         (FlagPerf's Megatron-Core 0.6 scripts), else with its engine's default."""
@@ -575,7 +576,7 @@ TITAN_CP = [
         features=("FSDP2", "torch.compile", "Float8 linears", "AsyncTP", "1F1B"),
         missing=("FP8", "torch.compile", "async TP"), memory_gib=mem,
         notes=("local batch 8 per data-parallel rank in 8 pipeline micro-batches of 1 (torchtitan's default: "
-               "as many micro-batches as stages, config_manager.py@9dec370); global batch 8 × the FSDP degree",),
+               "as many micro-batches as pipeline ranks, pipeline_llama.py@9dec370); global batch 8 × the FSDP degree",),
         group="Llama 3.1 405B, CP, Float8 (torchtitan)")
       for cp, seq, tps, mem in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9), (4, 131072, 31, 77.1),
                                 (8, 262144, 16, 84.9))],
@@ -681,8 +682,9 @@ DEEPSEEK_REPORTS = [
         zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"),
         dispatcher="custom node-deduplicated all-to-all", routing="aux-free", precision="fp8-blockwise",
         features=("DualPipe", "node-limited routing (4 nodes)", "MTP 1 layer", "warp-specialised all-to-all kernels"),
-        missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe (its schedule and bubble; its all-to-all overlap "
-                 "priced as EP A2A overlap)", "node-limited routing", "MTP layer", "per-module recompute",
+        missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe (its schedule, bubble and all-to-all overlap: "
+                 "Megatron-Core's EP A2A overlap, its nearest, needs a virtual pipeline, which 120 micro-batches on 16 "
+                 "stages do not admit)", "node-limited routing", "MTP layer", "per-module recompute",
                  "whole-run average", "DeepSeek's own FP8 GEMMs (priced as Transformer Engine's blockwise)"),
         notes=("a whole-run average (includes the batch ramp and any restarts), not one step",
                "micro-batch not stated: 1 assumed; batch: the final 15360", "engine: HAI-LLM priced as megatron")),

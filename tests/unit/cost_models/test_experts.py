@@ -28,6 +28,7 @@ from cost_models.experts import (
     fp8_expert_times,
     grouped_gemm_time,
     imbalance_of,
+    overlap_refusal,
     remote_nodes,
 )
 from helpers import ROOT
@@ -227,6 +228,28 @@ def test_overlapped_all_to_alls_hide_behind_the_compute_megatron_pairs_them_with
     assert sum(_overlapped(2.0, 4.0, (1.0, 2.0), (3.0, 6.0), hw)) == pytest.approx(1.0 + hw.overlap_penalty * 5.0)
     none = expert_cost(layer, **common, overlap=True, hide_s=(0.0, 0.0))
     assert none.traffic.a2a_fwd_s + none.traffic.a2a_bwd_s < total + 1e-12
+
+
+def test_the_overlap_is_priced_only_where_megatron_core_runs_it(tiny) -> None:
+    """Megatron-Core's TransformerConfig refuses --overlap-moe-expert-parallel-comm with full recomputation, with the
+    moe module recomputed, with the allgather dispatcher, in fp32 and when pipelining without a virtual pipeline:
+    there the all-to-alls are priced exposed, as without the flag; elsewhere the overlap hides some of them."""
+    def step(**extra: object) -> float:
+        cfg = make_config(8, tp=1, pp=1, micro_batch_size=2, global_batch_size=16, ep=4, moe_dispatcher="alltoall",
+                          **extra)
+        return CostModel(tiny, H100).evaluate(cfg).step_time_s
+
+    assert step(moe_overlap=True, recompute="none") < step(recompute="none")
+    for refused in (dict(recompute="full"), dict(recompute="selective", recompute_modules=("moe",))):
+        assert step(moe_overlap=True, **refused) == pytest.approx(step(**refused))
+    kept = dict(recompute="selective", recompute_modules=("moe_act",))
+    assert step(moe_overlap=True, **kept) < step(**kept)
+    common = dict(ep=4, dispatcher="alltoall", dtype="bf16", recompute="none", modules=None, pp=1, interleaved=False)
+    assert overlap_refusal(**common) is None
+    assert overlap_refusal(**{**common, "pp": 4}) == "pipelining without a virtual pipeline"
+    assert overlap_refusal(**{**common, "pp": 4, "interleaved": True}) is None
+    assert overlap_refusal(**{**common, "dispatcher": "allgather"}) == "the allgather dispatcher"
+    assert overlap_refusal(**{**common, "dtype": "fp32"}) == "fp32"
 
 
 def test_grouped_experts_run_at_the_large_gemm_rate_unless_their_operands_bound_them() -> None:

@@ -53,7 +53,7 @@ def test_cast_elements_and_bytes_by_hand() -> None:
                           compiled=compiled) == (4 * x + 2 * w, 4 * dy + 2 * w)
     # blockwise (Transformer Engine's Float8BlockScaling): one pass writing both layouts, each with its block scales
     assert cast_bytes(mlp_block(), "blockwise", tokens=tokens, seq_len=SEQ, dtype_bytes=2, split=1) == pytest.approx(
-        ((4 + 1 / 16) * x + (2 + 1 / 32) * w, (4 + 1 / 16) * dy + (2 + 1 / 32) * w))
+        ((4 + 1 / 16) * x + (2 + 1 / 4096) * w, (4 + 1 / 16) * dy + (2 + 1 / 4096) * w))
     # split over tp 4: activations entering the row linear, output gradients of the column linear, weights / 4
     x4, w4, dy4, _ = linear_elements(mlp_block(), tokens=tokens, seq_len=SEQ, dtype_bytes=2, split=4)
     assert (x4, w4, dy4) == (tokens * (H + INNER / 4), w / 4, tokens * (INNER / 4 + H))

@@ -389,7 +389,7 @@ def test_fp8_in_each_frameworks_names(all_plans):
     assert yaml.safe_load(export(tensorwise, "nemo").text)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     blockwise = all_plans["fp8_blockwise"]  # Transformer Engine's Float8BlockScaling: Bridge's subchannel recipe
     assert yaml.safe_load(export(blockwise, "nemo").text)["mixed_precision"] == "bf16_with_fp8_subchannel_scaling_mixed"
-    assert any("no blockwise scaling; the plan's blockwise recipe is exported as tensorwise" in w
+    assert any("float8 converter has no blockwise recipe; the plan's blockwise recipe is exported as tensorwise" in w
                for w in export(blockwise, "torchtitan@0.2").warnings)
     assert any("torchtitan 0.3 sets FP8 in the model's config" in w for w in export(tensorwise, "torchtitan").warnings)
     toml = tomllib.loads(export(tensorwise, "torchtitan@0.2").text)

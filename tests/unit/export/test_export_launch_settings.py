@@ -35,6 +35,12 @@ CASES = {
                                  {"moe_token_dispatcher_type": "allgather", "overlap_moe_expert_parallel_comm": False,
                                   "moe_pad_expert_input_to_capacity": True},
                                  ["with the allgather dispatcher"]),
+    "moe_recompute_cannot_overlap": ("moe", {**BASE, "ep": 2, "sequence_parallel": True, "moe_dispatcher": "flex",
+                                             "recompute": "selective", "recompute_modules": ("moe",),
+                                             "moe_overlap": True},
+                                     {"overlap_moe_expert_parallel_comm": False, "recompute_modules": ["moe"]},
+                                     ["cannot overlap the experts' all-to-alls with the moe module recomputed",
+                                      "cannot pad experts to a capacity"]),
     "megatron_engine_defaults": ("gpt", BASE,  # None: NeMo's recipes' overlaps on (Megatron-LM's flags are off)
                                  {"overlap_grad_reduce": True, "overlap_param_gather": True, "tp_comm_overlap": False,
                                   "recompute_granularity": None},
