@@ -61,6 +61,7 @@ class Engine:
     compiles: bool = False         # it can torch.compile the blocks (ParallelConfig.compile, compiled.py)
     grad_buckets: str = "ddp"      # how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the ZeRO stages it runs, which solve searches
+    all_warmup_at_pp: bool = False  # interleaved with m = pp: every forward first (Megatron-Core), not torch's warm-up
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -76,6 +77,7 @@ class Engine:
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        compiles=self.compiles, grad_buckets=self.grad_buckets, zero_stages=self.zero_stages,
+                       all_warmup_at_pp=self.all_warmup_at_pp,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -102,8 +104,13 @@ ENGINES: dict[str, Engine] = {
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
         fused_elementwise=True, kernel_masks=True, fused_sinks=True,
-        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron",
+        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", all_warmup_at_pp=True,
         sources={
+            "all_warmup_at_pp": "Megatron-Core's forward_backward_pipelining_with_interleaving: num_warmup_microbatches "
+                                "= total_num_microbatches when num_microbatches == pipeline_parallel_size "
+                                "(megatron/core/pipeline_parallel/schedules.py); the other engines pipeline with "
+                                "torch.distributed.pipelining (ScheduleInterleaved1F1B: _get_warmup_ops) or have no "
+                                "interleaved schedule",
             "grad_buckets": "Megatron-Core's DDP buckets max(40M, 1M x dp) parameters unless --ddp-bucket-size is "
                             "given (megatron/core/distributed/distributed_data_parallel_config.py, bucket_size)",
             "kernel_masks": "Megatron-Core passes attn_mask_type causal and the layer's window_size to Transformer "

@@ -232,6 +232,9 @@ class HardwareProfile:
     # The engine can torch.compile the blocks (ParallelConfig.compile; compiled.py); set by cost_models.engines (a
     # profile on its own allows it).
     compiles: bool = True
+    # Its interleaved schedule runs every forward first when the micro-batches equal the pipeline ranks (Megatron-
+    # Core's; memory.microbatches_in_flight); set by cost_models.engines (a profile on its own: Megatron's).
+    all_warmup_at_pp: bool = True
 
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""

@@ -192,20 +192,22 @@ def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bo
 
 
 def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedule: str,
-                           virtual_stages: int = 1) -> float:
+                           virtual_stages: int = 1, all_warmup_at_pp: bool = True) -> float:
     """How many micro-batches' worth of one device's activations are alive at its peak.
 
     GPipe: all m forwards precede the backwards. 1F1B (PipeDream-Flush): stage s runs p − s warm-up
     forwards, so it holds min(p − s, m). Interleaved (Megatron ``forward_backward_pipelining_with_interleaving``):
     (p − s − 1)·2 + (v − 1)·p warm-up model-chunk forwards, + 1; each chunk holds 1/v of the device's
     layers, so the count is returned in units of whole devices (divided by v). With m = p Megatron runs
-    every forward first (``all_warmup_microbatches``), so every device holds all m."""
+    every forward first (``all_warmup_microbatches``), so every device holds all m; ``all_warmup_at_pp`` false:
+    torch.distributed.pipelining's ScheduleInterleaved1F1B (torchtitan's, autopar's runtime), which warms up
+    (v − 1)·p + 2·(p − 1 − s) forwards whatever m (torch/distributed/pipelining/schedules.py ``_get_warmup_ops``)."""
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_stages > 1:
         v = virtual_stages
-        if m == pp:
+        if m == pp and all_warmup_at_pp:
             return float(m)
         warmup = (pp - stage - 1) * 2 + (v - 1) * pp
         return min(warmup + 1, m * v) / v

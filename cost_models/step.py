@@ -383,7 +383,7 @@ class CostModel:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = replace(
-                self.overlap_shape(cfg), in_flight=tuple(device_in_flight(cfg, d) for d in range(cfg.pp)),
+                self.overlap_shape(cfg), in_flight=tuple(device_in_flight(cfg, d, self.hw) for d in range(cfg.pp)),
                 last_bucket_s=self.last_bucket_s(cfg))
         return shape
 
@@ -446,11 +446,11 @@ class CostModel:
                             terms=named_terms(leaves, step))
 
 
-def device_in_flight(cfg: ParallelConfig, d: int) -> float:
+def device_in_flight(cfg: ParallelConfig, d: int, hw: HardwareProfile) -> float:
     """Micro-batches of activations device d holds at its peak under ``cfg`` (memory.py: the schedule's
-    warm-up, and only the ones in transfer when activations are offloaded)."""
+    warm-up as the engine's pipeline runs it, and only the ones in transfer when activations are offloaded)."""
     n = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches, schedule=cfg.schedule,
-                               virtual_stages=cfg.virtual_stages)
+                               virtual_stages=cfg.virtual_stages, all_warmup_at_pp=hw.all_warmup_at_pp)
     return offload_resident(n) if cfg.offload_activations else n
 
 

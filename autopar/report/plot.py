@@ -16,6 +16,7 @@ from autopar.errors import AutoparError
 from autopar.files import IMAGE_FORMATS, replace_atomic
 from autopar.plan import Plan
 from autopar.report.schedule import Timeline, simulate, stage_times
+from cost_models.engines import ENGINES
 from cost_models.pipeline import pipeline_time
 
 if TYPE_CHECKING:
@@ -43,9 +44,10 @@ def drawn_microbatches(plan: Plan, limit: int) -> int:
 
 
 def simulate_plan(plan: Plan, max_microbatches: int = 16) -> Timeline:
-    par = plan.parallelism
+    par, engine = plan.parallelism, ENGINES.get(plan.prediction.engine)
     return simulate(stage_times(plan), microbatches=drawn_microbatches(plan, max_microbatches),
-                    schedule=par.schedule, virtual_stages=par.virtual_stages)
+                    schedule=par.schedule, virtual_stages=par.virtual_stages,
+                    all_warmup_at_pp=engine.all_warmup_at_pp if engine is not None else True)
 
 
 def plan_figure(plan: Plan, max_microbatches: int = 16) -> Figure:

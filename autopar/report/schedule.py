@@ -7,9 +7,10 @@ Orders on stage s of p, with m micro-batches (the ops a stage runs, in the order
   forward and one backward alternately, then the remaining backwards (cool-down).
 - Interleaved 1F1B with v model chunks per stage (Narayanan et al. 2021 §2.2.2; Megatron's
   ``forward_backward_pipelining_with_interleaving``): stage s holds chunks s, s + p, …, s + (v − 1)·p;
-  it runs (p − 1 − s)·2 + (v − 1)·p warm-up forwards, then alternates. Its k-th forward is on local chunk
-  (k // p) mod v, its k-th backward on local chunk v − 1 − (k // p) mod v, each for micro-batch
-  (k // (p·v))·p + k mod p: groups of p micro-batches go through one chunk after the other.
+  it runs (p − 1 − s)·2 + (v − 1)·p warm-up forwards (every forward when m = p, as Megatron does; not as
+  torch.distributed.pipelining's ScheduleInterleaved1F1B: ``all_warmup_at_pp``), then alternates. Its k-th
+  forward is on local chunk (k // p) mod v, its k-th backward on local chunk v − 1 − (k // p) mod v, each for
+  micro-batch (k // (p·v))·p + k mod p: groups of p micro-batches go through one chunk after the other.
 
 Times: an op starts once its stage is free and its input has arrived — the forward of micro-batch i on
 chunk c after its forward on chunk c − 1, the backward on chunk c after the backward on chunk c + 1, the
@@ -95,9 +96,10 @@ class Timeline:
         return sum(self.idle_s(s) for s in range(self.stages)) / total if total > 0 else 0.0
 
 
-def stage_orders(schedule: str, stages: int, microbatches: int,
-                 virtual_stages: int = 1) -> list[list[tuple[OpKind, int, int]]]:
-    """Per stage, the (kind, micro-batch, global chunk) ops it runs, in order."""
+def stage_orders(schedule: str, stages: int, microbatches: int, virtual_stages: int = 1,
+                 all_warmup_at_pp: bool = True) -> list[list[tuple[OpKind, int, int]]]:
+    """Per stage, the (kind, micro-batch, global chunk) ops it runs, in order; ``all_warmup_at_pp``: the
+    interleaved schedule runs every forward first when m = p (Megatron's; torch.distributed.pipelining's does not)."""
     p, m, v = stages, microbatches, virtual_stages
     if p < 1 or m < 1 or v < 1:
         raise AutoparError(f"a pipeline needs ≥ 1 stage, micro-batch and chunk (got pp {p}, m {m}, v {v})")
@@ -114,18 +116,18 @@ def stage_orders(schedule: str, stages: int, microbatches: int,
                 order += [("F", warmup + i, s), ("B", i, s)]
             order += [("B", i, s) for i in range(m - warmup, m)]
         elif schedule == "interleaved":
-            order = _interleaved_order(s, p, m, v)
+            order = _interleaved_order(s, p, m, v, all_warmup_at_pp)
         else:
             raise AutoparError(f"unknown pipeline schedule {schedule!r}: choose 1f1b, gpipe or interleaved")
         orders.append(order)
     return orders
 
 
-def _interleaved_order(s: int, p: int, m: int, v: int) -> list[tuple[OpKind, int, int]]:
+def _interleaved_order(s: int, p: int, m: int, v: int, all_warmup_at_pp: bool) -> list[tuple[OpKind, int, int]]:
     if m % p:
         raise AutoparError(f"the interleaved schedule needs the micro-batches ({m}) to be a multiple of pp ({p})")
     total = m * v
-    warmup = total if m == p else min((p - 1 - s) * 2 + (v - 1) * p, total)  # Megatron's warm-up count
+    warmup = total if m == p and all_warmup_at_pp else min((p - 1 - s) * 2 + (v - 1) * p, total)
 
     def op(kind: OpKind, k: int) -> tuple[OpKind, int, int]:
         local = (k // p) % v
@@ -140,11 +142,11 @@ def _interleaved_order(s: int, p: int, m: int, v: int) -> list[tuple[OpKind, int
 
 
 def simulate(times: Sequence[StageTimes], *, microbatches: int, schedule: str = "1f1b",
-             virtual_stages: int = 1) -> Timeline:
+             virtual_stages: int = 1, all_warmup_at_pp: bool = True) -> Timeline:
     """Run the schedule's per-stage orders as early as their inputs allow (list scheduling)."""
     p, v = len(times), virtual_stages
     chunks = p * v
-    orders = [deque(order) for order in stage_orders(schedule, p, microbatches, v)]
+    orders = [deque(order) for order in stage_orders(schedule, p, microbatches, v, all_warmup_at_pp)]
     ends: dict[tuple[OpKind, int, int], float] = {}
     free = [0.0] * p
     ops: list[Op] = []

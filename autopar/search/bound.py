@@ -129,7 +129,7 @@ class LowerBound:
         if limits is None:
             hw = self.cost.hw
             usable = hw.memory_bytes - hw.memory_reserve_bytes
-            flights = [device_in_flight(cfg, d) for d in range(cfg.pp)]
+            flights = [device_in_flight(cfg, d, hw) for d in range(cfg.pp)]
             f_min, f_max = min(flights), max(flights)
             limits = self._limits[key] = ((f_min, f_max), (cfg.pp * usable, f_max * sum(usable / f for f in flights)))
         return limits
@@ -287,7 +287,7 @@ class LowerBound:
             hw = self.cost.hw
             self._slowest[key] = place(
                 distinct, pp=cfg.pp, p2p=[len(device_cuts(d, cfg.pp, cfg.chunks)) * least for d in range(cfg.pp)],
-                in_flight=[device_in_flight(cfg, d) for d in range(cfg.pp)],
+                in_flight=[device_in_flight(cfg, d, hw) for d in range(cfg.pp)],
                 usable=hw.memory_bytes - hw.memory_reserve_bytes, fewest=v * balance[0] if balance else 0,
                 most=v * balance[1] if balance else None, zero3_overlap=shape.zero3_overlap)
         return self._slowest[key]

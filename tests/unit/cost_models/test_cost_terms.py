@@ -25,6 +25,7 @@ from cost_models.comm import (
     zero3_layer_time,
 )
 from cost_models.compute import layer_compute
+from cost_models.engines import ENGINES
 from cost_models.memory import (
     accumulates_unsharded,
     kept_activation_bytes,
@@ -294,6 +295,15 @@ def test_microbatches_in_flight() -> None:
     assert microbatches_in_flight(3, pp=4, num_microbatches=8, schedule="gpipe") == 8
     # Megatron interleaved warm-up on stage 0: (4−0−1)·2 + (2−1)·4 = 10 chunk forwards, +1, half a stage each
     assert microbatches_in_flight(0, pp=4, num_microbatches=8, schedule="interleaved", virtual_stages=2) == 5.5
+    # m = p: Megatron runs every forward first, torch.distributed.pipelining warms up as for any m (the last stage
+    # (2−1)·4 + 0 = 4 chunk forwards, +1: 2.5 stages' worth, the first capped at all 8 chunks)
+    megatron = [microbatches_in_flight(s, pp=4, num_microbatches=4, schedule="interleaved", virtual_stages=2)
+                for s in range(4)]
+    torch_ = [microbatches_in_flight(s, pp=4, num_microbatches=4, schedule="interleaved", virtual_stages=2,
+                                     all_warmup_at_pp=False) for s in range(4)]
+    assert megatron == [4, 4, 4, 4] and torch_ == [4, 4, 3.5, 2.5]
+    assert ENGINES["megatron"].on(load_hardware("h100-80gb")).all_warmup_at_pp
+    assert not any(ENGINES[e].on(load_hardware("h100-80gb")).all_warmup_at_pp for e in ENGINES if e != "megatron")
 
 
 # -- pipeline ------------------------------------------------------------------------------------

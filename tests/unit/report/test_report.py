@@ -135,16 +135,18 @@ def test_schedule_runs_every_op_once_in_dependency_order(schedule: str, p: int, 
             assert op.parts[0][1] == op.start and op.parts[-1][2] == pytest.approx(op.end)
 
 
+@pytest.mark.parametrize("all_warmup", [True, False])  # Megatron's interleaved warm-up at m = p, or torch's
 @pytest.mark.parametrize("schedule,p,m,v", CASES)
-def test_schedule_peak_in_flight_matches_the_memory_model(schedule: str, p: int, m: int, v: int) -> None:
-    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v)
+def test_schedule_peak_in_flight_matches_the_memory_model(schedule: str, p: int, m: int, v: int,
+                                                          all_warmup: bool) -> None:
+    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v, all_warmup_at_pp=all_warmup)
     for s in range(p):
         alive = peak = 0
         for op in t.stage_ops(s):
             alive += 1 if op.kind == "F" else -1
             peak = max(peak, alive)
         assert peak / v == pytest.approx(microbatches_in_flight(s, pp=p, num_microbatches=m, schedule=schedule,
-                                                                virtual_stages=v))
+                                                                virtual_stages=v, all_warmup_at_pp=all_warmup))
 
 
 @pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (4, 4), (4, 9), (8, 16)])
