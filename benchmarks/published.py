@@ -76,7 +76,8 @@ def choices_of(run: published.PublishedRun, profile) -> dict:  # noqa: ANN001 - 
 def price(run: published.PublishedRun, folder: Path) -> dict:
     """One row: the run, what autopar predicts for it, or why it could not."""
     row = {"name": run.name, "model": run.model, "published": run.tokens_per_s_per_gpu, "precision": run.precision,
-           "moe": run.moe, "seq": run.seq, "missing": list(run.unexpressed), "group": run.group, "published_gib": run.memory_gib,
+           "moe": run.moe, "seq": run.seq, "missing": list(run.unexpressed),
+           "group": run.group, "published_gib": run.memory_gib,
            "sanity_check": run.sanity_check}
     profile = profile_of(run)
     try:

@@ -106,8 +106,9 @@ ENGINES: dict[str, Engine] = {
         fused_elementwise=True, kernel_masks=True, fused_sinks=True,
         fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", all_warmup_at_pp=True,
         sources={
-            "all_warmup_at_pp": "Megatron-Core's forward_backward_pipelining_with_interleaving: num_warmup_microbatches "
-                                "= total_num_microbatches when num_microbatches == pipeline_parallel_size "
+            "all_warmup_at_pp": "Megatron-Core's forward_backward_pipelining_with_interleaving: "
+                                "num_warmup_microbatches = total_num_microbatches when num_microbatches == "
+                                "pipeline_parallel_size "
                                 "(megatron/core/pipeline_parallel/schedules.py); the other engines pipeline with "
                                 "torch.distributed.pipelining (ScheduleInterleaved1F1B: _get_warmup_ops) or have no "
                                 "interleaved schedule",

@@ -122,8 +122,8 @@ class DenseView:
 def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep: int, sequence_parallel: bool,
                 recompute: str, imbalance: float, gpus_per_node: int, hw: HardwareProfile, dtype: str,
                 dtype_bytes: int, autocast: bool = False, dispatcher: str = "alltoall", overlap: bool = False,
-                hide_s: tuple[float, float] = (0.0, 0.0), modules: Sequence[str] | None = None, fp8_inputs: bool = False,
-                fp8: str | None = None) -> LayerCost:
+                hide_s: tuple[float, float] = (0.0, 0.0), modules: Sequence[str] | None = None,
+                fp8_inputs: bool = False, fp8: str | None = None) -> LayerCost:
     """The routed experts of ``layer`` (module docstring) for a micro-batch of ``b`` samples on one GPU: what they
     add to the layer's dense cost (their ``executed_flops`` one replica's routed work, recomputation included;
     their ``model_flops`` 3 × one replica's routed forward, without capacity padding). ``dispatcher``: how tokens
@@ -183,8 +183,9 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     grouped_linear.py: every local expert's input, weight and output gradient quantized, the GEMMs in FP8): the
     same GEMMs as in the dtype (_expert_kernels) at the FP8 peak with one-byte operands, the weight gradient in
     the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row- and
-    block-scaled GEMMs at their rate (fp8.scaled_gemm_efficiency); the casts as fp8.py prices a linear's, per element of each GEMM's
-    input (the permuted tokens, the activation's output) and output gradient (the projections' outputs); the
+    block-scaled GEMMs at their rate (fp8.scaled_gemm_efficiency); the casts as fp8.py prices a linear's, per
+    element of each GEMM's input (the permuted tokens, the activation's output) and output gradient (the
+    projections' outputs); the
     weights' once a step where the library caches them (fp8.weight_cast_step_s: Megatron-Core's TEGroupedLinear),
     else at each micro-batch."""
     r = fp8_recipe(name)

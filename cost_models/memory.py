@@ -201,7 +201,8 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
     layers, so the count is returned in units of whole devices (divided by v). With m = p Megatron runs
     every forward first (``all_warmup_microbatches``), so every device holds all m; ``all_warmup_at_pp`` false:
     torch.distributed.pipelining's ScheduleInterleaved1F1B (torchtitan's, autopar's runtime), which warms up
-    (v − 1)·p + 2·(p − 1 − s) forwards whatever m (torch/distributed/pipelining/schedules.py ``_get_warmup_ops``)."""
+    (v − 1)·p + 2·(p − 1 − s) forwards whatever m (torch/distributed/pipelining/schedules.py,
+    ``_get_warmup_ops``)."""
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)

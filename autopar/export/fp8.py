@@ -8,8 +8,9 @@ each framework's names.
   optimizer or Megatron-FSDP: cost_models/fp8.py FP8_GATHER_FROM_STAGE). Megatron has no row-scaled recipe, and its
   TransformerConfig refuses bf16 ends under delayed scaling ("Delayed scaling does not support first / last layer in
   BF16"): both warned.
-- Megatron-Bridge (NeMo 2's recipes): ``mixed_precision`` names its FP8 recipe (``bf16_with_fp8_current_scaling_mixed``,
-  ``..._delayed_scaling_mixed``, ``..._fp8_subchannel_scaling_mixed`` for blockwise, ``bf16_with_mxfp8_mixed``); the bf16 ends and FP8 parameter gathers are warned with
+- Megatron-Bridge (NeMo 2's recipes): ``mixed_precision`` names its FP8 recipe
+  (``bf16_with_fp8_current_scaling_mixed``, ``..._delayed_scaling_mixed``, ``..._fp8_subchannel_scaling_mixed`` for
+  blockwise, ``bf16_with_mxfp8_mixed``); the bf16 ends and FP8 parameter gathers are warned with
   the fields to set.
 - NeMo's legacy YAML (its Megatron GPT model config, which maps ``fp8`` / ``fp8_hybrid`` to TransformerConfig.fp8 and passes the
   other TransformerConfig fields through): ``fp8: true``, ``fp8_hybrid`` or ``fp8_e4m3``, ``fp8_recipe``,

@@ -114,8 +114,9 @@ NEMO_LLAMA2_CP = [
         (262144, 256, 16, 4, 1, 8, 549), (524288, 512, 8, 8, 1, 16, 549), (1048576, 1024, 4, 8, 1, 32, 536))
 ]
 
-NEMO_LONG_B200 = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md@a2c4cc8ee64eb98d83684fc616dd0225c25bdfa1, "
-                  "section 'LLAMA3-8B (FP8) - B200' (container NeMo 25.04.rc2, DGX-B200)")
+NEMO_LONG_B200 = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md@"
+                  "a2c4cc8ee64eb98d83684fc616dd0225c25bdfa1, section 'LLAMA3-8B (FP8) - B200' (container NeMo 25.04.rc2, "
+                  "DGX-B200)")
 NEMO_LLAMA3_CP_B200 = [
     PublishedRun(
         f"Llama 3 8B, {tp * dp * cp} B200, TP{tp} CP{cp}, {seq // 1024}K, FP8 (NeMo)", model="llama-3-8b", seq=seq,
