@@ -108,10 +108,9 @@ ENGINES: dict[str, Engine] = {
         sources={
             "all_warmup_at_pp": "Megatron-Core's forward_backward_pipelining_with_interleaving: "
                                 "num_warmup_microbatches = total_num_microbatches when num_microbatches == "
-                                "pipeline_parallel_size "
-                                "(megatron/core/pipeline_parallel/schedules.py); the other engines pipeline with "
-                                "torch.distributed.pipelining (ScheduleInterleaved1F1B: _get_warmup_ops) or have no "
-                                "interleaved schedule",
+                                "pipeline_parallel_size (megatron/core/pipeline_parallel/schedules.py); the other "
+                                "engines pipeline with torch.distributed.pipelining (ScheduleInterleaved1F1B: "
+                                "_get_warmup_ops) or have no interleaved schedule",
             "grad_buckets": "Megatron-Core's DDP buckets max(40M, 1M x dp) parameters unless --ddp-bucket-size is "
                             "given (megatron/core/distributed/distributed_data_parallel_config.py, bucket_size)",
             "kernel_masks": "Megatron-Core passes attn_mask_type causal and the layer's window_size to Transformer "

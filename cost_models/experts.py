@@ -185,9 +185,8 @@ def fp8_expert_times(moe: Any, name: str, bf16_gemm: float, *, received: float, 
     the dtype where the recipe keeps it there (``bf16_gemm``: the forward's GEMMs in the dtype), row- and
     block-scaled GEMMs at their rate (fp8.scaled_gemm_efficiency); the casts as fp8.py prices a linear's, per
     element of each GEMM's input (the permuted tokens, the activation's output) and output gradient (the
-    projections' outputs); the
-    weights' once a step where the library caches them (fp8.weight_cast_step_s: Megatron-Core's TEGroupedLinear),
-    else at each micro-batch."""
+    projections' outputs); the weights' once a step where the library caches them (fp8.weight_cast_step_s:
+    Megatron-Core's TEGroupedLinear), else at each micro-batch."""
     r = fp8_recipe(name)
     low, _ = _expert_kernels(moe, received=received, etp=etp, local_experts=local_experts, ep=ep, hw=hw, dtype="fp8",
                              dtype_bytes=1)

@@ -24,9 +24,8 @@ pytorch/ao ``torchao/testing/training/roofline_utils.py`` ``get_tensor_memory_tr
   for activations and gradients, per 128×128 tile for weights; Hopper): one kernel reads the tensor and writes both
   layouts, each quantized from the source with its own block scales (transformer_engine/common/transpose/
   quantize_transpose_vector_blockwise.cu, ..._square_blockwise.cu): 4 B each, the fp32 scales 1/16 B more (a weight's
-  128×128 tiles: 1/2048 B); its GEMMs
-  are software-emulated block-scaled GEMMs on Hopper (TE's fp8_blockwise_scaling.rst), priced at
-  hardware.fp8_blockwise_gemm_efficiency of the tensorwise rate;
+  128×128 tiles: 1/2048 B); its GEMMs are software-emulated block-scaled GEMMs on Hopper (TE's
+  fp8_blockwise_scaling.rst), priced at hardware.fp8_blockwise_gemm_efficiency of the tensorwise rate;
 - ``mxfp8`` (MX block scaling, 32 elements per scale; Blackwell, MI355X): torchao's ``mxfp8_cublas`` casts each
   layout in its own pass (3 + 3 = 6 B each; the e8m0 scales add 1/32).
 Under torch.compile each torchao recipe's first read of an input or output gradient fuses into the op that produced

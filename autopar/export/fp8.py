@@ -29,10 +29,9 @@ from typing import Any
 from autopar.export.common import block_indices
 from autopar.export.stages import TargetNames, target_name
 from autopar.plan import Plan
+from cost_models.fp8 import FP8_GATHER_FROM_STAGE, RECIPES, TORCHAO, TRANSFORMER_ENGINE
 
 MEGATRON_RECIPES = {"tensorwise": "tensorwise", "delayed": "delayed", "blockwise": "blockwise", "mxfp8": "mxfp8"}
-# Transformer Engine gathers FP8 weights under Megatron's distributed optimizer (ZeRO-1 on); torchao under FSDP2.
-_TE_GATHER_STAGE, _TORCHAO_GATHER_STAGE = 1, 2
 
 
 def bf16_ends(plan: Plan) -> int:
@@ -64,7 +63,7 @@ def megatron_core_fp8(plan: Plan, target: str, warnings: list[str]) -> dict[str,
                         "or --fp8 tensorwise for what runs)")
     elif ends:
         fields.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=ends, num_layers_at_end_in_bf16=ends)
-    if recipe in ("tensorwise", "delayed", "blockwise") and par.zero_stage >= _TE_GATHER_STAGE:
+    if RECIPES[recipe].gathers_fp8 and par.zero_stage >= FP8_GATHER_FROM_STAGE[TRANSFORMER_ENGINE]:
         fields["fp8_param"] = True   # Megatron-LM: --fp8-param-gather
     return fields
 
@@ -140,15 +139,15 @@ def torchtitan_fp8(plan: Plan, dialect: str, warnings: list[str], names: TargetN
                    "plan keeps in bf16), or export to torchtitan@0.2")
         warnings.append(f"torchtitan 0.3 sets FP8 in the model's config, not on the command line: {how}")
         return {}
-    if par.fp8 in ("delayed", "blockwise"):
+    recipe = par.fp8 if TORCHAO in RECIPES[par.fp8].libraries else "tensorwise"
+    if recipe != par.fp8:
         warnings.append(f"torchtitan 0.2's float8 converter has no {par.fp8} recipe; the plan's {par.fp8} recipe is "
                         "exported as tensorwise (dynamic) scaling")
     skip = kept_in_bf16(plan, names)
     if par.fp8 == "mxfp8":
         return {"model": {"converters": ["quantize.linear.mx"]},
                 "quantize": {"linear": {"mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": skip}}}}
-    recipe = "tensorwise" if par.fp8 in ("delayed", "blockwise") else par.fp8
     float8: dict[str, Any] = {"recipe_name": recipe, "filter_fqns": skip}
-    if recipe == "tensorwise" and par.zero_stage >= _TORCHAO_GATHER_STAGE:
+    if RECIPES[recipe].gathers_fp8 and par.zero_stage >= FP8_GATHER_FROM_STAGE[TORCHAO]:
         float8.update(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)
     return {"model": {"converters": ["quantize.linear.float8"]}, "quantize": {"linear": {"float8": float8}}}
