@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from autopar.errors import AutoparError
 from autopar.files import read_json, write_atomic
 from cost_models import ConfigError, ParallelConfig
+from cost_models.composition import chunk_device, device_chunks
 from cost_models.config import Recompute
 from cost_models.decisions import declarations
 from cost_models.model import Dtype
@@ -157,6 +158,7 @@ class StagePrediction(_Frozen):
     params_per_gpu: int
     fwd_s: float = Field(description="forward compute of one micro-batch")
     bwd_s: float = Field(description="backward compute of one micro-batch, recomputation included")
+    wgrad_s: float = Field(default=0.0, description="of bwd_s, the weight-gradient GEMMs (DualPipeV's weight passes)")
     tp_comm_s: float
     ep_comm_s: float = Field(default=0.0, description="expert dispatch and combine of one micro-batch")
     cp_comm_s: float = Field(default=0.0, description="context-parallel key/value exchange of one micro-batch, exposed")
@@ -377,7 +379,13 @@ class RunPlan(_Frozen):
         return all(layer.tp == self.parallelism.tp for layer in self.layers)
 
     def chunks_of_rank(self, pp_rank: int) -> list[int]:
-        return [c for c in range(self.num_chunks) if c % self.parallelism.pp == pp_rank]
+        par = self.parallelism
+        return device_chunks(pp_rank, par.pp, self.num_chunks, par.schedule == "dualpipev")
+
+    def device_of_chunk(self, chunk: int) -> int:
+        """The pipeline rank that runs model chunk ``chunk`` (round-robin, or a V under DualPipeV)."""
+        par = self.parallelism
+        return chunk_device(chunk, par.pp, self.num_chunks, par.schedule == "dualpipev")
 
     def layers_of_chunk(self, chunk: int) -> list[LayerAssignment]:
         return [layer for layer in self.layers if layer.stage == chunk]

@@ -155,6 +155,7 @@ def plan_of(profile: ModelProfile, est: StepEstimate, hw: HardwareProfile, *, gp
         stages.append(StagePrediction(
             stage=dev.stage, first_layer=profile.layers[indices[0]].name, last_layer=profile.layers[indices[-1]].name,
             num_layers=len(indices), params_per_gpu=round(dev.params_per_gpu), fwd_s=dev.fwd_s, bwd_s=dev.bwd_s,
+            wgrad_s=dev.wgrad_s,
             tp_comm_s=dev.tp_comm_s, ep_comm_s=dev.ep_comm_s, cp_comm_s=dev.cp_comm_s, pp_comm_s=dev.pp_comm_s,
             time_per_microbatch_s=dev.time_per_microbatch_s,
             microbatches_in_flight=dev.microbatches_in_flight,

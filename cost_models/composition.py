@@ -16,11 +16,13 @@ construction. Every term of the step is defined here and nowhere else:
                  hides — lock-step sync, and the compute slowed beside the traffic that hides: step.py)
   device d, per step
       dp_tail  = max(0, dpo − last − overlap·bwd/v) + last + dpe + tied_sync,  last = min(dpo, one bucket)
-      end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier)
+      end_d    = dp_tail + optimizer − Σ_{k<d} bwd_k     (device d's last backward ends that much earlier; not under
+                                                     DualPipeV, whose devices end together)
       memory_d = state + (in_flight_d·kept + remat + gather_buffer + cp_buffer)·(1 + fragmentation) + reserve
                  ≤ capacity
   step
       pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
+               = m·max_d T_d + (p − 1)/p · Σ_d (2·bwd_d − 3·wgrad_d)/2   (DualPipeV: pipeline.dualpipev_total)
       tail     = max(0, max_d end_d)
       fill     = Σ_d cast_d      (work each device does once a step before its first forward, on the pipeline's
                                   fill path: FP8 weight casts a library caches for the step's micro-batches, fp8.py)
@@ -37,14 +39,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from cost_models.algebra import Algebra
-from cost_models.pipeline import pipeline_total
+from cost_models.pipeline import dualpipev_total, pipeline_total
 
 TIME, SIZE = "s", "B"
 
 
 # The leaves a device sums over its layers, with their unit.
 SUMMED: dict[str, str] = {
-    "fwd": TIME, "bwd": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "", "state_params": SIZE,
+    "fwd": TIME, "bwd": TIME, "wgrad": TIME, "tp": TIME, "a2a": TIME, "cp": TIME, "kept": SIZE, "params": "",
+    "state_params": SIZE,
     "state_grads": SIZE,
     "state_optimizer": SIZE, "dpo": TIME, "dpe": TIME, "optimizer": TIME, "z3": TIME, "z3_sync": TIME,
     "tied_sync": TIME, "cast": TIME,
@@ -66,18 +69,31 @@ TERM_UNITS: dict[str, str] = {**{k: u for k, u in SUMMED.items() if u}, **LARGES
 DEVICE_TERMS = ("time", "offload", "zero3", "dp_tail", "memory")
 
 
-def device_chunks(d: int, pp: int, chunks: int) -> list[int]:
-    """Model chunks of pipeline device d: chunk c runs on device c mod pp (Megatron's interleaved order)."""
-    return list(range(d, chunks, pp))
+def chunk_device(c: int, pp: int, chunks: int, v_shape: bool = False) -> int:
+    """The pipeline device of model chunk c: c mod pp (Megatron's and torch's interleaved order), or under the
+    V-shaped DualPipeV (``v_shape``: two chunks per device) c on the way down and 2·pp − 1 − c on the way back,
+    device d holding chunks d and 2·pp − 1 − d (torch.distributed.pipelining.schedules.ScheduleDualPipeV:
+    generate_stage_to_rank_mapping(style="v"))."""
+    if v_shape and chunks == 2 * pp:
+        return c if c < pp else 2 * pp - 1 - c
+    return c % pp
 
 
-def device_cuts(d: int, pp: int, chunks: int) -> list[int]:
+def device_chunks(d: int, pp: int, chunks: int, v_shape: bool = False) -> list[int]:
+    """Model chunks of pipeline device d in model order (chunk_device)."""
+    return [c for c in range(chunks) if chunk_device(c, pp, chunks, v_shape) == d]
+
+
+def device_cuts(d: int, pp: int, chunks: int, v_shape: bool = False) -> list[int]:
     """The pipeline cuts device d sends across per micro-batch, by index (cut c lies between chunk c − 1
     and chunk c): activations out of each of its chunks but the last chunk of the model, gradients out of
-    each but the first."""
+    each but the first, where the neighbouring chunk lies on another device (the V's turn stays on one)."""
     cuts = []
-    for c in device_chunks(d, pp, chunks):
-        cuts += ([c + 1] if c < chunks - 1 else []) + ([c] if c > 0 else [])
+    for c in device_chunks(d, pp, chunks, v_shape):
+        if c < chunks - 1 and chunk_device(c + 1, pp, chunks, v_shape) != d:
+            cuts.append(c + 1)
+        if c > 0 and chunk_device(c - 1, pp, chunks, v_shape) != d:
+            cuts.append(c)
     return cuts
 
 
@@ -96,6 +112,7 @@ class StepShape:
     capacity_bytes: float
     reserve_bytes: float
     fragmentation: float = 0.0            # bytes the allocator loses per byte allocated during the step
+    zero_bubble: bool = False             # DualPipeV: backward split into input and weight passes (pipeline_time)
 
 
 def memory(A: Algebra, q: Mapping[str, Any], in_flight: float, reserve: float,
@@ -204,11 +221,15 @@ def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -
         terms.update(memory(A, q, shape.in_flight[d], shape.reserve_bytes, shape.fragmentation))
         A.at_most(terms["memory"], A.size(shape.capacity_bytes), f"memory of stage {d}")
         ends.append(terms["dp_tail"] + q["optimizer"] - earlier_bwd)
-        earlier_bwd = earlier_bwd + terms["bwd"]
+        if not shape.zero_bubble:  # DualPipeV's devices end together (each runs its last chunk's weight passes)
+            earlier_bwd = earlier_bwd + terms["bwd"]
         devices.append(terms)
     times = [t["time"] for t in devices]
     t_max = A.max(times, "T_max")
-    pipeline = pipeline_total(t_max, sum(times[1:], times[0]), shape.m, shape.v)
+    if shape.zero_bubble:
+        pipeline = dualpipev_total(t_max, [(q["bwd"], q["wgrad"]) for q in leaves], shape.m)
+    else:
+        pipeline = pipeline_total(t_max, sum(times[1:], times[0]), shape.m, shape.v)
     tail = A.max([A.time(0.0), *ends], "tail")
     fill = sum((q["cast"] for q in leaves[1:]), leaves[0]["cast"])
     return {"devices": devices, "ends": ends, "t_max": t_max, "pipeline": pipeline, "tail": tail, "fill": fill,

@@ -51,6 +51,7 @@ class LayerCompute:
     bwd_s: float           # backward incl. any recomputation
     fwd_flops: float       # one forward, this GPU's share
     executed_flops: float  # forward + backward + recomputation, this GPU's share
+    wgrad_s: float = 0.0   # of the backward, the weight-gradient GEMMs (as long as the forward's: one GEMM each)
 
 
 def gemm_time(flops: float, flops_per_token: float, rows: int, hw: HardwareProfile, dtype: str) -> float:
@@ -231,4 +232,4 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
         if flops or nbytes:
             bwd += gemm_time(flops, per_token, rows, hw, dtype) + memory_time(nbytes, hw, heavy_mix(layer, b))
             executed += flops
-    return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed)
+    return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed, wgrad_s=t_matmul)

@@ -9,6 +9,7 @@ The rules are cost_models/rules.py's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -28,6 +29,7 @@ from cost_models.decisions import (
     pins_of,
     pins_type,
 )
+from cost_models.engines import data_parallel_engines
 from cost_models.errors import ConfigError
 from cost_models.fp8 import Fp8Recipe
 from cost_models.memory import accumulates_unsharded
@@ -48,7 +50,7 @@ from cost_models.rules import (
 )
 
 Recompute = Literal["none", "selective", "full"]   # in order of more recomputation
-Schedule = Literal["1f1b", "gpipe", "interleaved"]
+Schedule = Literal["1f1b", "gpipe", "interleaved", "dualpipev"]
 CpComm = Literal["all_gather", "ring"]              # how attention gets the other ranks' keys and values (context.py)
 AttentionKernel = Literal["fused", "unfused"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -78,7 +80,7 @@ class ParallelConfig:
                                                  "layer's own)", records=(LAYOUT,))
     sequence_parallel: bool = decision(False, help="Megatron sequence parallelism (needs tp > 1)", records=(LAYER,))
     schedule: Schedule = decision("1f1b", help="pipeline schedule", records=(PIPELINE,))
-    virtual_stages: int = decision(1, help="model chunks per pipeline stage (interleaved schedule)",
+    virtual_stages: int = decision(1, help="model chunks per pipeline stage (interleaved schedule; 2 under dualpipev)",
                                    records=(PIPELINE,), minimum=1, metavar="V")
     offload_activations: bool = decision(False, help="keep activations in host memory between forward and backward",
                                          records=(PIPELINE,))
@@ -215,6 +217,18 @@ class ParallelConfig:
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
 
+    @property
+    def bubble_v(self) -> float:
+        """The v of pipeline.pipeline_total that bounds this schedule's step from below: its virtual stages, and
+        under DualPipeV infinity (its bubble, pipeline.dualpipev_total, is at least 0 but not a share of the devices'
+        time)."""
+        return math.inf if self.v_shape else float(self.virtual_stages)
+
+    @property
+    def v_shape(self) -> bool:
+        """The chunks lie on the devices in a V (DualPipeV: composition.chunk_device), not round-robin."""
+        return self.schedule == "dualpipev"
+
     def recipe(self, dtype: str) -> Precision:
         """The bytes-per-parameter recipe: the named one, or the dtype's default."""
         return PRECISIONS[self.precision] if self.precision is not None else default_precision(dtype)
@@ -236,7 +250,7 @@ class ParallelConfig:
         for d in declarations(type(self)):
             d.check(getattr(self, d.name))
         self.degrees.check()
-        check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp,
+        check_schedule(self.schedule, virtual_stages=self.virtual_stages, pp=self.pp, compile=self.compile,
                        num_microbatches=self.num_microbatches)
         check_sequence_parallel(self.sequence_parallel, tp=self.tp)
 
@@ -248,6 +262,10 @@ class ParallelConfig:
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "
                               "lower --pp or --virtual-stages")
+        if self.v_shape and shards_tied_chunks(self, model):
+            raise ConfigError("dualpipev runs the first and last chunks on one rank, where FSDP cannot shard the "
+                              "weight they tie (autopar's runtime shards under ZeRO-2/3, and ZeRO-1 with tensor or "
+                              "expert parallelism); use --zero-stage 0 or 1, or another --schedule")
         if self.stage_layers is not None:
             self._validate_cuts(model)
         if self.layer_recompute is not None:
@@ -375,3 +393,10 @@ def make_config(gpus: int, *, global_batch_size: int, dp: int | None = None, **f
 
 __all__ = ["CP_COMMS", "RECOMPUTE_MODES", "SCHEDULES", "ZERO_STAGES", "ConfigError", "ParallelConfig", "Pins",
            "check_batch", "default", "flag", "make_config", "pins"]
+
+
+def shards_tied_chunks(cfg: ParallelConfig, model: ModelLike) -> bool:
+    """``model`` ties a weight across chunks (an embedding and its head) that FSDP would shard under ``cfg`` (the
+    engine autopar's runtime picks: engines.data_parallel_engines); its runtime refuses that within one rank
+    (autopar/runtime/tied.py)."""
+    return any(layer.tied_params for layer in model.layers) and data_parallel_engines(cfg, model.dtype).fsdp

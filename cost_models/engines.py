@@ -15,6 +15,7 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
 - ``layer_overhead_s``: host time the engine adds per layer and micro-batch (forward and backward);
 - ``grad_buckets``: how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes);
 - ``zero_stages``: the ZeRO stages it runs, the only ones solve searches unless one is pinned;
+- ``schedules``: the pipeline schedules it runs (a plan under another one is refused);
 - ``zero3_copies``: what the engine's ZeRO-3 copies on the compute stream (hardware.ZERO3_COPIES): FSDP2's
   per-parameter sharding copies each all-gather's output out into the parameters and the unsharded gradients into
   the reduce-scatter's input.
@@ -30,7 +31,7 @@ from typing import Any, Mapping
 
 from cost_models.errors import ConfigError
 from cost_models.fp8 import TORCHAO, TORCHAO_FLOAT8, TRANSFORMER_ENGINE
-from cost_models.hardware import EfficiencyTable, HardwareProfile, KernelCosts
+from cost_models.hardware import COMMON_SCHEDULES, EfficiencyTable, HardwareProfile, KernelCosts
 from cost_models.model import DTYPE_BYTES
 
 DEFAULT_ENGINE = "autopar"
@@ -38,6 +39,10 @@ FSDP2_COPIES = ("FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather ou
                 "(foreach_all_gather_copy_out) and the unsharded gradients into the reduce-scatter's input "
                 "(foreach_reduce_scatter_copy_in) on the compute stream "
                 "(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)")
+
+
+# torch.distributed.pipelining's schedules that autopar prices: DualPipeV (ScheduleDualPipeV) besides Megatron's
+TORCH_SCHEDULES = (*COMMON_SCHEDULES, "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Engine:
     compiles: bool = False         # it can torch.compile the blocks (ParallelConfig.compile, compiled.py)
     grad_buckets: str = "ddp"      # how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the ZeRO stages it runs, which solve searches
+    schedules: tuple[str, ...] = COMMON_SCHEDULES  # the pipeline schedules it runs
     all_warmup_at_pp: bool = False  # interleaved with m = pp: every forward first (Megatron-Core), not torch's warm-up
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -77,7 +83,7 @@ class Engine:
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        compiles=self.compiles, grad_buckets=self.grad_buckets, zero_stages=self.zero_stages,
-                       all_warmup_at_pp=self.all_warmup_at_pp,
+                       all_warmup_at_pp=self.all_warmup_at_pp, schedules=self.schedules,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -137,8 +143,10 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
-        compiles=True, zero_stages=(0, 3),
+        compiles=True, zero_stages=(0, 3), schedules=TORCH_SCHEDULES,
         sources={
+            "schedules": "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules, "
+                         "DualPipeV among them (torchtitan/distributed/pipeline_parallel.py)",
             "zero_stages": "torchtitan shards data parallelism with FSDP2 (data_parallel_shard_degree: ZeRO-3) or "
                            "replicates it (data_parallel_replicate_degree: ZeRO-0); it has no sharded optimizer "
                            "without sharded parameters (torchtitan/distributed/parallel_dims.py)",
@@ -166,7 +174,10 @@ ENGINES: dict[str, Engine] = {
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
         compute=0.98, zero3_copies="per_parameter", autocast=True, fp8_library=TORCHAO_FLOAT8,
+        schedules=TORCH_SCHEDULES,
         sources={
+            "schedules": "autopar/runtime/pp.py runs torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe, "
+                         "ScheduleInterleaved1F1B and ScheduleDualPipeV",
             "fp8_library": "autopar/runtime/fp8.py: torchao.float8's convert_to_float8_training (no MX formats)",
             "compute": "fitted to llm-foundry's A100 tables (PyTorch FSDP, flash attention, no torch.compile; "
                        "tests/helpers/published_runs.py) by benchmarks/engines.py --fit autopar: the published stack "

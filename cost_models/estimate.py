@@ -32,6 +32,7 @@ class DeviceEstimate:
     params_per_gpu: float
     microbatches_in_flight: float
     memory: StageMemory
+    wgrad_s: float = 0.0                   # of bwd_s, the weight-gradient GEMMs (DualPipeV's weight passes)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,10 @@ def device_estimate(d: int, cfg: ParallelConfig, ranges: list[range], q: dict[st
                          activations=terms["activations"], buffers=q["gather_buffer"] + q["cp_buffer"],
                          reserve=shape.reserve_bytes + terms["fragmentation"])  # the reserve holds what fragments
     return DeviceEstimate(
-        stage=d, layers=tuple((ranges[c].start, ranges[c].stop) for c in device_chunks(d, cfg.pp, cfg.chunks)),
-        fwd_s=q["fwd"], bwd_s=q["bwd"], compute_s=terms["compute"], tp_comm_s=q["tp"], ep_comm_s=q["a2a"],
+        stage=d, layers=tuple((ranges[c].start, ranges[c].stop)
+                              for c in device_chunks(d, cfg.pp, cfg.chunks, cfg.v_shape)),
+        fwd_s=q["fwd"], bwd_s=q["bwd"], wgrad_s=q["wgrad"], compute_s=terms["compute"], tp_comm_s=q["tp"],
+        ep_comm_s=q["a2a"],
         cp_comm_s=q["cp"],
         pp_comm_s=q["p2p"],
         offload_s=terms["offload"], zero3_comm_s=terms["zero3"], time_per_microbatch_s=terms["time"],

@@ -171,7 +171,8 @@ def expert_cost(layer: LayerLike, *, b: int, seq_len: int, tp: int, etp: int, ep
     if overlap:
         a2a_fwd, a2a_bwd = _overlapped(a2a_fwd, a2a_bwd, hide_s, (fwd, bwd), hw)
     params = moe.num_experts * moe.expert_params / (ep * etp)
-    return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, executed_flops=executed, model_flops=3.0 * routed),
+    return LayerCost(Compute(fwd_s=fwd, bwd_s=bwd, wgrad_s=gemm_bwd / 2, executed_flops=executed,
+                             model_flops=3.0 * routed),
                      Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, a2a_fwd_s=a2a_fwd, a2a_bwd_s=a2a_bwd),
                      Held(kept_bytes=kept, remat_bytes=remat, params_per_gpu=params, expert_params_per_gpu=params))
 

@@ -240,7 +240,8 @@ def with_fp8(c: LayerCompute, layer: Any, *, b: float, seq_len: int, tp: int, re
     if recompute == "full":
         d_bwd += d_fwd
     return LayerCompute(fwd_s=c.fwd_s + d_fwd, bwd_s=c.bwd_s + d_bwd, fwd_flops=c.fwd_flops,
-                        executed_flops=c.executed_flops)
+                        executed_flops=c.executed_flops,
+                        wgrad_s=c.wgrad_s + (low - high if r.wgrad_fp8 else 0.0))
 
 
 def step_precision(precision: Precision, name: str | None, zero_stage: int, hw: HardwareProfile) -> Precision:

@@ -115,6 +115,10 @@ class KernelCosts:
         return dict(self.backward).get(kernel, default)
 
 
+# The pipeline schedules every engine runs (Megatron-Core's and torch's); an engine may run more (engines.py).
+COMMON_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """One accelerator model in SI units. Bandwidths are per GPU and per direction."""
@@ -222,6 +226,9 @@ class HardwareProfile:
     grad_buckets: str = "ddp"
     # The ZeRO stages the engine runs (the search keeps to them); set by cost_models.engines.
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    # The pipeline schedules the engine runs (a plan under another is refused: step.CostModel.evaluate, and the search
+    # keeps to them); set by cost_models.engines (a profile without an engine: the ones every engine runs).
+    schedules: tuple[str, ...] = COMMON_SCHEDULES
     # The engine runs a MoE layer's routed experts as one grouped GEMM (not a loop of per-expert GEMMs); set by
     # cost_models.engines.
     grouped_experts: bool = False

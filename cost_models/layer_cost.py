@@ -37,6 +37,7 @@ class Compute:
 
     fwd_s: float = term("fwd")
     bwd_s: float = term("bwd")                 # recomputation included
+    wgrad_s: float = term("wgrad")             # of bwd_s, the weight-gradient GEMMs (DualPipeV's W: pipeline.py)
     executed_flops: float = term()             # whole layer (all tp ranks), incl. recomputation
     model_flops: float = term()                # whole layer, 3 × forward
 

@@ -15,7 +15,8 @@ Sources:
   rematerialises one layer at a time in backward; "selective" drops the attention kernel's own saves, or what
   the parts named by Megatron-Core's --recompute-modules save beyond their inputs (recompute.py).
 - Micro-batches in flight (Narayanan et al. 2021): GPipe holds all m; 1F1B stage s of p holds
-  min(p − s, m); interleaved 1F1B holds Megatron's warm-up count + 1 model-chunk micro-batches.
+  min(p − s, m); interleaved 1F1B holds Megatron's warm-up count + 1 model-chunk micro-batches; DualPipeV holds
+  2·p + 1 chunk micro-batches on every device (deepseek-ai/DualPipe README: activation PP + 1 for PP chunks).
 - Offload (SageMaker "activation offloading", same page): kept activations go to host memory; the GPU
   holds the micro-batch being produced or consumed and the one in transfer.
 """
@@ -202,10 +203,15 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
     every forward first (``all_warmup_microbatches``), so every device holds all m; ``all_warmup_at_pp`` false:
     torch.distributed.pipelining's ScheduleInterleaved1F1B (torchtitan's, autopar's runtime), which warms up
     (v − 1)·p + 2·(p − 1 − s) forwards whatever m (torch/distributed/pipelining/schedules.py,
-    ``_get_warmup_ops``)."""
+    ``_get_warmup_ops``). DualPipeV: every device holds 2·p + 1 chunk micro-batches at its peak, half a device's
+    layers each (the DualPipe README's "PP + 1" for PP = 2·p chunks; torch's ScheduleDualPipeV: 2·p − s − 1
+    forwards of its first chunk and s + 1 of its second before the first backward, then each backward's weight
+    pass waits for the next forward), so p + 1/2 device micro-batches."""
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
+    if schedule == "dualpipev":
+        return min(2 * pp + 1, 2 * m) / 2
     if schedule == "interleaved" and virtual_stages > 1:
         v = virtual_stages
         if m == pp and all_warmup_at_pp:

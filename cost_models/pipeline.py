@@ -8,6 +8,15 @@ Sources:
 - Interleaved 1F1B with v model chunks per device (Narayanan et al. 2021 §2.2.2): the bubble shrinks
   by v: m·max_d t_d + (Σ_d t_d − max_d t_d)/v, i.e. (p − 1)/(v·m) for equal stages; point-to-point
   traffic grows by v (every chunk boundary is a transfer).
+- DualPipeV (deepseek-ai/DualPipe README; Sea AI Lab's "cut-in-half" of DeepSeek-V3's DualPipe), as
+  torch.distributed.pipelining.ScheduleDualPipeV runs it: two chunks per device in a V, some backwards split into
+  their input and weight passes (zero bubble, Qi et al. 2023, arXiv:2401.10241), a forward of one chunk and a
+  backward of the other run one after the other (torch's OVERLAP_F_B without a registered overlap function). With
+  F, B and W one chunk's forward, full backward and weight pass, the README gives the bubble as
+  (PP/2 − 1)(F&B + B − 3W) for PP chunks on PP/2 devices; simulating torch's own order (the report's simulator,
+  checked against torch's action lists by a test) gives (p − 1)(2B − 3W) on p devices at most, approached as p
+  grows: the README's with F&B counted as B (the forward of a pair leaves no gap in torch's order), F less per
+  device. autopar prices the simulated one.
 """
 from __future__ import annotations
 
@@ -46,6 +55,24 @@ def pipeline_total(t_max: T, t_sum: T, m: int, v: int) -> T:
     algebra (floats here, CP-SAT expressions in the solver, lower bounds in the search: it grows with
     both arguments whenever m ≥ 1/v)."""
     return t_max * m + (t_sum - t_max) * (1.0 / v)
+
+
+def dualpipev_total(t_max: T, devices: Sequence[tuple[T, T]], m: int) -> T:
+    """m·max_d T_d + (p − 1)/p · Σ_d (2·B_d − 3·W_d)/2: the pipelined part of a DualPipeV step (module
+    docstring); ``devices[d]`` = (B_d, W_d), device d's backward (its two chunks', recomputation included) and
+    weight passes.
+    For equal devices the bubble is (p − 1)·(2B − 3W) per chunk; for unequal ones the mean device's. Linear in the
+    leaves, so the solver's model holds it exactly; at least 0, as a device's weight passes are at most half its
+    backward (step.py)."""
+    p = len(devices)
+    parts = [b * 2.0 - w * 3.0 for b, w in devices]
+    return t_max * m + sum(parts[1:], parts[0]) * ((p - 1) / (2.0 * p))
+
+
+def pipeline_time_of(total_s: float, device_times: Sequence[float], num_microbatches: int) -> PipelineTime:
+    """A PipelineTime from the composed pipelined part (``total_s``) and the devices' times per micro-batch."""
+    steady = num_microbatches * max(device_times)
+    return PipelineTime(total_s=total_s, steady_s=steady, bubble_s=total_s - steady)
 
 
 def ideal_bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:

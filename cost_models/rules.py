@@ -69,8 +69,23 @@ def check_batch(global_batch_size: int, *, micro_batch_size: int, dp: int, num_m
                           f"!= global_batch_size({global_batch_size})")
 
 
-def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatches: int) -> None:
-    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and m a multiple of pp (Megatron)."""
+def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatches: int,
+                   compile: bool = False) -> None:
+    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and m a multiple of pp (Megatron);
+    DualPipeV runs exactly two chunks per device, on pp ≥ 2 devices, with at least as many micro-batches as chunks
+    (torch.distributed.pipelining.ScheduleDualPipeV refuses fewer, and stages under torch.compile:
+    _check_torch_compile_compatibility)."""
+    if schedule == "dualpipev":
+        if compile:
+            raise ConfigError("torch's ScheduleDualPipeV does not run torch.compile'd stages; drop --compile or "
+                              "use --schedule interleaved")
+        if pp < 2 or virtual_stages != 2:
+            raise ConfigError(f"dualpipev runs two model chunks on each of pp ≥ 2 devices (pp {pp}, virtual_stages "
+                              f"{virtual_stages}); use --pp 2 or more with --virtual-stages 2")
+        if num_microbatches < 2 * pp:
+            raise ConfigError(f"dualpipev needs at least 2 × pp = {2 * pp} micro-batches, not {num_microbatches} "
+                              "(torch's ScheduleDualPipeV); raise --global-batch-size or lower --micro-batch-size")
+        return
     if schedule != "interleaved" and virtual_stages != 1:
         raise ConfigError(f"virtual_stages {virtual_stages} needs schedule 'interleaved' (schedule is '{schedule}')")
     if schedule == "interleaved":

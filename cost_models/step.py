@@ -23,6 +23,7 @@ from cost_models.compute import attention_core_times, engine_attention_kernel, l
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
+from cost_models.errors import ConfigError
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of, overlap_refusal
 from cost_models.fp8 import (
@@ -49,7 +50,7 @@ from cost_models.layer_cost import (
 from cost_models.memory import kept_activation_bytes, microbatches_in_flight, offload_resident, remat_peak_bytes
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
-from cost_models.pipeline import pipeline_time
+from cost_models.pipeline import pipeline_time, pipeline_time_of
 from cost_models.precision import Precision
 from cost_models.recompute import core_mode, repeated_collectives
 from cost_models.step_work import layer_step_work, zero3_buffer_bytes
@@ -147,7 +148,8 @@ class CostModel:
                                                                  dtype=self.model.dtype),
                                 gpus_per_node=context[2], hw=hw, dtype_bytes=self.dtype_bytes) if context else None
         return LayerCost(
-            Compute(fwd_s=c.fwd_s, bwd_s=c.bwd_s, executed_flops=c.executed_flops * split,
+            Compute(fwd_s=c.fwd_s, bwd_s=c.bwd_s, wgrad_s=min(c.wgrad_s, c.bwd_s / 2),
+                    executed_flops=c.executed_flops * split,
                     model_flops=3.0 * c.fwd_flops * split),
             Traffic(tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=exchange.fwd_s if exchange else 0.0,
                     cp_bwd_s=exchange.bwd_s if exchange else 0.0),
@@ -217,7 +219,7 @@ class CostModel:
         if t != cfg.tp:
             enter, leave = self.conversion_times(layer, cfg, t)
             share = (cfg.tp * cfg.grad_replicas // t) / cfg.dp  # replicas × samples each = the stage's micro-batch
-            c = LayerCost(Compute(c.compute.fwd_s, c.compute.bwd_s, c.compute.executed_flops * share,
+            c = LayerCost(Compute(c.compute.fwd_s, c.compute.bwd_s, c.compute.wgrad_s, c.compute.executed_flops * share,
                                   c.compute.model_flops * share),
                           added(c.traffic, Traffic(tp_fwd_s=enter, tp_bwd_s=leave)), c.held, NO_STEP_WORK)
         if getattr(layer, "moe", None):
@@ -395,20 +397,20 @@ class CostModel:
         values = (cfg.pp, cfg.virtual_stages, cfg.num_microbatches, cfg.dp_overlap * hw.comm_overlap * (
                       hw.grad_reduce_overlap if cfg.overlap_grad_reduce is None else float(cfg.overlap_grad_reduce)),
                   cfg.zero3_overlap * hw.zero3_overlap if cfg.zero_stage == 3 else None,
-                  1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None)
+                  1.0 / hw.host_link_bytes_per_s if cfg.offload_activations else None, cfg.v_shape)
         shape = self._overlaps.get(values)
         if shape is None:
-            pp, v, m, dp_overlap, zero3_overlap, host = values
+            pp, v, m, dp_overlap, zero3_overlap, host, zero_bubble = values
             shape = self._overlaps[values] = StepShape(
                 pp=pp, v=v, m=m, in_flight=(), dp_overlap=dp_overlap, zero3_overlap=zero3_overlap, last_bucket_s=0.0,
                 host_s_per_byte=host, capacity_bytes=hw.memory_bytes, reserve_bytes=hw.memory_reserve_bytes,
-                fragmentation=hw.allocator_fragmentation)
+                fragmentation=hw.allocator_fragmentation, zero_bubble=zero_bubble)
         return shape
 
     def device_leaves(self, d: int, cfg: ParallelConfig, ranges: list[range], costs: list[LayerCost],
                       tp_link: comm.Link, pp_link: comm.Link) -> dict[str, float]:
         """Device d's leaves of the composition: its layers' rows summed, the largest, its transfers."""
-        layer_ids = [i for c in device_chunks(d, cfg.pp, cfg.chunks) for i in ranges[c]]
+        layer_ids = [i for c in device_chunks(d, cfg.pp, cfg.chunks, cfg.v_shape) for i in ranges[c]]
         leaves = dict.fromkeys(SUMMED, 0.0) | dict.fromkeys(LARGEST, 0.0)
         for i in layer_ids:
             for name, value in layer_row(costs[i], copy=d > 0).items():
@@ -416,12 +418,15 @@ class CostModel:
             for name, value in layer_largest(costs[i]).items():
                 leaves[name] = max(leaves[name], value)
         leaves["p2p"] = sum(self.boundary_time(ranges[c - 1][-1], cfg, tp_link, pp_link)
-                            for c in device_cuts(d, cfg.pp, cfg.chunks))
+                            for c in device_cuts(d, cfg.pp, cfg.chunks, cfg.v_shape))
         return leaves
 
     def evaluate(self, cfg: ParallelConfig) -> StepEstimate:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
+        if cfg.pp > 1 and cfg.schedule not in self.hw.schedules:
+            raise ConfigError(f"this engine does not run the {cfg.schedule} schedule (it runs "
+                              f"{', '.join(self.hw.schedules)}); pick one of those, or --engine torchtitan")
         hw, model = self.hw, self.model
         tp_link, _, pp_link = self.links(cfg)
         ranges = chunk_ranges(cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks))
@@ -431,8 +436,9 @@ class CostModel:
         step = compose(FloatAlgebra(), leaves, shape)
         devices = tuple(device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
                         for d in range(cfg.pp))
-        pipe = pipeline_time([dev.time_per_microbatch_s for dev in devices], num_microbatches=cfg.num_microbatches,
-                             virtual_stages=cfg.virtual_stages)
+        times = [dev.time_per_microbatch_s for dev in devices]
+        pipe = (pipeline_time_of(step["pipeline"], times, cfg.num_microbatches) if shape.zero_bubble else
+                pipeline_time(times, num_microbatches=cfg.num_microbatches, virtual_stages=cfg.virtual_stages))
         replicas = cfg.grad_replicas * cfg.num_microbatches  # each layer cost is one tp group's (1/cp of a sample)
         executed = replicas * sum(c.compute.executed_flops for c in costs)
         # a layer on a sequence of its own (a vision tower) runs whole on each cp rank: its useful work once

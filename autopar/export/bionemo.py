@@ -71,8 +71,9 @@ def _warn_missing(plan: Plan, warnings: list[str]) -> None:
     if par.zero_stage != 1 and par.dp > 1:
         warnings.append(f"BioNeMo's trainer always runs Megatron's distributed optimizer (ZeRO-1); the plan's "
                         f"ZeRO-{par.zero_stage} is not expressible (a different memory and traffic than planned)")
-    if par.pp > 1 and par.schedule == "gpipe":
-        warnings.append("BioNeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
+    if par.pp > 1 and par.schedule in ("gpipe", "dualpipev"):
+        name = {"gpipe": "GPipe", "dualpipev": "DualPipeV"}[par.schedule]
+        warnings.append(f"BioNeMo (Megatron-Core) has no {name} schedule; it runs 1F1B")
     if par.pp > 1 and par.schedule == "interleaved" and par.virtual_stages > 1:
         warnings.append(f"BioNeMo's ParallelConfig has no virtual pipeline stages; the plan's {par.virtual_stages} "
                         "chunks per rank run as one (a larger bubble than planned)")

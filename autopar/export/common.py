@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from autopar.plan import Plan
 from cost_models import ParallelConfig
+from cost_models.composition import chunk_device
 from cost_models.decisions import declarations
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
@@ -68,11 +69,12 @@ def chunk_block_counts(plan: Plan) -> list[int] | None:
     return counts
 
 
-def rank_counts(chunk_counts: list[int], pp: int) -> list[int]:
-    """Blocks per pipeline rank: chunk c runs on rank c mod pp (Megatron's interleaved assignment)."""
+def rank_counts(chunk_counts: list[int], pp: int, v_shape: bool = False) -> list[int]:
+    """Blocks per pipeline rank: chunk c runs on rank c mod pp (Megatron's interleaved assignment), or on DualPipeV's
+    V (``v_shape``: composition.chunk_device)."""
     totals = [0] * pp
     for c, n in enumerate(chunk_counts):
-        totals[c % pp] += n
+        totals[chunk_device(c, pp, len(chunk_counts), v_shape)] += n
     return totals
 
 

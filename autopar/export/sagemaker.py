@@ -201,7 +201,10 @@ def _v1(plan: Plan, warnings: list[str]) -> dict[str, Any]:
         warnings.append("smp v1's placement_strategy \"cluster\" puts the pipeline stages of a model replica on "
                         "neighbouring devices and its data-parallel replicas further apart; the plan orders "
                         "data-parallel ranks before pipeline stages (Megatron's order)")
-    if par.schedule == "interleaved" and par.virtual_stages > 1:
+    if par.schedule == "dualpipev":
+        warnings.append("smp has no DualPipeV schedule; exported as one chunk per rank with smp's pipeline (a "
+                        "larger bubble than planned)")
+    elif par.schedule == "interleaved" and par.virtual_stages > 1:
         warnings.append(f"smp has no interleaved virtual stages ({par.virtual_stages} model chunks per rank); "
                         "exported as one chunk per rank with smp's 1F1B pipeline (a larger bubble than planned)")
     if par.pp > 1:

@@ -18,8 +18,9 @@ global_batch_size / (local_batch_size × dp) of them.
 Data parallelism is FSDP2: ZeRO-3 → ``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward =
 "always"``; ZeRO-0 → ``data_parallel_replicate_degree`` (DDP); ZeRO-1/2 have no exact counterpart and
 become sharding without resharding after forward (ZeRO-2-like memory), with a warning. The stage cut:
-``module_fqns_per_model_part`` lists the module names of every model chunk (chunk c on rank c mod pp, torchtitan's
-looped stage order) in torchtitan's own names, which its llama3, qwen3, deepseek_v3 and llama4 share:
+``module_fqns_per_model_part`` lists the module names of every model chunk in model order (torchtitan places chunk
+c on rank c mod pp, its looped order, or under DualPipeV on the V: _get_pp_rank_to_stage_indices_mapping, style "v",
+as the plan does) in torchtitan's own names, which its llama3, qwen3, deepseek_v3 and llama4 share:
 ``tok_embeddings``, ``layers.N``, ``norm`` and the head, ``lm_head`` in 0.3 and ``output`` in 0.2 (export/stages.py
 maps the plan's layer names to them; a layer it cannot map leaves the cut to torchtitan, warned). The model's
 --config must have the plan's number of layers; the header says how many.
@@ -76,7 +77,7 @@ VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
                    "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks", "compile"})
-SCHEDULE_CLASSES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULE_CLASSES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "dualpipev": "DualPipeV"}
 _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
             "ep": "expert_parallel_degree"}
 ROTATE_METHODS = {"all_gather": "allgather", "ring": "alltoall"}  # 0.2's context_parallel_rotate_method

@@ -23,6 +23,7 @@ from autopar.ranks import gradient_groups, mesh_groups, nodes_spanned
 from autopar.report.plan_model import model_profile, without
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from cost_models import ConfigError
+from cost_models.composition import chunk_device
 
 MIB = 2**20
 OTHER = {"all_gather": "ring", "ring": "all_gather"}
@@ -67,7 +68,8 @@ def price_context(plan: Plan, profile: ModelProfile) -> tuple[list[StageContext]
     for stage in range(cfg.pp):
         mine = [(lp, c, cfg.layer_mode(i, lp.kind)) for i, (layer, c, lp) in enumerate(zip(plan.layers, costs,
                                                                                             profile.layers))
-                if layer.stage % cfg.pp == stage and c.held.cp_buffer_bytes > 0]
+                if chunk_device(layer.stage, cfg.pp, cfg.chunks, cfg.v_shape) == stage
+                and c.held.cp_buffer_bytes > 0]
         if not mine:
             continue
         lp, c, mode = max(mine, key=lambda m: m[1].traffic.cp_fwd_s + m[1].traffic.cp_bwd_s)  # the costliest, as the table shows

@@ -54,7 +54,7 @@ def price_experts(plan: Plan, profile: ModelProfile) -> list[StageExperts]:
     out = []
     for stage in range(plan.parallelism.pp):
         mine = [c for layer, c, lp in zip(plan.layers, costs, profile.layers)
-                if layer.stage % plan.parallelism.pp == stage and getattr(lp, "moe", None)]
+                if plan.device_of_chunk(layer.stage) == stage and getattr(lp, "moe", None)]
         if not mine:
             continue
         params = sum(c.held.expert_params_per_gpu for c in mine)

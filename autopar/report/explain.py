@@ -76,7 +76,8 @@ def print_stages(plan: Plan, console: Console) -> None:
             "pp\ncomm", *(("other",) if shown else ()), "total", *(("vs\nslowest",) if compare else ()),
             "recomp.\nlayers")
     for s, other in zip(pred.stages, others):
-        recomputed = sum(layer.recompute != "none" for layer in plan.layers if layer.stage % par.pp == s.stage)
+        recomputed = sum(layer.recompute != "none" for layer in plan.layers
+                         if plan.device_of_chunk(layer.stage) == s.stage)
         times.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
                       f"{s.fwd_s * MS:.4g}", f"{s.bwd_s * MS:.4g}", f"{s.tp_comm_s * MS:.3g}",
                       *((f"{sum(getattr(s, part) for _, part in extra) * MS:.3g}",) if extra else ()),

@@ -18,6 +18,9 @@ last chunk's backward after its own forward. Sends are asynchronous; each op's d
 share of the stage's communication, so a stage's ops for one micro-batch add up to the cost model's
 time per micro-batch. For equal stages with no communication, 1F1B and GPipe take (m + p − 1)·(f + b).
 ``stage_times(plan)`` reads those per-stage times from a Plan.
+- DualPipeV (dualpipev.py): stage s holds chunks s and 2·p − 1 − s in a V; torch's order, some backwards split into
+  an input pass ("I") and a weight pass ("W", the stage's weight-gradient share of its backward), which waits for
+  its input pass only.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ from typing import Literal, Sequence
 
 from autopar.errors import AutoparError
 from autopar.plan import Plan
+from autopar.report.dualpipev import dualpipev_order
 
-OpKind = Literal["F", "B"]
+OpKind = Literal["F", "B", "I", "W"]
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,14 @@ class StageTimes:
     bwd_s: float                # backward compute, recomputation included
     recompute_s: float = 0.0    # the part of bwd_s that re-runs the forward
     comm_s: float = 0.0         # communication (tp, pp, offload, ZeRO-3): half after forward, half after backward
+    wgrad_s: float = 0.0        # the part of bwd_s that computes weight gradients (DualPipeV's weight passes)
 
 
 @dataclass(frozen=True)
 class Op:
     kind: OpKind
     microbatch: int
-    chunk: int                  # global model chunk 0 … p·v − 1; it runs on stage chunk mod p
+    chunk: int                  # global model chunk 0 … p·v − 1; it runs on stage chunk mod p (DualPipeV: the V)
     stage: int
     start: float
     end: float
@@ -103,6 +108,11 @@ def stage_orders(schedule: str, stages: int, microbatches: int, virtual_stages: 
     p, m, v = stages, microbatches, virtual_stages
     if p < 1 or m < 1 or v < 1:
         raise AutoparError(f"a pipeline needs ≥ 1 stage, micro-batch and chunk (got pp {p}, m {m}, v {v})")
+    if schedule == "dualpipev":
+        if v != 2 or p < 2 or m < 2 * p:
+            raise AutoparError(f"dualpipev runs 2 chunks on each of pp ≥ 2 stages with m ≥ 2·pp (got pp {p}, "
+                               f"m {m}, v {v})")
+        return [list(dualpipev_order(s, p, m)) for s in range(p)]
     if schedule != "interleaved" and v != 1:
         raise AutoparError(f"{v} virtual stages need the interleaved schedule, not {schedule}")
     orders: list[list[tuple[OpKind, int, int]]] = []
@@ -118,7 +128,7 @@ def stage_orders(schedule: str, stages: int, microbatches: int, virtual_stages: 
         elif schedule == "interleaved":
             order = _interleaved_order(s, p, m, v, all_warmup_at_pp)
         else:
-            raise AutoparError(f"unknown pipeline schedule {schedule!r}: choose 1f1b, gpipe or interleaved")
+            raise AutoparError(f"unknown pipeline schedule {schedule!r}: choose 1f1b, gpipe, interleaved or dualpipev")
         orders.append(order)
     return orders
 
@@ -161,7 +171,7 @@ def simulate(times: Sequence[StageTimes], *, microbatches: int, schedule: str = 
                 pending.popleft()
                 start = max(free[s], ends[needs] if needs is not None else 0.0)
                 parts = _parts(kind, times[s], v, start)
-                ends[kind, mb, chunk] = free[s] = parts[-1][2]
+                ends["B" if kind == "I" else kind, mb, chunk] = free[s] = parts[-1][2]
                 ops.append(Op(kind, mb, chunk, s, start, parts[-1][2], parts))
                 progressed = True
         if not progressed:  # cannot happen for the orders above; guards against a broken order
@@ -170,8 +180,11 @@ def simulate(times: Sequence[StageTimes], *, microbatches: int, schedule: str = 
 
 
 def _dependency(kind: OpKind, mb: int, chunk: int, chunks: int) -> tuple[OpKind, int, int] | None:
+    """The op that must end first ("B" stands for a chunk's backward, whole or its input pass)."""
     if kind == "F":
         return ("F", mb, chunk - 1) if chunk > 0 else None
+    if kind == "W":
+        return "B", mb, chunk
     return ("B", mb, chunk + 1) if chunk < chunks - 1 else ("F", mb, chunk)
 
 
@@ -179,6 +192,11 @@ def _parts(kind: OpKind, t: StageTimes, v: int, start: float) -> tuple[tuple[str
     """An op's boxes, each stage time split evenly over its v chunks."""
     if kind == "F":
         spans = [("forward", t.fwd_s / v), ("comm", t.comm_s / 2 / v)]
+    elif kind == "W":
+        spans = [("backward", t.wgrad_s / v)]
+    elif kind == "I":
+        spans = [("recompute", t.recompute_s / v), ("backward", max(0.0, t.bwd_s - t.recompute_s - t.wgrad_s) / v),
+                 ("comm", t.comm_s / 2 / v)]
     else:
         spans = [("recompute", t.recompute_s / v), ("backward", (t.bwd_s - t.recompute_s) / v),
                  ("comm", t.comm_s / 2 / v)]
@@ -194,11 +212,12 @@ def stage_times(plan: Plan) -> list[StageTimes]:
     """Each stage's per-micro-batch times from the plan. Recomputation is not a separate figure in the
     prediction, so it is estimated as the forward time × the share of the stage's layers that are fully
     recomputed (selective recomputation, a small part of the attention, stays inside the backward)."""
-    pp = plan.parallelism.pp
     out = []
     for s in plan.prediction.stages:
-        mine = [layer for layer in plan.layers if layer.stage % pp == s.stage]
+        mine = [layer for layer in plan.layers if plan.device_of_chunk(layer.stage) == s.stage]
         full = sum(layer.recompute == "full" for layer in mine) / len(mine) if mine else 0.0
         comm = max(0.0, s.time_per_microbatch_s - s.fwd_s - s.bwd_s)
-        out.append(StageTimes(fwd_s=s.fwd_s, bwd_s=s.bwd_s, recompute_s=min(s.bwd_s, full * s.fwd_s), comm_s=comm))
+        recompute = min(s.bwd_s, full * s.fwd_s)
+        out.append(StageTimes(fwd_s=s.fwd_s, bwd_s=s.bwd_s, recompute_s=recompute, comm_s=comm,
+                              wgrad_s=min(s.wgrad_s, s.bwd_s - recompute)))
     return out

@@ -39,6 +39,7 @@ from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
     PipelineScheduleSingle,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
@@ -260,6 +261,8 @@ def build_schedule(spec: RunPlan, chunk_modules: dict[int, nn.Module], meshes: M
     schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if p.schedule == "interleaved":
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=False)
+    elif p.schedule == "dualpipev":  # this rank's chunks d and 2·pp − 1 − d (RunPlan.chunks_of_rank)
+        schedule = ScheduleDualPipeV(stages, m, loss_fn=loss_fn, scale_grads=False)
     elif p.schedule == "gpipe" or m < p.pp:
         # torch's Schedule1F1B refuses fewer micro-batches than stages; Megatron's 1F1B then warms up with all of
         # them on the first stages (GPipe's order there; later stages hold fewer): the same gradients

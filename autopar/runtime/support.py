@@ -13,7 +13,9 @@ directly, no column-parallel linear holds projections the model splits: autopar.
 input, a ``positions`` argument not counted from the ids, a next-token or masked-LM loss, attention without an
 explicit mask or through a transformers attention module: autopar.runtime.cp, autopar.runtime.hf_attention), ``ep``
 (the MoE modules follow the expert contract: autopar.runtime.ep, or transformers' experts layout:
-autopar.runtime.hf_experts) and ``etp`` above 1 (every model whose experts run under ep).
+autopar.runtime.hf_experts), ``etp`` above 1 (every model whose experts run under ep) and ``dualpipev`` (one model
+input: torch's ScheduleDualPipeV splits a backward into its input and weight passes, which fail where a second input
+flows past the chunks, T5's and BART's encoder output: "backward through the graph a second time").
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from autopar.errors import AutoparError
 
-FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep", "etp")
+FEATURES = ("pp", "tp", "sequence_parallel", "cp", "ep", "etp", "dualpipev")
 
 
 def unsupported(profile: Any) -> dict[str, str]:
@@ -35,7 +37,7 @@ def unsupported(profile: Any) -> dict[str, str]:
     model = build_meta(loaded.build)  # no check changes it: a trace, a forward on meta, a look at modules
     out: dict[str, str] = {}
     for feature, check in (("pp", _pipeline), ("tp", _tensor), ("sequence_parallel", _sequence_parallel),
-                           ("cp", _context), ("ep", _experts), ("etp", _expert_tp)):
+                           ("cp", _context), ("ep", _experts), ("etp", _expert_tp), ("dualpipev", _dualpipev)):
         try:
             check(profile, loaded, model)
         except AutoparError as err:
@@ -186,3 +188,13 @@ def _expert_tp(profile: Any, loaded: Any, model: Any) -> None:
     """Every MoE layer the runtime routes splits its experts' FFN width over etp, transformers' stacked gate and up
     rows included (autopar.runtime.hf_experts); a degree that does not divide it is the launcher's per-plan check
     (autopar.runtime.ep.check_experts)."""
+
+
+def _dualpipev(profile: Any, loaded: Any, model: Any) -> None:
+    """DualPipeV (autopar.runtime.pp) on a model of one input: T5 at pp 2 failed in a weight pass, its encoder output
+    read by every decoder chunk; a model of several inputs (an encoder-decoder, LLaVA's pixels) is refused."""
+    inputs = loaded.example_inputs(1, profile.seq_len)
+    if len(inputs) > 1:
+        raise AutoparError(f"the model takes {len(inputs)} inputs (an encoder-decoder's source and target, an image "
+                           "with its labels or its text): torch's DualPipeV splits each backward into input and weight "
+                           "passes, which fail where a second input flows past the pipeline chunks")

@@ -85,14 +85,14 @@ def apply_tied_sync(ties: dict[str, dict[int, str]], parts: dict[int, nn.Module]
                     fsdp: bool) -> list[TiedCopy]:
     """The embedding groups of every weight tied across pipeline ranks (``tied_across_chunks`` of the model
     before it was split; collective: every rank creates every group), and this rank's copies."""
-    pp, stage = spec.parallelism.pp, stage_size(spec)
+    stage = stage_size(spec)
     copies: list[TiedCopy] = []
     for name, chunks in sorted(ties.items()):
         mine = [c for c in chunks if c in parts]
         if fsdp and len(mine) > 1:
             raise AutoparError(f"weight {name} is tied between chunks {sorted(mine)} of one pipeline rank under "
                                "ZeRO-2/3: place both layers on one chunk or run without ZeRO-2/3")
-        holders = sorted({c % pp for c in chunks})
+        holders = sorted({spec.device_of_chunk(c) for c in chunks})
         if len(holders) < 2:
             continue  # chunks of one rank share the parameter itself
         groups = [[h * stage + i for h in holders] for i in range(stage)]

@@ -26,7 +26,7 @@ from autopar.search.robust import scenarios as robust_scenarios
 from autopar.search.why import expert_note
 from cost_models import CostModel, HardwareProfile
 from cost_models.config import Pins, flag
-from cost_models.engines import DEFAULT_ENGINE, load_engine
+from cost_models.engines import DEFAULT_ENGINE, Engine, load_engine
 from cost_models.estimate import StepEstimate
 from cost_models.hardware import DEFAULT_HARDWARE
 from cost_models.rules import model_experts
@@ -74,9 +74,10 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     check_expert_pins(profile, pins)
     given = pins
     pins, limits = runnable_pins(profile, pins, engine)
+    hw, raw_engine = without_refused_schedules(hw, load_engine(engine), limits)
     parts.append(("checking what autopar's runtime can run of it", budget.elapsed() - sum(t for _, t in parts)))
     batch = global_batch_size or profile.global_batch or gpus
-    corners = robust_scenarios(raw, load_engine(engine))
+    corners = robust_scenarios(raw, raw_engine)
     worst = next(c.hw for c in corners if c.name == "all slow")
 
     def run(h: HardwareProfile, share: Budget, top: int = 1, report: Callable | None = None,
@@ -177,6 +178,15 @@ def check_expert_pins(profile: ModelProfile, pins: Pins) -> None:
                                f"drop {flag(name, given).split()[0]}")
 
 
+def without_refused_schedules(hw: HardwareProfile, engine: Engine,
+                              notes: list[str]) -> tuple[HardwareProfile, Engine]:
+    """``hw`` and ``engine`` without DualPipeV where runnable_pins left it out (a schedule, not a pin)."""
+    if not any(note.startswith("searched without the dualpipev") for note in notes):
+        return hw, engine
+    kept = tuple(x for x in hw.schedules if x != "dualpipev")
+    return dataclasses.replace(hw, schedules=kept), dataclasses.replace(engine, schedules=kept)
+
+
 def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str]]:
     """For engine ``autopar``: the pins that keep the search to what `autopar launch` runs on this model (a
     feature its runtime refuses is fixed off), and one note per feature left out. A pin the user gave on such a
@@ -194,6 +204,13 @@ def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins,
     off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1, "etp": 1}
     limits = unsupported(profile)
     fixed, notes = {}, []
+    if "dualpipev" in limits and "pp" not in limits:  # a schedule, not a degree: the engine is left without it
+        why = limits.pop("dualpipev")
+        if pins.schedule == "dualpipev":
+            raise AutoparError(f"--schedule dualpipev: autopar launch cannot run it on this model ({why}); pick "
+                               "another --schedule, or --engine torchtitan to plan for it")
+        notes.append(f"searched without the dualpipev schedule (autopar's runtime cannot run it on this model: {why})")
+    limits.pop("dualpipev", None)
     for feature, why in limits.items():
         given = getattr(pins, feature)
         if given is not None and given != off[feature]:

@@ -30,6 +30,7 @@ from cost_models.composition import (
     UNHIDDEN,
     StepShape,
     busy,
+    chunk_device,
     device_cuts,
     device_time,
     most_time,
@@ -185,7 +186,7 @@ class LowerBound:
         total, heaviest, _ = self.parts(cfg, strong=False, placed=placed)
         if total == math.inf:
             return math.inf
-        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v)
 
     def coarse(self, cfg: ParallelConfig) -> float:
         """A lower bound from how the layers run alone (CostModel.option_run_cost: compute, tensor-, context- and
@@ -203,7 +204,7 @@ class LowerBound:
                                                                       copy=False)) for j, k, t in self._choices(cfg, i))
                 for i in self._rep.values())
         total = per_microbatch + 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
-        return pipeline_total(total / cfg.pp, total, cfg.num_microbatches, cfg.virtual_stages)
+        return pipeline_total(total / cfg.pp, total, cfg.num_microbatches, cfg.bubble_v)
 
     def cheap(self, cfg: ParallelConfig) -> float:
         """A lower bound without the memory knapsack (every layer at its fastest option): what every outer
@@ -212,7 +213,7 @@ class LowerBound:
         shape = self._shape(cfg)
         total = entry.busy_bound(shape, entry.fastest, 2 * (cfg.chunks - 1) * self._transfers(cfg)[0])
         heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
-        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.virtual_stages)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v)
 
     def family(self, templates: list[ParallelConfig], global_batch_size: int) -> float:
         """A lower bound on every choice of a (tp, cp) family, from ``templates`` (space.family_templates: one per
@@ -286,10 +287,12 @@ class LowerBound:
             least = self._transfers(cfg)[0]
             hw = self.cost.hw
             self._slowest[key] = place(
-                distinct, pp=cfg.pp, p2p=[len(device_cuts(d, cfg.pp, cfg.chunks)) * least for d in range(cfg.pp)],
+                distinct, pp=cfg.pp,
+                p2p=[len(device_cuts(d, cfg.pp, cfg.chunks, cfg.v_shape)) * least for d in range(cfg.pp)],
                 in_flight=[device_in_flight(cfg, d, hw) for d in range(cfg.pp)],
                 usable=hw.memory_bytes - hw.memory_reserve_bytes, fewest=v * balance[0] if balance else 0,
-                most=v * balance[1] if balance else None, zero3_overlap=shape.zero3_overlap)
+                most=v * balance[1] if balance else None, zero3_overlap=shape.zero3_overlap,
+                last_device=chunk_device(cfg.chunks - 1, cfg.pp, cfg.chunks, cfg.v_shape))
         return self._slowest[key]
 
     def _step_with_tail(self, cfg: ParallelConfig, shape: StepShape, total: float, floor: float,
@@ -302,7 +305,7 @@ class LowerBound:
         for form in items:
             own, per_block = 0.0, math.inf
             for block, (n, _, least, _) in zip(self._rep, form):
-                if block == first:
+                if block == first or (block == last and cfg.v_shape):  # DualPipeV: the last layer is device 0's too
                     own += least
                 elif layers[self._rep[block]].kind != "block" and block != last:
                     own += n * min(0.0, least)
@@ -310,7 +313,7 @@ class LowerBound:
                     per_block = min(per_block, least)
             tails.append((own, per_block if per_block < math.inf else 0.0))
         return least_step_with_tail(placed.blocks, placed.devices[0], placed.devices[1:], tails, floor, total,
-                                    cfg.num_microbatches, cfg.virtual_stages)
+                                    cfg.num_microbatches, cfg.bubble_v)
 
     def beats(self, cfg: ParallelConfig, upper: float) -> bool:
         """False when no plan of this choice can have a step below ``upper``, counting the once-per-step
@@ -320,14 +323,14 @@ class LowerBound:
         the fewest tail seconds that much work can bring is a fractional knapsack over the layers (most
         time per tail second first), the first layer forced. Conditional on beating ``upper``, so it
         prunes, it does not bound."""
-        m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
-        if pp < 2 or m - 1 / v <= 0:
+        m, v, vb, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.bubble_v, cfg.pp
+        if pp < 2 or m - 1 / vb <= 0:
             return True
         busy, heaviest, _ = self.parts(cfg)
         if busy == math.inf:
             return False
         shape = self._shape(cfg)
-        need = busy - (pp - 1) * (upper - busy / v) / (m - 1 / v)
+        need = busy - (pp - 1) * (upper - busy / vb) / (m - 1 / vb)
         need -= 2 * v * self._transfers(cfg)[1]  # device 0's transfers, at most 2 per chunk
         first = self.cost.model.layers[0].block_id
         tails = []
@@ -337,7 +340,7 @@ class LowerBound:
                 most = max(most_time(o.row, shape.host_s_per_byte) for o in opts)
                 items.append((n, most, min(tail_of(o.row) for o in opts), block == first))
             tails.append(least_cost_cover(items, need))
-        return pipeline_total(max(busy / pp, heaviest), busy, m, v) + max(tails) < upper
+        return pipeline_total(max(busy / pp, heaviest), busy, m, vb) + max(tails) < upper
 
 
 class _Entry:
@@ -391,7 +394,7 @@ def _with_first_device_tail(cfg: ParallelConfig, total: float, heaviest: float, 
     b₀ = x·B (B: the least Σ busy), max_d T_d ≥ max(x·B, (1 − x)·B/(pp − 1), heaviest, mean), so
         step ≥ min over x of (m − 1/v)·max(…) + Σ T/v + cover(x·B),
     a sum of convex piecewise-linear functions of x: its minimum lies at a breakpoint of one of them."""
-    m, v, pp = cfg.num_microbatches, cfg.virtual_stages, cfg.pp
+    m, v, pp = cfg.num_microbatches, cfg.bubble_v, cfg.pp
     floor = max(total / pp, heaviest)
     if pp == 1:  # device 0 holds every layer
         return pipeline_total(max(floor, busy), total, m, v) + max(0.0, sum(n * least for n, _, least, _ in items))

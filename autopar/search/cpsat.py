@@ -169,7 +169,7 @@ class InnerModel:
 
     def _device_leaves(self, d: int) -> dict[str, Term]:
         tab, model, pp = self.tables, self.model, self.cfg.pp
-        chunks, copy = device_chunks(d, pp, self.C), d > 0
+        chunks, copy = device_chunks(d, pp, self.C, self.cfg.v_shape), d > 0
         # a leaf's value is a sum of costs, each ≥ 0, although an option's change may be negative
         q = {name: Term(self._span(tab.prefix[copy][name], chunks), 1, True) for name in LEAVES}
         for j in tab.types:
@@ -186,7 +186,8 @@ class InnerModel:
                     if change:
                         q[name] = Term(q[name].expr + var * change, 1, True)
         q.update({name: self._largest(d, name, chunks) for name in LARGEST})
-        q["p2p"] = Term(sum(self.cuts[c].before(tab.p2p_at) for c in device_cuts(d, pp, self.C)), 1, True)
+        cuts = device_cuts(d, pp, self.C, self.cfg.v_shape)
+        q["p2p"] = Term(sum(self.cuts[c].before(tab.p2p_at) for c in cuts), 1, True)
         return q
 
     def _largest(self, d: int, name: str, chunks: list[int]) -> Term:
@@ -228,7 +229,8 @@ class InnerModel:
         blocks (cuts.interchangeable_chunks); not with ``fix``, whose cuts may be any of the set."""
         if self.forbidden:  # chunks that trade sizes over a run of blocks might not keep clear of the forbidden cuts
             return
-        self.symmetric = interchangeable_chunks(segments(self.cost.model.layers), self.cfg.pp, self.C, self.L)
+        self.symmetric = interchangeable_chunks(segments(self.cost.model.layers), self.cfg.pp, self.C, self.L,
+                                                self.cfg.v_shape)
         size = [self.cuts[c + 1].position - self.cuts[c].position for c in range(self.C)]
         for a, b in self.symmetric:
             self.model.add(size[a] >= size[b])
@@ -252,7 +254,8 @@ class InnerModel:
         for c in range(1, self.C):
             self.model.add(self.cuts[c].position == positions[c])
         for (d, j, opt), var in self.counts.items():
-            held = [i for c in device_chunks(d, self.cfg.pp, self.C) for i in range(positions[c], positions[c + 1])]
+            held = [i for c in device_chunks(d, self.cfg.pp, self.C, self.cfg.v_shape)
+                    for i in range(positions[c], positions[c + 1])]
             self.model.add(var == sum(1 for i in held if tab.is_block[i] and layers[i].block_id == j and
                                       (cfg.layer_degree(i), cfg.layer_mode(i, "block")) == opt))
 
@@ -286,7 +289,7 @@ class InnerModel:
         for d in range(self.cfg.pp):
             for j in tab.types:
                 todo = {opt: solver.value(var) for (dd, jj, opt), var in self.counts.items() if (dd, jj) == (d, j)}
-                for c in device_chunks(d, self.cfg.pp, self.C):
+                for c in device_chunks(d, self.cfg.pp, self.C, self.cfg.v_shape):
                     for i in range(positions[c], positions[c + 1]):
                         if tab.is_block[i] and layers[i].block_id == j:
                             opt = next((o for o in sorted(todo) if todo[o] > 0), tab.base_option)

@@ -96,19 +96,22 @@ class Cut:
                 model.add_hint(self.nonzero[g], inside and position > seg.start)
 
 
-def interchangeable_chunks(segs: list[Segment], pp: int, chunks: int, n_layers: int) -> list[tuple[int, int]]:
-    """Pairs (c, c + pp) of one device's consecutive chunks whose layers, and those of every chunk between
-    them, lie in one run of identical blocks whatever the cuts (a cut c sits in [c, n_layers − chunks + c]).
+def interchangeable_chunks(segs: list[Segment], pp: int, chunks: int, n_layers: int,
+                           v_shape: bool = False) -> list[tuple[int, int]]:
+    """Pairs (a, b) of one device's chunks, a < b, consecutive on it ((c, c + pp) round-robin; (d, 2·pp − 1 − d)
+    on DualPipeV's V) whose layers, and those of every chunk between them, lie in one run of identical blocks
+    whatever the cuts (a cut c sits in [c, n_layers − chunks + c]).
     Such chunks may trade sizes: the cuts between them shift over identical blocks, so every device keeps the
     same layers and sends the same transfers, and the plan the same step and memory. Requiring each pair's
     first chunk to be no smaller than its second leaves one plan of every such set (sorting a device's sizes
     reaches it), so the optimum stays while the search need not prove it again for each permutation (with
     pp·v chunks of 1 or 2 blocks there are billions)."""
+    pairs = [(d, 2 * pp - 1 - d) for d in range(pp)] if v_shape else [(c, c + pp) for c in range(chunks - pp)]
     out = []
-    for c in range(1, chunks - pp):
-        first, end = c, n_layers - chunks + c + pp + 1  # the earliest start of chunk c, the latest end of c + pp
-        if any(seg.length > 1 and seg.start <= first and end <= seg.start + seg.length for seg in segs):
-            out.append((c, c + pp))
+    for a, b in pairs:
+        first, end = a, n_layers - chunks + b + 1  # the earliest start of chunk a, the latest end of chunk b
+        if a > 0 and any(seg.length > 1 and seg.start <= first and end <= seg.start + seg.length for seg in segs):
+            out.append((a, b))
     return out
 
 

@@ -114,8 +114,8 @@ def _fewest_recomputed(cost: CostModel, plan: ParallelConfig, fits: StepEstimate
     recomputation changes only its own memory). An incumbent, so it need not be optimal: it only has to fit."""
     layers = cost.model.layers
     ranges = chunk_ranges(plan.stage_layers or ())
-    blocks = [[i for c in device_chunks(d, plan.pp, plan.chunks) for i in ranges[c] if layers[i].kind == "block"]
-              for d in range(plan.pp)]
+    blocks = [[i for c in device_chunks(d, plan.pp, plan.chunks, plan.v_shape) for i in ranges[c]
+               if layers[i].kind == "block"] for d in range(plan.pp)]
     lo, hi = [0] * plan.pp, [len(b) for b in blocks]
     best_plan, best = plan, fits
     while any(a < b for a, b in zip(lo, hi)):
@@ -331,11 +331,14 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     space = dict(gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
                  allow_cross_node_tp=allow_cross_node_tp)
     families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch_size),  # type: ignore[arg-type]
-                 partial(outer_choices, profile, family=family, zero_stages=hw.zero_stages, **space))
+                 partial(outer_choices, profile, family=family, zero_stages=hw.zero_stages,
+                         schedules=hw.schedules, **space))
                 for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                                allow_cross_node_tp=allow_cross_node_tp)]
     try:
-        queue = _Queue(state.lower_bound, outer_choices(profile, defer_families=True, zero_stages=hw.zero_stages, **space), families,  # type: ignore[arg-type]
+        choices = outer_choices(profile, defer_families=True, zero_stages=hw.zero_stages, schedules=hw.schedules,
+                                **space)  # type: ignore[arg-type]
+        queue = _Queue(state.lower_bound, choices, families,  # type: ignore[arg-type]
                        stop=state.should_stop)
     except _Stopped:
         state.stop(0.0)

@@ -26,7 +26,8 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
     best: tuple[float, str] | None = None
     frugal = replace(pins, recompute=pins.recompute or "full")
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
-                             global_batch_size=global_batch_size, pins=frugal, zero_stages=hw.zero_stages):
+                             global_batch_size=global_batch_size, pins=frugal, zero_stages=hw.zero_stages,
+                             schedules=hw.schedules):
         if cfg.zero_stage != (max(hw.zero_stages) if cfg.grad_replicas > 1 else 0) and pins.zero_stage is None:
             continue
         if cfg.micro_batch_size != 1 and pins.micro_batch_size is None:

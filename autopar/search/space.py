@@ -25,9 +25,10 @@ from autopar.errors import AutoparError
 from autopar.pricing import attention_kernel
 from autopar.profile import ModelProfile
 from cost_models import ParallelConfig
-from cost_models.config import ZERO_STAGES, Pins, default, quick_config
+from cost_models.config import ZERO_STAGES, Pins, default, quick_config, shards_tied_chunks
 from cost_models.decisions import declarations
 from cost_models.fp8 import fp8_blocks
+from cost_models.hardware import COMMON_SCHEDULES
 from cost_models.rules import model_experts
 
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
@@ -130,11 +131,13 @@ def _sp_choices(tp: int, pins: Pins) -> list[bool]:
 
 def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
                   allow_cross_node_tp: bool = False, family: tuple[int, int] | None = None,
-                  defer_families: bool = False, zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[ParallelConfig]:
+                  defer_families: bool = False, zero_stages: tuple[int, ...] = ZERO_STAGES,
+                  schedules: tuple[str, ...] = COMMON_SCHEDULES) -> Iterator[ParallelConfig]:
     """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
     model: Megatron's even split, no recomputation), with the attention kernel the model runs. ``family``: only
     that (tp, cp) family's; ``defer_families``: leave out the families context_families names; ``zero_stages``:
-    the ZeRO stages the engine runs (HardwareProfile.zero_stages; a pinned stage is searched whatever it is)."""
+    the ZeRO stages the engine runs (HardwareProfile.zero_stages; a pinned stage is searched whatever it is);
+    ``schedules``: the pipeline schedules it runs (HardwareProfile.schedules)."""
     n_layers = len(profile.layers)
     deferred = set(context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                     allow_cross_node_tp=allow_cross_node_tp)) if defer_families else set()
@@ -152,14 +155,16 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                 if zero == 2 and m > 1 and pins.zero_stage is None and 1 in zero_stages:
                     continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)
                 for sp in _sp_choices(tp, pins):
-                    for schedule, v in _schedules(pp, m, n_layers, pins):
+                    for schedule, v in _schedules(pp, m, n_layers, pins, schedules):
                         for offload in ((False, True) if pins.offload_activations is None else (pins.offload_activations,)):
                             for ep, etp in experts:
-                                yield quick_config(
+                                cfg = quick_config(
                                     tp=tp, pp=pp, dp=dp, micro_batch_size=b, num_microbatches=m, zero_stage=zero,
                                     recompute="none", sequence_parallel=sp, schedule=schedule,  # type: ignore[arg-type]
                                     virtual_stages=v, offload_activations=offload, gpus_per_node=gpus_per_node,
                                     ep=ep, etp=etp, cp=cp, **fixed)
+                                if not (cfg.v_shape and shards_tied_chunks(cfg, profile)):  # config.validate
+                                    yield cfg
 
 
 def precision_groups(profile: ModelProfile, pins: Pins) -> ModelProfile:
@@ -197,7 +202,8 @@ def choice_key(cfg: ParallelConfig) -> tuple:
             cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp, cfg.cp, cfg.cp_comm)
 
 
-def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str, int]]:
+def _schedules(pp: int, m: int, n_layers: int, pins: Pins,
+               schedules: tuple[str, ...] = COMMON_SCHEDULES) -> Iterator[tuple[str, int]]:
     if pp == 1:
         if pins.schedule in (None, "1f1b", "gpipe") and pins.virtual_stages in (None, 1):
             yield (pins.schedule or "1f1b"), 1
@@ -210,3 +216,6 @@ def _schedules(pp: int, m: int, n_layers: int, pins: Pins) -> Iterator[tuple[str
         for v in range(2, min(MAX_VIRTUAL_STAGES, n_layers // pp) + 1):
             if pins.virtual_stages in (None, v):
                 yield "interleaved", v
+    if "dualpipev" in schedules and pins.schedule in (None, "dualpipev") and pins.virtual_stages in (None, 2) and \
+            m >= 2 * pp and n_layers >= 2 * pp and not pins.compile:  # rules.check_schedule
+        yield "dualpipev", 2

@@ -9,6 +9,7 @@ from dataclasses import replace
 from autopar.profile import CaptureInfo, LayerProfile, ModelProfile, MoEProfile, TPPair, TPPattern
 from cost_models import CostModel, ParallelConfig, load_hardware
 from cost_models.config import Pins
+from cost_models.engines import TORCH_SCHEDULES
 from cost_models.hardware import LockstepCosts, LogTable
 from helpers import EX
 
@@ -120,4 +121,5 @@ def random_instance(seed: int) -> tuple:
     hw = replace(hw, comm_overlap=rng.choice([1.0, 1.0, 0.0, 0.375]))  # GPUs, a CPU, something between
     hw = replace(hw, lockstep=rng.choice([LockstepCosts(), LOCKSTEP]))  # calibrated lock-step costs or none
     hw = replace(hw, overlap_slowdown=rng.choice([0.0, 0.189]), allocator_fragmentation=rng.choice([0.0, 0.05]))
+    hw = replace(hw, schedules=rng.choice([hw.schedules, TORCH_SCHEDULES]))  # Megatron's, or torch's with DualPipeV
     return profile, hw, gpus, gpus_per_node, batch, pins

@@ -1,4 +1,4 @@
-"""The export matrix: ten plan shapes, and for each target what its own parser or builder read back from the export.
+"""The export matrix: eleven plan shapes, and for each target what its own parser or builder read back from the export.
 
 Each reader returns the values the framework parsed ({tp, pp, dp, cp, ep, micro, global, microbatches, sp, vp,
 cut, recompute, offload}, the keys it has), each compared with the plan's by ``differences``: a value that differs
@@ -33,7 +33,8 @@ SHAPES = {"dense_zero3": "ZeRO-3, full recomputation", "tp_pp_sp_interleaved": "
           "uneven_cut": "pp 4 cut [3, 2, 2, 1]", "odd_cut": "pp 4 cut [3, 1, 2, 2]",
           "layer_tp": "per-layer tp (h.3 at tp 4)", "recompute_mixed": "per-block full/none recomputation",
           "offload": "activation offload, fp32, ZeRO-2", "cp_ring": "cp 4 ring × pp 2",
-          "two_gpus": "2 GPUs, pp 2, GPipe fp16", "moe_tp_ep": "Mixtral-style MoE, tp 2 × ep 4, etp 1"}
+          "two_gpus": "2 GPUs, pp 2, GPipe fp16", "dualpipev": "pp 2 DualPipeV (chunks in a V)",
+          "moe_tp_ep": "Mixtral-style MoE, tp 2 × ep 4, etp 1"}
 # A differing value must be named in a warning containing one of these words.
 NAMED_BY = {"tp": ["tensor"], "pp": ["pipeline"], "dp": ["data parallel", "world size"], "cp": ["context"],
             "ep": ["expert"], "micro": ["micro-batch"], "global": ["global batch", "train_batch_size"],
@@ -67,6 +68,8 @@ def matrix_plans(profile) -> dict[str, Plan]:
                                     global_batch_size=8, zero_stage=0, recompute="full", cp_comm="ring"),
         "two_gpus": as_fp16(estimate_plan(profile, gpus=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8,
                                           zero_stage=0, recompute="none", schedule="gpipe")),
+        "dualpipev": estimate_plan(profile, gpus=8, tp=1, pp=2, micro_batch_size=1, global_batch_size=32, zero_stage=1,
+                                   recompute="none", schedule="dualpipev", virtual_stages=2),
         "moe_tp_ep": autopar.estimate(mixtral, gpu="a100-80gb", gpus=8, tp=2, pp=1, ep=4, etp=1, micro_batch_size=1,
                                       global_batch_size=16, zero_stage=1, sequence_parallel=True,
                                       recompute="selective"),
@@ -79,7 +82,7 @@ def planned(plan: Plan) -> dict[str, object]:
     blocks = block_indices(plan)
     counts = [0] * par.pp
     for i in blocks:
-        counts[plan.layers[i].stage % par.pp] += 1
+        counts[plan.device_of_chunk(plan.layers[i].stage)] += 1
     modes = {plan.layers[i].recompute for i in blocks}
     return {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "micro": par.micro_batch_size,
             "global": par.global_batch_size, "microbatches": par.num_microbatches, "sp": par.sequence_parallel,

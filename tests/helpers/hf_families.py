@@ -72,7 +72,10 @@ ONLY = ({family: {"tp2_sp"} for family in ("gpt2", "qwen15moe", "deepseek3")}
 # (Gemma-2's soft-capped eager attention, Gemma-3's masked sliding windows and GPT-OSS's sinks run cp through their
 # own kernels: autopar.runtime.hf_attention)
 REFUSED: dict[str, dict[str, str]] = {
-    # ViT: none; its [CLS] + n² patches are never a multiple of 4 tokens, so the search has no cp to leave out
+    # ViT: no cp to leave out (its [CLS] + n² patches are never a multiple of 4 tokens); DualPipeV on one model input
+    # only (T5 failed in a weight pass at pp 2, its encoder output read by every decoder chunk)
+    **{family: {"dualpipev": "inputs (an encoder-decoder's source and target"} for family in ("t5", "bart", "llava",
+                                                                                              "vit")},
 }
 
 
@@ -131,6 +134,8 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
             out["pp2_interleaved"]["sizes"] = [1, 5, 3, 3]
         if family in ("llama", "phi3"):  # tensor parallelism without SP: whole activations, the rotary table whole
             out["tp2"] = dict(tp=2)
+        if family in ("llama", "qwen3moe", "deepseek", "gptoss", "t5"):  # T5: refused (REFUSED), so not run
+            out["pp2_dualpipev"] = dict(pp=2, v=2, m=4, mb=1, schedule="dualpipev")
         return out
     if world == 4:
         out = {"pp2_tp2_sp": dict(pp=2, tp=2, sp_=True, m=2, mb=1), "tp2_dp2_sp_zero3": dict(tp=2, dp=2, sp_=True, zero=3),
@@ -160,6 +165,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
 def features(kwargs: dict[str, Any]) -> set[str]:
     """The features (autopar.runtime.support.FEATURES) a shape uses."""
     used = {name for name in ("pp", "tp", "cp", "ep") if kwargs.get(name, 1) > 1}
+    used |= {"dualpipev"} if kwargs.get("schedule") == "dualpipev" else set()
     used |= {"etp"} if kwargs.get("etp", kwargs.get("tp", 1)) > 1 and kwargs.get("ep", 1) > 1 else set()
     return used | ({"sequence_parallel"} if kwargs.get("sp_") else set())
 

@@ -102,6 +102,7 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/pp2_1f1b"] = plan(model, pp=2, m=4, mb=1)
             out[f"{model}/pp2_gpipe_uneven"] = plan(model, pp=2, m=2, schedule="gpipe", cuts=[2, len(NAMES[model]) - 2])
             out[f"{model}/pp2_interleaved"] = plan(model, pp=2, v=2, m=4, mb=1, schedule="interleaved")
+            out[f"{model}/pp2_dualpipev"] = plan(model, pp=2, v=2, m=4, mb=1, schedule="dualpipev")
             out[f"{model}/zero1_dp2"] = plan(model, dp=2, zero=1)
             out[f"{model}/zero2_dp2"] = plan(model, dp=2, zero=2)
             out[f"{model}/zero3_dp2_ac"] = plan(model, dp=2, zero=3, recompute=mixed_ac)
@@ -122,6 +123,8 @@ def shapes(world: int) -> dict[str, dict]:
             out[f"{model}/pp2_tp2"] = plan(model, pp=2, tp=2, m=2)
             out[f"{model}/pp2_dp2"] = plan(model, pp=2, dp=2, m=2, mb=1)
             out[f"{model}/pp2_dp2_zero1"] = plan(model, pp=2, dp=2, m=2, mb=1, zero=1)
+            out[f"{model}/pp2_dp2_dualpipev"] = plan(model, pp=2, dp=2, v=2, m=4, mb=1, schedule="dualpipev",
+                                                     zero=3 if model == "llama" else 0)  # FSDP2 / DDP per chunk
             # mixed precision with FSDP2 over TP (2-D) and with ZeroRedundancyOptimizer under pipelining
             out[f"{model}/tp2_dp2_sp_zero3_bf16"] = plan(model, tp=2, dp=2, sp=True, zero=3, dtype="bf16")
             out[f"{model}/pp2_dp2_zero1_bf16"] = plan(model, pp=2, dp=2, m=2, mb=1, zero=1, dtype="bf16")

@@ -1,7 +1,7 @@
-"""The export matrix: ten plan shapes (helpers/export_matrix.SHAPES: ZeRO-3, tp·pp·SP interleaved, uneven and odd cuts,
-per-layer tp, per-block recomputation, offload, cp ring, 2 GPUs, MoE) × every target and dialect. Each cell is the
-export read by that framework's own parser or builder (accepted: no error), every parsed value equal to the plan's or
-named in one of the export's warnings; torchtitan's own split gives stages holding exactly the planned layers.
+"""The export matrix: eleven plan shapes (helpers/export_matrix.SHAPES: ZeRO-3, tp·pp·SP interleaved, uneven and odd
+cuts, per-layer tp, per-block recomputation, offload, cp ring, 2 GPUs, DualPipeV, MoE) × every target and dialect. Each
+cell is the export read by that framework's own parser or builder (accepted: no error), every parsed value equal to the
+plan's or named in one of the export's warnings; torchtitan's own split gives stages holding exactly the planned layers.
 The stubs are named in helpers/export_matrix.py's docstring. Each framework skips, saying it "is not installed", where
 it is missing; under CI=true (.ci/run installs them all) such a skip fails."""
 from __future__ import annotations

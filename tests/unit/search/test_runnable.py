@@ -25,11 +25,11 @@ def _solve(model: str, gpus: int = 4, **kw: object) -> dict:
 
 
 @pytest.mark.parametrize("model,expected", [
-    ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp"}),
+    ("gpt", set()), ("llama", set()), ("moe-deepseek", set()), ("encdec", {"cp", "dualpipev"}),
     ("hf/llama-3-8b", set()), ("hf/mistral-7b-v0.1", set()), ("hf/falcon-7b", set()), ("hf/mixtral-8x7b-v0.1", set()),
     ("hf/deepseek-v3", set()), ("hf/gemma-2-2b", set()), ("hf/gpt-oss-20b", set()),
     ("hf/roberta-base", set()), ("hf/phi-3-mini-4k-instruct", set()),
-    ("hf/llava-1.5-7b", set())])
+    ("hf/llava-1.5-7b", {"dualpipev"})])
 def test_support_names_what_the_runtime_refuses(model: str, expected: set[str]) -> None:
     found = unsupported(sp.profile(model))
     assert set(found) == expected, found
@@ -42,7 +42,8 @@ def test_a_free_solve_of_a_hugging_face_model_keeps_to_what_launch_runs() -> Non
     assert isinstance(sp.preflight(whole), tuple), sp.preflight(whole)  # launch accepts it
     free = _solve("encdec")  # a model file whose forward takes no positions: cp left out, in one line
     assert free["parallelism"]["cp"] == 1
-    assert [n for n in free["notes"] if "searched without" in n][0].startswith("searched without cp")
+    assert sorted(n.split(" (")[0] for n in free["notes"] if "searched without" in n) == \
+        ["searched without cp", "searched without the dualpipev schedule"]
     assert isinstance(sp.preflight(free), tuple), sp.preflight(free)
     # the same model for Megatron-LM: context parallelism allowed, no note
     other = _solve("encdec", pins=Pins(cp=2), engine="megatron")
@@ -82,3 +83,14 @@ def test_a_pipeline_keeps_a_hooked_vision_tower_on_one_chunk() -> None:
                              for i, layer in enumerate(plan["layers"])])
     refusal = sp.preflight(cut)
     assert isinstance(refusal, str) and "vision_feature_layer" in refusal and "\n" not in refusal, refusal
+
+
+def test_dualpipev_is_left_out_where_the_runtime_refuses_it() -> None:
+    """A model of two inputs: the schedule is left out of autopar's search in one note, a pin on it is one line; a model
+    of one input keeps it (a pinned DualPipeV plan that launch accepts)."""
+    with pytest.raises(AutoparError, match="--schedule dualpipev: autopar launch cannot run it") as err:
+        _solve("encdec", pins=Pins(pp=2, schedule="dualpipev"))
+    assert "\n" not in str(err.value)
+    kept = _solve("llama", pins=Pins(pp=2, schedule="dualpipev"))
+    assert kept["parallelism"]["schedule"] == "dualpipev"
+    assert isinstance(sp.preflight(kept), tuple), sp.preflight(kept)
