@@ -186,7 +186,8 @@ class LowerBound:
         total, heaviest, _ = self.parts(cfg, strong=False, placed=placed)
         if total == math.inf:
             return math.inf
-        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v) + \
+            self.weight_pass_bubble(cfg)
 
     def coarse(self, cfg: ParallelConfig) -> float:
         """A lower bound from how the layers run alone (CostModel.option_run_cost: compute, tensor-, context- and
@@ -213,7 +214,8 @@ class LowerBound:
         shape = self._shape(cfg)
         total = entry.busy_bound(shape, entry.fastest, 2 * (cfg.chunks - 1) * self._transfers(cfg)[0])
         heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
-        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v)
+        return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v) + \
+            self.weight_pass_bubble(cfg)
 
     def family(self, templates: list[ParallelConfig], global_batch_size: int) -> float:
         """A lower bound on every choice of a (tp, cp) family, from ``templates`` (space.family_templates: one per
@@ -240,7 +242,15 @@ class LowerBound:
         bound = max(_with_first_device_tail(cfg, total, heaviest, busy, form) for form in items)
         if cfg.pp > 1:
             bound = max(bound, self._step_with_tail(cfg, shape, total, max(total / cfg.pp, heaviest), items))
-        return bound
+        return bound + self.weight_pass_bubble(cfg)
+
+    def weight_pass_bubble(self, cfg: ParallelConfig) -> float:
+        """DualPipeV's bubble at its least, (p − 1)/p · Σ_layers (2·bwd − 3·wgrad)/2 at each layer's least
+        (pipeline.dualpipev_total, which the bounds' pipeline_total leaves out: bubble_v); 0 for other schedules."""
+        if not cfg.v_shape:
+            return 0.0
+        least = sum(n * min(2.0 * o.row["bwd"] - 3.0 * o.row["wgrad"] for o in opts) for n, opts in self.options(cfg))
+        return max(0.0, least) * (cfg.pp - 1) / (2.0 * cfg.pp)
 
     def parts(self, cfg: ParallelConfig, strong: bool = True, placed: bool = True) -> tuple[float, float, float]:
         """(lower bound on Σ_d T_d, lower bound on max_d T_d from the heaviest layer and, ``placed``, the placement
