@@ -22,7 +22,7 @@ construction. Every term of the step is defined here and nowhere else:
                  ≤ capacity
   step
       pipeline = m·max_d T_d + (Σ_d T_d − max_d T_d)/v     (pipeline.pipeline_total)
-               = m·max_d T_d + (p − 1)/p · Σ_d (2·bwd_d − 3·wgrad_d)/2   (DualPipeV: pipeline.dualpipev_total)
+               = m·max_d T_d + (p − 1)/p · Σ_d U_d   (DualPipeV: pipeline.dualpipev_total; U_d of T_d, fwd, bwd, wgrad)
       tail     = max(0, max_d end_d)
       fill     = Σ_d cast_d      (work each device does once a step before its first forward, on the pipeline's
                                   fill path: FP8 weight casts a library caches for the step's micro-batches, fp8.py)
@@ -227,7 +227,8 @@ def compose(A: Algebra, leaves: Sequence[Mapping[str, Any]], shape: StepShape) -
     times = [t["time"] for t in devices]
     t_max = A.max(times, "T_max")
     if shape.zero_bubble:
-        pipeline = dualpipev_total(t_max, [(q["bwd"], q["wgrad"]) for q in leaves], shape.m)
+        pipeline = dualpipev_total(A, t_max, [(t, q["fwd"], q["bwd"], q["wgrad"]) for t, q in zip(times, leaves)],
+                                   shape.m)
     else:
         pipeline = pipeline_total(t_max, sum(times[1:], times[0]), shape.m, shape.v)
     tail = A.max([A.time(0.0), *ends], "tail")

@@ -225,6 +225,13 @@ class ParallelConfig:
         return math.inf if self.v_shape else float(self.virtual_stages)
 
     @property
+    def balanced_chunks(self) -> bool:
+        """The chunks hold equal numbers of blocks, to one (partition.interleaved_balance): Megatron's interleaved
+        schedule requires it; under DualPipeV the price does (a device's two chunks taken as halves of its work and
+        memory: pipeline.dualpipev_total, memory.microbatches_in_flight), as torchtitan splits its stages evenly."""
+        return self.schedule in ("interleaved", "dualpipev")
+
+    @property
     def v_shape(self) -> bool:
         """The chunks lie on the devices in a V (DualPipeV: composition.chunk_device), not round-robin."""
         return self.schedule == "dualpipev"
@@ -286,11 +293,11 @@ class ParallelConfig:
         stage_layers, n_layers = self.stage_layers or (), len(model.layers)
         if len(stage_layers) != self.chunks or any(n < 1 for n in stage_layers) or sum(stage_layers) != n_layers:
             raise ConfigError(f"stage_layers must give {self.chunks} positive counts summing to {n_layers}")
-        balance = interleaved_balance(model.layers, self.chunks) if self.schedule == "interleaved" else None
+        balance = interleaved_balance(model.layers, self.chunks) if self.balanced_chunks else None
         if balance is not None:
             blocks, (fewest, most) = chunk_blocks(model.layers, stage_layers), balance
             if min(blocks) < fewest or max(blocks) > most:
-                raise ConfigError(f"the interleaved schedule's chunks hold equal numbers of blocks, to one "
+                raise ConfigError(f"the {self.schedule} schedule's chunks hold equal numbers of blocks, to one "
                                   f"({fewest}-{most} here); stage_layers gives {blocks}")
 
     def _validate_modes(self, model: ModelLike) -> None:

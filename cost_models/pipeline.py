@@ -11,17 +11,17 @@ Sources:
 - DualPipeV (deepseek-ai/DualPipe README; Sea AI Lab's "cut-in-half" of DeepSeek-V3's DualPipe), as
   torch.distributed.pipelining.ScheduleDualPipeV runs it: two chunks per device in a V, some backwards split into
   their input and weight passes (zero bubble, Qi et al. 2023, arXiv:2401.10241), a forward of one chunk and a
-  backward of the other run one after the other (torch's OVERLAP_F_B without a registered overlap function). With
-  F, B and W one chunk's forward, full backward and weight pass, the README gives the bubble as
-  (PP/2 − 1)(F&B + B − 3W) for PP chunks on PP/2 devices; simulating torch's own order (the report's simulator,
-  checked against torch's action lists by a test) gives (p − 1)(2B − 3W) on p devices at most, approached as p
-  grows: the README's with F&B counted as B (the forward of a pair leaves no gap in torch's order), F less per
-  device. autopar prices the simulated one.
+  backward of the other run one after the other (torch's OVERLAP_F_B without a registered overlap function). The
+  README gives the bubble as (PP/2 − 1)(F&B + B − 3W) for PP chunks on PP/2 devices (F, B, W a chunk's forward,
+  full backward and weight pass). torch's order, simulated (the report's simulator, whose order a test checks
+  against torch's action lists), differs: (p − 1)(2B − 3W) per chunk while B ≥ 2F and no traffic, more when the
+  forward is long or traffic sits between the passes. autopar prices an upper bound of the simulated bubble
+  (dualpipev_total), at the devices' mean.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -57,16 +57,19 @@ def pipeline_total(t_max: T, t_sum: T, m: int, v: int) -> T:
     return t_max * m + (t_sum - t_max) * (1.0 / v)
 
 
-def dualpipev_total(t_max: T, devices: Sequence[tuple[T, T]], m: int) -> T:
-    """m·max_d T_d + (p − 1)/p · Σ_d (2·B_d − 3·W_d)/2: the pipelined part of a DualPipeV step (module
-    docstring); ``devices[d]`` = (B_d, W_d), device d's backward (its two chunks', recomputation included) and
-    weight passes.
-    For equal devices the bubble is (p − 1)·(2B − 3W) per chunk; for unequal ones the mean device's. Linear in the
-    leaves, so the solver's model holds it exactly; at least 0, as a device's weight passes are at most half its
-    backward (step.py)."""
+def dualpipev_total(A: Any, t_max: T, devices: Sequence[tuple[T, T, T, T]], m: int) -> T:
+    """m·max_d T_d + (p − 1)/p · Σ_d U_d, U_d = max((T − F + B − 3W)/2, (T + F − B − W)/2): the pipelined part of a
+    DualPipeV step (module docstring); ``devices[d]`` = (T_d, F_d, B_d, W_d), device d's time per micro-batch
+    (its two chunks, traffic included), forward, backward (recomputation included) and weight passes. With
+    x = T − F − B the device's traffic, U = max(B − 3W/2, F − W/2) + x/2 per device: for equal devices no less than
+    the bubble of torch's order as the report's simulator runs it (checked on a grid of F, B, W, x, p and m, within
+    7 % of it at the median: tests/unit/cost_models/test_dualpipev.py); for unequal ones the mean device's.
+    The max enters the step with a positive coefficient, so the solver's model holds it exactly; U ≥ 0, as a
+    device's weight passes are at most half its backward (step.py)."""
     p = len(devices)
-    parts = [b * 2.0 - w * 3.0 for b, w in devices]
-    return t_max * m + sum(parts[1:], parts[0]) * ((p - 1) / (2.0 * p))
+    parts = [A.max([(t - f + b - w * 3.0) * 0.5, (t + f - b - w) * 0.5], f"U_{d}")
+             for d, (t, f, b, w) in enumerate(devices)]
+    return t_max * m + sum(parts[1:], parts[0]) * ((p - 1) / p)
 
 
 def pipeline_time_of(total_s: float, device_times: Sequence[float], num_microbatches: int) -> PipelineTime:

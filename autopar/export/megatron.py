@@ -260,9 +260,10 @@ def megatron_pipeline(plan: Plan, target: str, warnings: list[str]) -> PipelineL
         warnings.append(f"{target} has no GPipe schedule; exported as 1F1B (same bubble, fewer micro-batches "
                         "in flight)")
     if par.schedule == "dualpipev":
-        warnings.append(f"{target} has no DualPipeV schedule; exported as 1F1B on the same pipeline ranks (a larger "
-                        "bubble, and fewer activations on the later ranks, than planned); for a plan it runs, solve "
-                        "with --engine megatron")
+        warnings.append(f"{target} has no DualPipeV schedule; exported as 1F1B with each pipeline rank the blocks of "
+                        "its two chunks (a larger bubble, fewer activations on the later ranks, and the head moved "
+                        "from the first rank to the last, than planned); for a plan it runs, solve with --engine "
+                        "megatron")
     virtual = par.virtual_stages if par.schedule == "interleaved" else 1
     counts = chunk_block_counts(plan)
     if counts is not None and par.schedule == "dualpipev":  # as 1F1B: each rank the blocks of its two chunks

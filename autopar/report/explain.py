@@ -19,7 +19,8 @@ from autopar.report.plan_summary import bottleneck, configuration, layer_range, 
 from autopar.report.schedule import stage_times
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from autopar.report.tables import console as wide_console
-from cost_models.pipeline import ideal_bubble_fraction
+from cost_models.algebra import FloatAlgebra
+from cost_models.pipeline import dualpipev_total, ideal_bubble_fraction
 
 TIGHT_MEMORY = 0.9        # share of capacity above which memory limits the plan
 SIGNIFICANT = 0.10        # share of the step above which a part gets its own suggestions
@@ -129,7 +130,7 @@ def print_step(plan: Plan, console: Console) -> None:
     comm = b.tp_comm + b.ep_comm + b.cp_comm + b.dp_comm + b.pp_comm + b.offload
     parts.add_row("[bold]all communication[/]", "", f"[bold]{comm:.4g}[/]", f"[bold]{100 * comm / step:.1f}%[/]")
     console.print(parts)
-    ideal = ideal_bubble_fraction(par.pp, par.num_microbatches, par.virtual_stages)
+    ideal = even_bubble_fraction(plan)
     times = [s.time_per_microbatch_s for s in pred.stages]
     if par.pp == 1:
         console.print(f"bubble: none (pp 1, no pipeline); {par.num_microbatches} micro-batch"
@@ -138,7 +139,7 @@ def print_step(plan: Plan, console: Console) -> None:
         console.print(f"bubble: {b.bubble:.4g} s per step ({100 * pred.bubble_fraction:.1f}% of the pipeline time) "
                       f"with pp {par.pp}, {par.num_microbatches} micro-batches, {par.schedule}"
                       + (f" v={par.virtual_stages}" if par.virtual_stages > 1 else "")
-                      + f"; equal stages would give (p−1)/(v·m+p−1) = {100 * ideal:.1f}%; "
+                      + f"; equal stages would give {ideal_formula(plan)} = {100 * ideal:.1f}%; "
                       f"slowest stage / mean = {max(times) / (sum(times) / len(times)):.3f}")
     console.print(f"throughput {pred.tokens_per_s:,.0f} tokens/s · {pred.tflops_per_gpu:.1f} TFLOP/s per GPU "
                   f"(recomputation included) · MFU {100 * pred.mfu:.1f}%")
@@ -247,7 +248,8 @@ def _bubble(f: _Facts) -> list[str]:
     par = f.plan.parallelism
     # (p − 1) / (v·m + p − 1) ≤ target  ⇔  m ≥ (p − 1)(1 − target) / (target · v);
     # the interleaved schedule needs a multiple of p
-    need = math.ceil(round((par.pp - 1) * (1 - BUBBLE_TARGET) / (BUBBLE_TARGET * par.virtual_stages), 6))
+    v = par.virtual_stages if par.schedule == "interleaved" else 1  # DualPipeV: as 1F1B's, an upper bound
+    need = math.ceil(round((par.pp - 1) * (1 - BUBBLE_TARGET) / (BUBBLE_TARGET * v), 6))
     if par.schedule == "interleaved":
         need = -(-need // par.pp) * par.pp
     tips = [f"{need} micro-batches (now {par.num_microbatches}; global batch {need * par.micro_batch_size * par.dp}) "
@@ -255,7 +257,7 @@ def _bubble(f: _Facts) -> list[str]:
     if par.micro_batch_size > 1:
         tips.append(f"a smaller micro-batch (now {par.micro_batch_size}) gives more micro-batches at the same global "
                     "batch")
-    if par.schedule != "interleaved" and par.num_microbatches % par.pp == 0 and par.pp > 1:
+    if par.schedule in ("1f1b", "gpipe") and par.num_microbatches % par.pp == 0 and par.pp > 1:
         tips.append("the interleaved schedule with v=2 would cut it to "
                     f"{100 * ideal_bubble_fraction(par.pp, par.num_microbatches, 2):.1f}%")
     elif par.schedule == "interleaved":
@@ -356,3 +358,20 @@ def explain(plan: Plan, console: Console | None = None, model: PlanModel | None 
         console.print(f"  • {tip}")
     print_solver(plan, console)
     print_notes(plan, console)
+
+
+def even_bubble_fraction(plan: Plan) -> float:
+    """The bubble's share of the pipeline time were every stage the mean one: (p − 1)/(v·m + p − 1), or under DualPipeV
+    (p − 1)·U/(m·T + (p − 1)·U) with the mean stage's T and U (pipeline.dualpipev_total)."""
+    par, stages = plan.parallelism, plan.prediction.stages
+    if par.schedule != "dualpipev":
+        return ideal_bubble_fraction(par.pp, par.num_microbatches, par.virtual_stages)
+    n = len(stages)
+    keys = ("time_per_microbatch_s", "fwd_s", "bwd_s", "wgrad_s")
+    t, f, b, w = (sum(getattr(s, k) for s in stages) / n for k in keys)
+    u = dualpipev_total(FloatAlgebra(), t, [(t, f, b, w)] * n, par.num_microbatches) - par.num_microbatches * t
+    return u / (par.num_microbatches * t + u) if t > 0 else 0.0
+
+
+def ideal_formula(plan: Plan) -> str:
+    return "(p−1)·U/(m·T+(p−1)·U)" if plan.parallelism.schedule == "dualpipev" else "(p−1)/(v·m+p−1)"

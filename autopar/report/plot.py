@@ -33,13 +33,15 @@ FORMATS = IMAGE_FORMATS
 
 def drawn_microbatches(plan: Plan, limit: int) -> int:
     """How many micro-batches the Gantt chart shows: all of them, or the first ``limit`` (for the
-    interleaved schedule a multiple of pp, which it needs)."""
+    interleaved schedule a multiple of pp, for DualPipeV at least 2·pp, which they need)."""
     par = plan.parallelism
     m = par.num_microbatches
     if m <= limit:
         return m
     if par.schedule == "interleaved":
         return max(par.pp, limit // par.pp * par.pp)
+    if par.schedule == "dualpipev":  # torch's ScheduleDualPipeV needs at least 2·pp
+        return max(2 * par.pp, limit)
     return limit
 
 
@@ -70,8 +72,10 @@ def _draw_gantt(ax, plan: Plan, timeline: Timeline) -> None:  # type: ignore[no-
     p, v, m = par.pp, par.virtual_stages, par.num_microbatches
     end = timeline.makespan_s
     # The step's tail after the last backward (gradient sync not overlapped, optimizer), as the cost model has it.
-    tail = max(0.0, pred.step_time_s - pipeline_time([s.time_per_microbatch_s for s in pred.stages],
-                                                     num_microbatches=m, virtual_stages=v).total_s)
+    times = [s.time_per_microbatch_s for s in pred.stages]
+    pipelined = (m * max(times) + pred.breakdown_s.bubble if par.schedule == "dualpipev" else
+                 pipeline_time(times, num_microbatches=m, virtual_stages=v).total_s)
+    tail = max(0.0, pred.step_time_s - pipelined)
     total = end + tail
     label_ops = len(timeline.ops) / p <= 80
     for s in range(p):

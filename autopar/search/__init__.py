@@ -67,6 +67,9 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     if gpus < 1 or k < 1 or min(gpus_per_node or 1, gpus_per_domain or 1) < 1:
         raise AutoparError("--gpus, --gpus-per-node, --gpus-per-domain and --top-k must be positive")
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=pins.fp8, compile_=pins.compile)
+    if pins.schedule is not None and pins.schedule not in hw.schedules:
+        raise AutoparError(f"--schedule {pins.schedule}: the {engine} engine does not run it (it runs "
+                           f"{', '.join(hw.schedules)}); pick one of those, or --engine torchtitan")
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     parts.append(("reading the model" if isinstance(model, ModelProfile) or is_saved(model) else "tracing the model",

@@ -45,6 +45,12 @@ from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
 
 
+def crossings(cfg: ParallelConfig) -> int:
+    """Pipeline transfers per micro-batch over all devices: each cut between chunks of two devices crossed both ways
+    (2·(chunks − 1); the V's turn stays on one device: composition.device_cuts)."""
+    return sum(len(device_cuts(d, cfg.pp, cfg.chunks, cfg.v_shape)) for d in range(cfg.pp))
+
+
 class LowerBound:
     """Call it on an outer choice for a lower bound on its step time (inf: it cannot fit); ``beats`` says
     whether it can still beat a given step time once its once-per-step tail is counted."""
@@ -204,7 +210,7 @@ class LowerBound:
                 self._counts[layers[i].block_id] * min(busy(layer_row(cost.option_run_cost(cfg, tp_link, j, k, t),
                                                                       copy=False)) for j, k, t in self._choices(cfg, i))
                 for i in self._rep.values())
-        total = per_microbatch + 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
+        total = per_microbatch + crossings(cfg) * self._transfers(cfg)[0]
         return pipeline_total(total / cfg.pp, total, cfg.num_microbatches, cfg.bubble_v)
 
     def cheap(self, cfg: ParallelConfig) -> float:
@@ -212,7 +218,7 @@ class LowerBound:
         choice gets first; the search computes ``__call__`` only for the choices it reaches."""
         entry = self._entry(cfg, self._options_key(cfg))
         shape = self._shape(cfg)
-        total = entry.busy_bound(shape, entry.fastest, 2 * (cfg.chunks - 1) * self._transfers(cfg)[0])
+        total = entry.busy_bound(shape, entry.fastest, crossings(cfg) * self._transfers(cfg)[0])
         heaviest = entry.heaviest(shape, at_least=total / cfg.pp)
         return pipeline_total(max(total / cfg.pp, heaviest), total, cfg.num_microbatches, cfg.bubble_v) + \
             self.weight_pass_bubble(cfg)
@@ -269,7 +275,7 @@ class LowerBound:
                                                       for f, cap in zip(in_flight, memory_cap))
         if busy == math.inf:
             return math.inf, math.inf, math.inf
-        p2p = 2 * (cfg.chunks - 1) * self._transfers(cfg)[0]
+        p2p = crossings(cfg) * self._transfers(cfg)[0]
         total = entry.busy_bound(shape, busy, p2p)
         if strong and shape.host_s_per_byte is not None:
             total = max(total, self._offload_bound(cfg, entry, shape, knapsack_key, in_flight, p2p))
@@ -292,7 +298,7 @@ class LowerBound:
             ids = list(self._rep)
             distinct = Layers([(layers[self._rep[b]].kind, n, opts) for b, (n, opts) in zip(ids, self.options(cfg))],
                               ids.index(layers[0].block_id), ids.index(layers[-1].block_id), self._times)
-            balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
+            balance = interleaved_balance(layers, cfg.chunks) if cfg.balanced_chunks else None
             v = cfg.virtual_stages
             least = self._transfers(cfg)[0]
             hw = self.cost.hw

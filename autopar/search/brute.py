@@ -41,7 +41,7 @@ def choice_optimum(cost: CostModel, cfg: ParallelConfig, modes: tuple[str, ...],
     layers = cost.model.layers
     blocks = [i for i, lp in enumerate(layers) if lp.kind == "block"]
     options = [(t, k) for t in block_degrees(cost, cfg, gpn) for k in modes]
-    balance = interleaved_balance(layers, cfg.chunks) if cfg.schedule == "interleaved" else None
+    balance = interleaved_balance(layers, cfg.chunks) if cfg.balanced_chunks else None
     best: StepEstimate | None = None
     for counts in compositions(len(layers), cfg.chunks, forbidden_cuts(layers)):
         if balance is not None:

@@ -151,7 +151,7 @@ class InnerModel:
             [Cut.fixed(model, self.L, segs)]
         for c in range(self.C):  # chunks are non-empty and in order
             model.add(self.cuts[c + 1].position >= self.cuts[c].position + 1)
-        balance = interleaved_balance(layers, self.C) if cfg.schedule == "interleaved" else None
+        balance = interleaved_balance(layers, self.C) if cfg.balanced_chunks else None
         if balance is not None:  # chunks hold equal numbers of blocks, to one (partition.py)
             for c in range(self.C):
                 model.add_linear_constraint(sum(self._span(table, [c]) for table in tab.count_prefix.values()),
