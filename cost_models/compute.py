@@ -232,4 +232,6 @@ def layer_compute(layer: LayerLike, *, b: int, seq_len: int, tp: int, sequence_p
         if flops or nbytes:
             bwd += gemm_time(flops, per_token, rows, hw, dtype) + memory_time(nbytes, hw, heavy_mix(layer, b))
             executed += flops
-    return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed, wgrad_s=t_matmul)
+    weighted = gemm - (min(core, gemm) if not attention else 0.0)  # QKᵀ and AV among the GEMMs have no weights
+    wgrad = t_matmul * weighted / gemm if gemm > 0 else 0.0
+    return LayerCompute(fwd_s=fwd, bwd_s=bwd, fwd_flops=counted, executed_flops=executed, wgrad_s=wgrad)

@@ -166,3 +166,16 @@ def test_a_deep_dualpipev_plan_is_drawn_and_explained() -> None:
     t = sum(s.time_per_microbatch_s for s in stages) / 9
     assert 0 < even_bubble_fraction(plan) < 8 / (m + 8)  # below 1F1B's (p − 1)/(m + p − 1) for these stages
     assert plan.prediction.breakdown_s.bubble > 0 and t > 0
+
+
+def test_the_weight_passes_leave_out_the_attention_gemms(llama) -> None:
+    """W is the weight-gradient GEMMs: with the attention core run as plain GEMMs (no fused kernel), QKᵀ and AV are
+    among the layer's GEMMs but have no weights."""
+    from cost_models.compute import layer_compute
+
+    block = next(layer for layer in llama.layers if layer.kind == "block")
+    kw = dict(b=1, seq_len=llama.seq_len, tp=1, sequence_parallel=False, recompute="none", hw=HW, dtype="bf16")
+    fused, unfused = layer_compute(block, **kw), layer_compute(block, attention_kernel="unfused", **kw)
+    assert 0 < fused.wgrad_s <= fused.bwd_s / 2
+    # the same linears, priced at the rate of the larger GEMM work they join (counting QKᵀ and AV: 1.27x as long)
+    assert 0.5 * fused.wgrad_s < unfused.wgrad_s <= fused.wgrad_s
