@@ -109,6 +109,11 @@ class _ParallelismRules(_Frozen):
         """The experts' tensor-parallel degree: etp, or the stage's tp when the plan leaves it out."""
         return self.config().expert_tp
 
+    @property
+    def v_shape(self) -> bool:
+        """The pipeline chunks lie on the ranks in a V (DualPipeV), not round-robin."""
+        return self.config().v_shape
+
 
 _PLAN_KEYS = [d.name for d in declarations(ParallelConfig) if d.declared.plan]
 _WHOLE_CHOICES = [d.name for d in declarations(ParallelConfig) if d.declared.plan and d.choices
@@ -380,12 +385,12 @@ class RunPlan(_Frozen):
 
     def chunks_of_rank(self, pp_rank: int) -> list[int]:
         par = self.parallelism
-        return device_chunks(pp_rank, par.pp, self.num_chunks, par.schedule == "dualpipev")
+        return device_chunks(pp_rank, par.pp, self.num_chunks, par.v_shape)
 
     def device_of_chunk(self, chunk: int) -> int:
         """The pipeline rank that runs model chunk ``chunk`` (round-robin, or a V under DualPipeV)."""
         par = self.parallelism
-        return chunk_device(chunk, par.pp, self.num_chunks, par.schedule == "dualpipev")
+        return chunk_device(chunk, par.pp, self.num_chunks, par.v_shape)
 
     def layers_of_chunk(self, chunk: int) -> list[LayerAssignment]:
         return [layer for layer in self.layers if layer.stage == chunk]

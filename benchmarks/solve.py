@@ -193,7 +193,7 @@ def long_context(limit: float) -> None:
           f"{'plan':<40} {'step s':>7} {'GiB':>5} {'MFU':>6}")
     for name, config, seq, gpus, batch in LONG:
         profile = load_profile(str(ROOT / "examples" / "hf" / config), seq_len=seq)
-        runnable, _ = runnable_pins(profile, Pins(), "autopar")  # what `autopar solve` searches: what launch runs
+        runnable, _, _ = runnable_pins(profile, Pins(), "autopar")  # what `autopar solve` searches: what launch runs
         for label, pins in (("free", runnable), ("cp 1", replace(runnable, cp=1))):
             cpu = time.process_time()
             r = search(profile, h100, gpus=gpus, gpus_per_node=8, global_batch_size=batch, time_limit_s=limit, pins=pins)

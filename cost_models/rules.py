@@ -96,6 +96,13 @@ def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatc
                               f"multiple of pp ({pp}) (Megatron); change --global-batch-size")
 
 
+def check_engine_schedule(schedule: str, runs: tuple[str, ...]) -> None:
+    """A pipeline schedule the engine runs (HardwareProfile.schedules: DualPipeV is torch's, not Megatron-Core's)."""
+    if schedule not in runs:
+        raise ConfigError(f"this engine does not run the {schedule} schedule (it runs {', '.join(runs)}); pick one "
+                          "of those, or --engine torchtitan")
+
+
 def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:
     """Sequence parallelism splits, over the tensor-parallel group, the activations tensor parallelism leaves
     replicated (norms, dropout; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large

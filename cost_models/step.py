@@ -23,7 +23,6 @@ from cost_models.compute import attention_core_times, engine_attention_kernel, l
 from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
-from cost_models.errors import ConfigError
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
 from cost_models.experts import DenseView, expert_cost, imbalance_of, overlap_refusal
 from cost_models.fp8 import (
@@ -50,9 +49,10 @@ from cost_models.layer_cost import (
 from cost_models.memory import kept_activation_bytes, microbatches_in_flight, offload_resident, remat_peak_bytes
 from cost_models.model import DTYPE_BYTES, LayerLike, ModelLike, cut_bytes, input_bytes, is_tp_sharded
 from cost_models.partition import chunk_ranges, stage_layer_counts
-from cost_models.pipeline import pipeline_time, pipeline_time_of
+from cost_models.pipeline import pipeline_time_of
 from cost_models.precision import Precision
 from cost_models.recompute import core_mode, repeated_collectives
+from cost_models.rules import check_engine_schedule
 from cost_models.step_work import layer_step_work, zero3_buffer_bytes
 
 
@@ -424,9 +424,8 @@ class CostModel:
     def evaluate(self, cfg: ParallelConfig) -> StepEstimate:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
-        if cfg.pp > 1 and cfg.schedule not in self.hw.schedules:
-            raise ConfigError(f"this engine does not run the {cfg.schedule} schedule (it runs "
-                              f"{', '.join(self.hw.schedules)}); pick one of those, or --engine torchtitan")
+        if cfg.pp > 1:
+            check_engine_schedule(cfg.schedule, self.hw.schedules)
         hw, model = self.hw, self.model
         tp_link, _, pp_link = self.links(cfg)
         ranges = chunk_ranges(cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks))
@@ -437,8 +436,7 @@ class CostModel:
         devices = tuple(device_estimate(d, cfg, ranges, leaves[d], step["devices"][d], shape)
                         for d in range(cfg.pp))
         times = [dev.time_per_microbatch_s for dev in devices]
-        pipe = (pipeline_time_of(step["pipeline"], times, cfg.num_microbatches) if shape.zero_bubble else
-                pipeline_time(times, num_microbatches=cfg.num_microbatches, virtual_stages=cfg.virtual_stages))
+        pipe = pipeline_time_of(step["pipeline"], times, cfg.num_microbatches)
         replicas = cfg.grad_replicas * cfg.num_microbatches  # each layer cost is one tp group's (1/cp of a sample)
         executed = replicas * sum(c.compute.executed_flops for c in costs)
         # a layer on a sequence of its own (a vision tower) runs whole on each cp rank: its useful work once

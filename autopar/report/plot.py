@@ -17,7 +17,6 @@ from autopar.files import IMAGE_FORMATS, replace_atomic
 from autopar.plan import Plan
 from autopar.report.schedule import Timeline, simulate, stage_times
 from cost_models.engines import ENGINES
-from cost_models.pipeline import pipeline_time
 
 if TYPE_CHECKING:
     from autopar.cluster_choice import Choice
@@ -72,9 +71,7 @@ def _draw_gantt(ax, plan: Plan, timeline: Timeline) -> None:  # type: ignore[no-
     p, v, m = par.pp, par.virtual_stages, par.num_microbatches
     end = timeline.makespan_s
     # The step's tail after the last backward (gradient sync not overlapped, optimizer), as the cost model has it.
-    times = [s.time_per_microbatch_s for s in pred.stages]
-    pipelined = (m * max(times) + pred.breakdown_s.bubble if par.schedule == "dualpipev" else
-                 pipeline_time(times, num_microbatches=m, virtual_stages=v).total_s)
+    pipelined = m * max(s.time_per_microbatch_s for s in pred.stages) + pred.breakdown_s.bubble
     tail = max(0.0, pred.step_time_s - pipelined)
     total = end + tail
     label_ops = len(timeline.ops) / p <= 80

@@ -24,12 +24,12 @@ from autopar.search.explain import Elsewhere, explain_infeasible
 from autopar.search.robust import assess
 from autopar.search.robust import scenarios as robust_scenarios
 from autopar.search.why import expert_note
-from cost_models import CostModel, HardwareProfile
+from cost_models import ConfigError, CostModel, HardwareProfile
 from cost_models.config import Pins, flag
 from cost_models.engines import DEFAULT_ENGINE, Engine, load_engine
 from cost_models.estimate import StepEstimate
 from cost_models.hardware import DEFAULT_HARDWARE
-from cost_models.rules import model_experts
+from cost_models.rules import check_engine_schedule, model_experts
 
 __all__ = ["Budget", "Pins", "solve", "solve_top_k"]
 OVERRUN_SLACK_S = 0.5  # past the limit by less than this, a solve is on time (the last steps' bookkeeping)
@@ -67,17 +67,19 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     if gpus < 1 or k < 1 or min(gpus_per_node or 1, gpus_per_domain or 1) < 1:
         raise AutoparError("--gpus, --gpus-per-node, --gpus-per-domain and --top-k must be positive")
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=pins.fp8, compile_=pins.compile)
-    if pins.schedule is not None and pins.schedule not in hw.schedules:
-        raise AutoparError(f"--schedule {pins.schedule}: the {engine} engine does not run it (it runs "
-                           f"{', '.join(hw.schedules)}); pick one of those, or --engine torchtitan")
+    if pins.schedule is not None:
+        try:
+            check_engine_schedule(pins.schedule, hw.schedules)
+        except ConfigError as err:
+            raise AutoparError(f"--schedule {pins.schedule} --engine {engine}: {err}") from None
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     parts.append(("reading the model" if isinstance(model, ModelProfile) or is_saved(model) else "tracing the model",
                   budget.elapsed() - sum(t for _, t in parts)))
     check_expert_pins(profile, pins)
     given = pins
-    pins, limits = runnable_pins(profile, pins, engine)
-    hw, raw_engine = without_refused_schedules(hw, load_engine(engine), limits)
+    pins, limits, refused = runnable_pins(profile, pins, engine)
+    hw, raw_engine = without_schedules(hw, load_engine(engine), refused)
     parts.append(("checking what autopar's runtime can run of it", budget.elapsed() - sum(t for _, t in parts)))
     batch = global_batch_size or profile.global_batch or gpus
     corners = robust_scenarios(raw, raw_engine)
@@ -181,39 +183,40 @@ def check_expert_pins(profile: ModelProfile, pins: Pins) -> None:
                                f"drop {flag(name, given).split()[0]}")
 
 
-def without_refused_schedules(hw: HardwareProfile, engine: Engine,
-                              notes: list[str]) -> tuple[HardwareProfile, Engine]:
-    """``hw`` and ``engine`` without DualPipeV where runnable_pins left it out (a schedule, not a pin)."""
-    if not any(note.startswith("searched without the dualpipev") for note in notes):
+def without_schedules(hw: HardwareProfile, engine: Engine,
+                      refused: tuple[str, ...]) -> tuple[HardwareProfile, Engine]:
+    """``hw`` and ``engine`` without the schedules runnable_pins left out (a schedule is not a pin)."""
+    if not refused:
         return hw, engine
-    kept = tuple(x for x in hw.schedules if x != "dualpipev")
+    kept = tuple(x for x in hw.schedules if x not in refused)
     return dataclasses.replace(hw, schedules=kept), dataclasses.replace(engine, schedules=kept)
 
 
-def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str]]:
+def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins, list[str], tuple[str, ...]]:
     """For engine ``autopar``: the pins that keep the search to what `autopar launch` runs on this model (a
-    feature its runtime refuses is fixed off), and one note per feature left out. A pin the user gave on such a
+    feature its runtime refuses is fixed off), one note per feature left out, and the schedules left out
+    (without_schedules: DualPipeV, which no pin can leave out alone). A pin the user gave on such a
     feature is a one-line error: the plan would not start. The check builds the model, so it runs only for a
     profile traced here from the file the caller named (autopar.profile.source_was_named); a saved profile is
     searched in full, with a note where its model file exists, and so is one whose model file is not here."""
     if engine.lower() != "autopar" or not profile.source or not Path(profile.source).exists():
-        return pins, []
+        return pins, [], ()
     if not source_was_named(profile):
         return pins, [f"searched without autopar launch's checks of this model (a saved profile names "
                       f"{profile.source} but runs no code): solve the model file itself to keep to what launch "
-                      "runs"]
+                      "runs"], ()
     from autopar.runtime.support import unsupported  # builds the model on meta: imports torch
 
     off = {"pp": 1, "tp": 1, "sequence_parallel": False, "cp": 1, "ep": 1, "etp": 1}
     limits = unsupported(profile)
-    fixed, notes = {}, []
-    if "dualpipev" in limits and "pp" not in limits:  # a schedule, not a degree: the engine is left without it
-        why = limits.pop("dualpipev")
+    fixed, notes, refused = {}, [], ()
+    why = limits.pop("dualpipev", None)
+    if why and "pp" not in limits:  # a schedule, not a degree: the search is left without it
         if pins.schedule == "dualpipev":
             raise AutoparError(f"--schedule dualpipev: autopar launch cannot run it on this model ({why}); pick "
                                "another --schedule, or --engine torchtitan to plan for it")
         notes.append(f"searched without the dualpipev schedule (autopar's runtime cannot run it on this model: {why})")
-    limits.pop("dualpipev", None)
+        refused = ("dualpipev",)
     for feature, why in limits.items():
         given = getattr(pins, feature)
         if given is not None and given != off[feature]:
@@ -224,4 +227,4 @@ def runnable_pins(profile: ModelProfile, pins: Pins, engine: str) -> tuple[Pins,
         why = re.split(r"[;:] re-plan with", why)[0]
         notes.append(f"searched without {feature} (autopar's runtime cannot run it on this model: {why}); "
                      "--engine megatron or torchtitan plans it for those engines")
-    return dataclasses.replace(pins, **fixed), notes
+    return dataclasses.replace(pins, **fixed), notes, refused
