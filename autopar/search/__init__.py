@@ -67,11 +67,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
     if gpus < 1 or k < 1 or min(gpus_per_node or 1, gpus_per_domain or 1) < 1:
         raise AutoparError("--gpus, --gpus-per-node, --gpus-per-domain and --top-k must be positive")
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=pins.fp8, compile_=pins.compile)
-    if pins.schedule is not None:
-        try:
-            check_engine_schedule(pins.schedule, hw.schedules)
-        except ConfigError as err:
-            raise AutoparError(f"--schedule {pins.schedule} --engine {engine}: {err}") from None
+    check_schedule_pin(pins, hw, engine)
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain)
     profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
     parts.append(("reading the model" if isinstance(model, ModelProfile) or is_saved(model) else "tracing the model",
@@ -170,6 +166,15 @@ def other_engine(given: Pins, runnable: Pins, gpu: str, hardware_file: str | Pat
         return None
     _, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=OTHER_ENGINE)
     return Elsewhere(f"--engine {OTHER_ENGINE}", hw, given, ", ".join(left_out))
+
+
+def check_schedule_pin(pins: Pins, hw: HardwareProfile, engine: str) -> None:
+    """--schedule the engine does not run (DualPipeV under megatron): one line, before the model is traced."""
+    if pins.schedule is not None:
+        try:
+            check_engine_schedule(pins.schedule, hw.schedules)
+        except ConfigError as err:
+            raise AutoparError(f"--schedule {pins.schedule} --engine {engine}: {err}") from None
 
 
 def check_expert_pins(profile: ModelProfile, pins: Pins) -> None:
