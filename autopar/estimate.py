@@ -38,6 +38,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
     try:
         profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)
         given = {name: value for name, value in choices.items() if value is not None}
+        if given.get("schedule") == "dualpipev":  # its two chunks per device: the only virtual-stage count it runs
+            given.setdefault("virtual_stages", 2)
         degrees = {name: given.get(name, default(name)) for name in ("tp", "cp", "pp", "micro_batch_size")}
         batch = global_batch_size if global_batch_size is not None else (
             profile.global_batch or degrees["micro_batch_size"] * gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"]))

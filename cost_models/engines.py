@@ -16,6 +16,8 @@ An engine is a few efficiencies fitted to that engine's own published runs, appl
 - ``grad_buckets``: how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes);
 - ``zero_stages``: the ZeRO stages it runs, the only ones solve searches unless one is pinned;
 - ``schedules``: the pipeline schedules it runs (a plan under another one is refused);
+- ``microbatch_groups``: how its interleaved schedule groups a chunk's micro-batches (rules.microbatch_group:
+  Megatron-Core's group size flag, torch's rounds);
 - ``zero3_copies``: what the engine's ZeRO-3 copies on the compute stream (hardware.ZERO3_COPIES): FSDP2's
   per-parameter sharding copies each all-gather's output out into the parameters and the unsharded gradients into
   the reduce-scatter's input.
@@ -39,6 +41,11 @@ FSDP2_COPIES = ("FSDP2 (torch.distributed.fsdp.fully_shard) copies all-gather ou
                 "(foreach_all_gather_copy_out) and the unsharded gradients into the reduce-scatter's input "
                 "(foreach_reduce_scatter_copy_in) on the compute stream "
                 "(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)")
+
+
+TORCH_GROUPS = ("torch.distributed.pipelining's ScheduleInterleaved1F1B runs max(1, m // pp) rounds of m // rounds "
+                "micro-batches per chunk and refuses m that the rounds do not divide (torch/distributed/pipelining/"
+                "schedules.py, number_of_rounds, microbatches_per_round)")
 
 
 # torch.distributed.pipelining's schedules that autopar prices: DualPipeV (ScheduleDualPipeV) besides Megatron's
@@ -67,7 +74,7 @@ class Engine:
     grad_buckets: str = "ddp"      # how it sizes the data-parallel sync's buckets (comm.grad_bucket_bytes)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the ZeRO stages it runs, which solve searches
     schedules: tuple[str, ...] = COMMON_SCHEDULES  # the pipeline schedules it runs
-    all_warmup_at_pp: bool = False  # interleaved with m = pp: every forward first (Megatron-Core), not torch's warm-up
+    microbatch_groups: str = "pp"  # how its interleaved schedule groups a chunk's micro-batches (rules.microbatch_group)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -83,7 +90,7 @@ class Engine:
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        compiles=self.compiles, grad_buckets=self.grad_buckets, zero_stages=self.zero_stages,
-                       all_warmup_at_pp=self.all_warmup_at_pp, schedules=self.schedules,
+                       microbatch_groups=self.microbatch_groups, schedules=self.schedules,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -110,13 +117,13 @@ ENGINES: dict[str, Engine] = {
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
         fused_elementwise=True, kernel_masks=True, fused_sinks=True,
-        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", all_warmup_at_pp=True,
+        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", microbatch_groups="megatron",
         sources={
-            "all_warmup_at_pp": "Megatron-Core's forward_backward_pipelining_with_interleaving: "
-                                "num_warmup_microbatches = total_num_microbatches when num_microbatches == "
-                                "pipeline_parallel_size (megatron/core/pipeline_parallel/schedules.py); the other "
-                                "engines pipeline with torch.distributed.pipelining (ScheduleInterleaved1F1B: "
-                                "_get_warmup_ops) or have no interleaved schedule",
+            "microbatch_groups": "Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage "
+                                 "(megatron/core/model_parallel_config.py, microbatch_group_size_per_vp_stage, default "
+                                 "pp; forward_backward_pipelining_with_interleaving refuses a group outside [pp, m] or "
+                                 "a last group of 1 to pp − 1 micro-batches: megatron/core/pipeline_parallel/"
+                                 "schedules.py)",
             "grad_buckets": "Megatron-Core's DDP buckets max(40M, 1M x dp) parameters unless --ddp-bucket-size is "
                             "given (megatron/core/distributed/distributed_data_parallel_config.py, bucket_size)",
             "kernel_masks": "Megatron-Core passes attn_mask_type causal and the layer's window_size to Transformer "
@@ -143,8 +150,9 @@ ENGINES: dict[str, Engine] = {
     "torchtitan": Engine(
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
-        compiles=True, zero_stages=(0, 3), schedules=TORCH_SCHEDULES,
+        compiles=True, zero_stages=(0, 3), schedules=TORCH_SCHEDULES, microbatch_groups="torch",
         sources={
+            "microbatch_groups": TORCH_GROUPS,
             "schedules": "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules, "
                          "DualPipeV among them (torchtitan/distributed/pipeline_parallel.py)",
             "zero_stages": "torchtitan shards data parallelism with FSDP2 (data_parallel_shard_degree: ZeRO-3) or "
@@ -174,8 +182,9 @@ ENGINES: dict[str, Engine] = {
         "autopar", "autopar's runtime (autopar launch): FSDP2 / DDP / ZeroRedundancyOptimizer, DTensor, "
                    "torch.distributed.pipelining, eager PyTorch",
         compute=0.98, zero3_copies="per_parameter", autocast=True, fp8_library=TORCHAO_FLOAT8,
-        schedules=TORCH_SCHEDULES,
+        schedules=TORCH_SCHEDULES, microbatch_groups="torch",
         sources={
+            "microbatch_groups": TORCH_GROUPS,
             "schedules": "autopar/runtime/pp.py runs torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe, "
                          "ScheduleInterleaved1F1B and ScheduleDualPipeV",
             "fp8_library": "autopar/runtime/fp8.py: torchao.float8's convert_to_float8_training (no MX formats)",

@@ -239,9 +239,10 @@ class HardwareProfile:
     # The engine can torch.compile the blocks (ParallelConfig.compile; compiled.py); set by cost_models.engines (a
     # profile on its own allows it).
     compiles: bool = True
-    # Its interleaved schedule runs every forward first when the micro-batches equal the pipeline ranks (Megatron-
-    # Core's; memory.microbatches_in_flight); set by cost_models.engines (a profile on its own: Megatron's).
-    all_warmup_at_pp: bool = True
+    # How its interleaved schedule groups the micro-batches of a chunk (rules.MICROBATCH_GROUPS: Megatron-Core's
+    # --microbatch-group-size-per-virtual-pipeline-stage, torch's rounds, or pp only); set by cost_models.engines (a
+    # profile on its own: pp only, which every engine runs).
+    microbatch_groups: str = "pp"
 
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""

@@ -193,20 +193,20 @@ def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bo
 
 
 def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedule: str,
-                           virtual_stages: int = 1, all_warmup_at_pp: bool = True) -> float:
+                           virtual_stages: int = 1, group: int | None = None) -> float:
     """How many micro-batches' worth of one device's activations are alive at its peak.
 
     GPipe: all m forwards precede the backwards. 1F1B (PipeDream-Flush): stage s runs p − s warm-up
-    forwards, so it holds min(p − s, m). Interleaved (Megatron ``forward_backward_pipelining_with_interleaving``):
-    (p − s − 1)·2 + (v − 1)·p warm-up model-chunk forwards, + 1; each chunk holds 1/v of the device's
-    layers, so the count is returned in units of whole devices (divided by v). With m = p Megatron runs
-    every forward first (``all_warmup_microbatches``), so every device holds all m; ``all_warmup_at_pp`` false:
-    torch.distributed.pipelining's ScheduleInterleaved1F1B (torchtitan's, autopar's runtime), which warms up
-    (v − 1)·p + 2·(p − 1 − s) forwards whatever m (torch/distributed/pipelining/schedules.py,
-    ``_get_warmup_ops``). DualPipeV: every device holds 2·p + 1 chunk micro-batches at its peak, half a device's
-    layers each (the DualPipe README's "PP + 1" for PP = 2·p chunks; torch's ScheduleDualPipeV: 2·p − s − 1
-    forwards of its first chunk and s + 1 of its second before the first backward, then each backward's weight
-    pass waits for the next forward), so p + 1/2 device micro-batches."""
+    forwards, so it holds min(p − s, m). Interleaved: (v − 1)·N + 2·(p − s − 1) warm-up model-chunk forwards, + 1,
+    at most all m·v, for chunk groups of N micro-batches (``group``, rules.microbatch_group; p by default): Megatron-
+    Core's ``get_pp_rank_microbatches`` (megatron/core/pipeline_parallel/schedules.py, whose warm-up of every
+    forward when m = p is the cap since Megatron-Core 0.10) and torch.distributed.pipelining's
+    ScheduleInterleaved1F1B (``_get_warmup_ops`` with N its micro-batches per round) alike; each chunk holds 1/v of
+    the device's layers, so the count is returned in units of whole devices (divided by v). DualPipeV: every
+    device holds 2·p + 1 chunk micro-batches at its peak, half a device's layers each (the DualPipe README's
+    "PP + 1" for PP = 2·p chunks; torch's ScheduleDualPipeV: 2·p − s − 1 forwards of its first chunk and s + 1 of
+    its second before the first backward, then each backward's weight pass waits for the next forward), so
+    p + 1/2 device micro-batches."""
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
@@ -214,9 +214,7 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
         return min(2 * pp + 1, 2 * m) / 2
     if schedule == "interleaved" and virtual_stages > 1:
         v = virtual_stages
-        if m == pp and all_warmup_at_pp:
-            return float(m)
-        warmup = (pp - stage - 1) * 2 + (v - 1) * pp
+        warmup = (pp - stage - 1) * 2 + (v - 1) * (group or pp)
         return min(warmup + 1, m * v) / v
     return float(min(pp - stage, m))
 

@@ -69,10 +69,51 @@ def check_batch(global_batch_size: int, *, micro_batch_size: int, dp: int, num_m
                           f"!= global_batch_size({global_batch_size})")
 
 
+# How an engine's interleaved schedule groups the micro-batches: a chunk runs a group of N consecutive micro-batches
+# before the device turns to its next chunk (N ≥ pp keeps the pipeline fed; the warm-up is (v − 1)·N + 2·(pp − 1 − s)
+# chunk forwards, memory.microbatches_in_flight):
+# - "megatron": Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage N (default pp), any N in [pp, m]
+#   whose last group m mod N is 0 or at least pp (megatron/core/pipeline_parallel/schedules.py,
+#   forward_backward_pipelining_with_interleaving, and model_parallel_config.py); autopar takes the smallest such N,
+#   which warms up least;
+# - "torch": torch.distributed.pipelining's ScheduleInterleaved1F1B, N = m // rounds for rounds = max(1, m // pp), which
+#   it refuses unless rounds divides m (torchtitan's and autopar's runtime);
+# - "pp": groups of pp only, m a multiple of pp (an engine with no other, a profile on its own).
+MICROBATCH_GROUPS = ("megatron", "torch", "pp")
+
+
+def microbatch_group(num_microbatches: int, pp: int, rule: str = "pp") -> int | None:
+    """The micro-batches per chunk group of the interleaved schedule under ``rule`` (MICROBATCH_GROUPS), or None
+    where the rule admits no group for m micro-batches on pp devices."""
+    m = num_microbatches
+    if pp < 2 or m < pp:
+        return None
+    if rule == "megatron":
+        return next(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)  # n = m always qualifies
+    if rule == "torch":
+        rounds = max(1, m // pp)
+        return m // rounds if m % rounds == 0 else None
+    return pp if m % pp == 0 else None
+
+
+def group_rule_text(rule: str, pp: int) -> str:
+    """What the rule asks of the micro-batches, for an error message."""
+    if rule == "megatron":
+        return f"at least pp ({pp}) micro-batches"
+    if rule == "torch":
+        return f"micro-batches m ≥ pp ({pp}) that max(1, m // {pp}) divides"
+    return f"micro-batches a multiple of pp ({pp})"
+
+
+GROUPS_BY = {"megatron": "Megatron-Core's", "torch": "torch.distributed.pipelining's ScheduleInterleaved1F1B",
+             "pp": "groups of pp"}
+
+
 def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatches: int,
                    compile: bool = False) -> None:
-    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and m a multiple of pp (Megatron);
-    DualPipeV runs exactly two chunks per device, on pp ≥ 2 devices, with at least as many micro-batches as chunks
+    """Virtual stages need the interleaved schedule, which needs pp ≥ 2 and at least pp micro-batches (the rule every
+    engine shares: check_engine_schedule adds the engine's own grouping, microbatch_group); DualPipeV runs exactly two
+    chunks per device, on pp ≥ 2 devices, with at least as many micro-batches as chunks
     (torch.distributed.pipelining.ScheduleDualPipeV refuses fewer, and stages under torch.compile:
     _check_torch_compile_compatibility)."""
     if schedule == "dualpipev":
@@ -91,16 +132,22 @@ def check_schedule(schedule: str, *, virtual_stages: int, pp: int, num_microbatc
     if schedule == "interleaved":
         if pp < 2:
             raise ConfigError("the interleaved schedule needs pp ≥ 2; use --schedule 1f1b")
-        if num_microbatches % pp:
-            raise ConfigError(f"interleaved 1F1B needs the number of micro-batches ({num_microbatches}) to be a "
-                              f"multiple of pp ({pp}) (Megatron); change --global-batch-size")
+        if num_microbatches < pp:
+            raise ConfigError(f"interleaved 1F1B needs at least pp ({pp}) micro-batches, not {num_microbatches}; "
+                              "raise --global-batch-size or lower --micro-batch-size")
 
 
-def check_engine_schedule(schedule: str, runs: tuple[str, ...]) -> None:
-    """A pipeline schedule the engine runs (HardwareProfile.schedules: DualPipeV is torch's, not Megatron-Core's)."""
+def check_engine_schedule(schedule: str, runs: tuple[str, ...], *, groups: str = "pp", num_microbatches: int | None = None,
+                          pp: int = 1) -> None:
+    """A pipeline schedule the engine runs (HardwareProfile.schedules: DualPipeV is torch's, not Megatron-Core's), and,
+    given the micro-batches, the engine's grouping of them under the interleaved schedule (microbatch_group)."""
     if schedule not in runs:
         raise ConfigError(f"this engine does not run the {schedule} schedule (it runs {', '.join(runs)}); pick one "
                           "of those, or --engine torchtitan")
+    if schedule == "interleaved" and num_microbatches is not None and \
+            microbatch_group(num_microbatches, pp, groups) is None:
+        raise ConfigError(f"this engine's interleaved schedule ({GROUPS_BY[groups]}) needs {group_rule_text(groups, pp)}, not "
+                          f"{num_microbatches}; change --global-batch-size or --micro-batch-size, or use --schedule 1f1b")
 
 
 def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:

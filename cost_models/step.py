@@ -52,7 +52,7 @@ from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import pipeline_time_of
 from cost_models.precision import Precision
 from cost_models.recompute import core_mode, repeated_collectives
-from cost_models.rules import check_engine_schedule
+from cost_models.rules import check_engine_schedule, microbatch_group
 from cost_models.step_work import layer_step_work, zero3_buffer_bytes
 
 
@@ -425,7 +425,8 @@ class CostModel:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
         if cfg.pp > 1:
-            check_engine_schedule(cfg.schedule, self.hw.schedules)
+            check_engine_schedule(cfg.schedule, self.hw.schedules, groups=self.hw.microbatch_groups,
+                                  num_microbatches=cfg.num_microbatches, pp=cfg.pp)
         hw, model = self.hw, self.model
         tp_link, _, pp_link = self.links(cfg)
         ranges = chunk_ranges(cfg.stage_layers or stage_layer_counts(model.layers, cfg.chunks))
@@ -454,7 +455,8 @@ def device_in_flight(cfg: ParallelConfig, d: int, hw: HardwareProfile) -> float:
     """Micro-batches of activations device d holds at its peak under ``cfg`` (memory.py: the schedule's
     warm-up as the engine's pipeline runs it, and only the ones in transfer when activations are offloaded)."""
     n = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches, schedule=cfg.schedule,
-                               virtual_stages=cfg.virtual_stages, all_warmup_at_pp=hw.all_warmup_at_pp)
+                               virtual_stages=cfg.virtual_stages,
+                               group=microbatch_group(cfg.num_microbatches, cfg.pp, hw.microbatch_groups))
     return offload_resident(n) if cfg.offload_activations else n
 
 

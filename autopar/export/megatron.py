@@ -12,7 +12,9 @@ Stage cuts: Megatron splits the transformer layers evenly over the pp × v model
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` gives the first and last
 pipeline rank their own counts and splits the rest evenly (with interleaving, each rank's layers are
 divided evenly over its v chunks). A plan cut of that shape is exported exactly; any other cut gets the
-expressible split nearest to it (fewest layers moved between ranks) and a warning.
+expressible split nearest to it (fewest layers moved between ranks) and a warning. Interleaved micro-batches that pp
+does not divide run in Megatron-Core's groups (``--microbatch-group-size-per-virtual-pipeline-stage``, the smallest
+group it accepts: cost_models.rules.microbatch_group, as the cost model prices the warm-up).
 
 Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-layers 1`` (every layer's
 input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
@@ -69,6 +71,7 @@ from autopar.export.fp8 import megatron_fp8_args
 from autopar.export.overlap import READS as OVERLAP_READS
 from autopar.export.overlap import core_comm
 from autopar.plan import Plan
+from cost_models.rules import microbatch_group
 
 TARGET = "Megatron-LM"
 _DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
@@ -248,6 +251,7 @@ class PipelineLayout:
     last: int | None = None
     virtual: int = 1
     per_chunk: int | None = None
+    group: int | None = None  # interleaved: micro-batches per chunk group (rules.microbatch_group, Megatron-Core's rule)
 
 
 def megatron_pipeline(plan: Plan, target: str, warnings: list[str]) -> PipelineLayout:
@@ -282,10 +286,11 @@ def megatron_pipeline(plan: Plan, target: str, warnings: list[str]) -> PipelineL
         warnings.append(f"{target} cannot express the plan's stage cut with first/last-stage layer counts: "
                         f"transformer layers per pipeline rank {rank_counts(counts, par.pp)}{chunks}; exported as "
                         f"the nearest split it can, {list(split.ranks)}{layout}")
+    group = microbatch_group(par.num_microbatches, par.pp, "megatron") if virtual > 1 else None
     if split is not None and split.first is not None:
-        return PipelineLayout(split.first, split.last, virtual)
+        return PipelineLayout(split.first, split.last, virtual, group=group)
     per_chunk = split.ranks[0] // virtual if split is not None and virtual > 1 else None
-    return PipelineLayout(virtual=virtual, per_chunk=per_chunk)
+    return PipelineLayout(virtual=virtual, per_chunk=per_chunk, group=group)
 
 
 def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
@@ -298,4 +303,6 @@ def _pipeline_args(plan: Plan, warnings: list[str]) -> list[tuple[str, object]]:
         args.append(("--num-layers-per-virtual-pipeline-stage", layout.per_chunk))
     elif layout.virtual > 1:  # uneven ranks, or layers unknown: Megatron-Core's per-rank chunk count
         args.append(("--num-virtual-stages-per-pipeline-rank", layout.virtual))
+    if layout.group is not None and layout.group != plan.parallelism.pp:  # its default is pp
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage", layout.group))
     return args

@@ -86,6 +86,7 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
                              "context_parallel_size": 1}
     model.update(model_degrees(plan, _DEGREES, TARGET, warnings))
     model.update({"virtual_pipeline_model_parallel_size": layout.virtual if layout.virtual > 1 else None,
+                  "microbatch_group_size_per_vp_stage": layout.group,
                   "num_layers_in_first_pipeline_stage": layout.first,
                   "num_layers_in_last_pipeline_stage": layout.last,
                   "sequence_parallel": sequence_parallel, "seq_length": plan.model.seq_len})

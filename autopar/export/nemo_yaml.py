@@ -76,6 +76,7 @@ def export_yaml(plan: Plan, warnings: list[str]) -> Export:
         "micro_batch_size": par.micro_batch_size, "global_batch_size": par.global_batch_size,
         **model_degrees(plan, _DEGREES, TARGET, warnings, handled=("etp",)),
         "virtual_pipeline_model_parallel_size": layout.virtual if layout.virtual > 1 else None,
+        "microbatch_group_size_per_vp_stage": layout.group,
         "sequence_parallel": sequence_parallel,
         "encoder_seq_length": plan.model.seq_len, **megatron_core_moe(plan, TARGET, warnings),
         **core_model(plan, TARGET, warnings),

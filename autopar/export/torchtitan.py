@@ -68,6 +68,7 @@ from autopar.export.common import (
 from autopar.export.fp8 import torchtitan_fp8
 from autopar.export.stages import TargetNames, stage_names
 from autopar.plan import Plan
+from cost_models.rules import group_rule_text, microbatch_group
 
 TARGET = "torchtitan"
 VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)",
@@ -154,6 +155,11 @@ def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[s
             parallelism["enable_sequence_parallel"] = par.sequence_parallel
     if par.pp > 1:
         parallelism["pipeline_parallel_schedule"] = SCHEDULE_CLASSES[par.schedule]
+        if par.schedule == "interleaved" and microbatch_group(par.num_microbatches, par.pp, "torch") is None:
+            warnings.append(f"torch's ScheduleInterleaved1F1B, which torchtitan runs, refuses the plan's "
+                            f"{par.num_microbatches} micro-batches on {par.pp} stages (it needs "
+                            f"{group_rule_text('torch', par.pp)}); change training.global_batch_size or re-plan with "
+                            "--engine torchtitan")
         parallelism["pipeline_parallel_microbatch_size"] = par.micro_batch_size
         if plan.layers:
             cut = stage_names(plan, MODULE_NAMES[dialect], TARGET)

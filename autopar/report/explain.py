@@ -6,6 +6,7 @@ Ranks follow Megatron's order (tp, cp, dp, pp; autopar/ranks.py).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -15,12 +16,13 @@ from rich.markup import escape
 from autopar.models import PlanModel
 from autopar.plan import Plan, StagePrediction
 from autopar.ranks import expert_groups, mesh_groups, nodes_spanned, rank_formula
-from autopar.report.plan_summary import bottleneck, configuration, layer_range, print_notes
-from autopar.report.schedule import stage_times
+from autopar.report.plan_summary import bottleneck, configuration, device_layers, print_notes
+from autopar.report.schedule import group_rule, stage_times
 from autopar.report.tables import MS, group_ranks, numbers, table, text
 from autopar.report.tables import console as wide_console
 from cost_models.algebra import FloatAlgebra
 from cost_models.pipeline import dualpipev_total, ideal_bubble_fraction
+from cost_models.rules import microbatch_group
 
 TIGHT_MEMORY = 0.9        # share of capacity above which memory limits the plan
 SIGNIFICANT = 0.10        # share of the step above which a part gets its own suggestions
@@ -79,7 +81,7 @@ def print_stages(plan: Plan, console: Console) -> None:
     for s, other in zip(pred.stages, others):
         recomputed = sum(layer.recompute != "none" for layer in plan.layers
                          if plan.device_of_chunk(layer.stage) == s.stage)
-        times.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
+        times.add_row(str(s.stage), device_layers(plan, s),
                       f"{s.fwd_s * MS:.4g}", f"{s.bwd_s * MS:.4g}", f"{s.tp_comm_s * MS:.3g}",
                       *((f"{sum(getattr(s, part) for _, part in extra) * MS:.3g}",) if extra else ()),
                       f"{s.pp_comm_s * MS:.3g}", *((f"{other * MS:.3g}",) if shown else ()),
@@ -247,17 +249,18 @@ def _pp_comm(f: _Facts) -> list[str]:
 def _bubble(f: _Facts) -> list[str]:
     par = f.plan.parallelism
     # (p − 1) / (v·m + p − 1) ≤ target  ⇔  m ≥ (p − 1)(1 − target) / (target · v);
-    # the interleaved schedule needs a multiple of p
+    # the interleaved schedule needs a count its engine groups (rules.microbatch_group)
     v = par.virtual_stages if par.schedule == "interleaved" else 1  # DualPipeV: as 1F1B's, an upper bound
     need = math.ceil(round((par.pp - 1) * (1 - BUBBLE_TARGET) / (BUBBLE_TARGET * v), 6))
+    groups = group_rule(f.plan)
     if par.schedule == "interleaved":
-        need = -(-need // par.pp) * par.pp
+        need = next(n for n in itertools.count(max(need, par.pp)) if microbatch_group(n, par.pp, groups))
     tips = [f"{need} micro-batches (now {par.num_microbatches}; global batch {need * par.micro_batch_size * par.dp}) "
             f"would bring an even pipeline's bubble to {100 * BUBBLE_TARGET:.0f}%"]
     if par.micro_batch_size > 1:
         tips.append(f"a smaller micro-batch (now {par.micro_batch_size}) gives more micro-batches at the same global "
                     "batch")
-    if par.schedule in ("1f1b", "gpipe") and par.num_microbatches % par.pp == 0 and par.pp > 1:
+    if par.schedule in ("1f1b", "gpipe") and microbatch_group(par.num_microbatches, par.pp, groups):
         tips.append("the interleaved schedule with v=2 would cut it to "
                     f"{100 * ideal_bubble_fraction(par.pp, par.num_microbatches, 2):.1f}%")
     elif par.schedule == "interleaved":

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autopar.plan import Parallelism, Plan, RunPlan, SolverInfo
+from autopar.plan import Parallelism, Plan, RunPlan, SolverInfo, StagePrediction
 from autopar.report.tables import console as wide_console
 from autopar.report.tables import numbers, table, text
 from autopar.report.uncertainty import range_text, regret_text
@@ -70,6 +70,19 @@ def layer_range(first: str, last: str, count: int) -> str:
     return f"{first} … {last} ({count})" if count > 1 else f"{first} (1)"
 
 
+def device_layers(plan: Plan, stage: StagePrediction) -> str:
+    """A pipeline rank's layers, one range per model chunk it runs ('wte … h.1 + h.10 … lm_head (6)' for a V or
+    interleaved rank), or the stage's own range where the plan lists no layers."""
+    ranges = []
+    for chunk in plan.chunks_of_rank(stage.stage) if plan.layers else ():
+        names = [layer.name for layer in plan.layers_of_chunk(chunk)]
+        if names:
+            ranges.append(escape(names[0]) if len(names) == 1 else f"{escape(names[0])} … {escape(names[-1])}")
+    if len(ranges) < 2:
+        return layer_range(stage.first_layer, stage.last_layer, stage.num_layers)
+    return f"{' + '.join(ranges)} ({stage.num_layers})"
+
+
 def plan_cell(par: Parallelism) -> str:
     """A plan's decisions in a table cell (header PLAN_HEADER); wraps between its parts."""
     return (f"{par.tp}·{par.pp}·{par.dp}" + (f", cp {par.cp}" if par.cp > 1 else "")
@@ -109,7 +122,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     numbers(stages, "ms per\nmicro-batch", "params", "grads", "optim.", "activ.", "total")
     for s in pred.stages:
         m = s.memory
-        stages.add_row(str(s.stage), layer_range(s.first_layer, s.last_layer, s.num_layers),
+        stages.add_row(str(s.stage), device_layers(plan, s),
                        f"{s.time_per_microbatch_s * 1e3:.4g}", f"{m.params_gib:.2f}", f"{m.grads_gib:.2f}",
                        f"{m.optimizer_gib:.2f}", f"{m.activations_gib:.2f}", f"{m.total_gib:.2f}")
     console.print(stages)

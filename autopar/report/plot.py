@@ -15,8 +15,7 @@ from matplotlib.patches import Patch
 from autopar.errors import AutoparError
 from autopar.files import IMAGE_FORMATS, replace_atomic
 from autopar.plan import Plan
-from autopar.report.schedule import Timeline, simulate, stage_times
-from cost_models.engines import ENGINES
+from autopar.report.schedule import Timeline, plan_group, simulate, stage_times
 
 if TYPE_CHECKING:
     from autopar.cluster_choice import Choice
@@ -32,23 +31,25 @@ FORMATS = IMAGE_FORMATS
 
 def drawn_microbatches(plan: Plan, limit: int) -> int:
     """How many micro-batches the Gantt chart shows: all of them, or the first ``limit`` (for the
-    interleaved schedule a multiple of pp, for DualPipeV at least 2·pp, which they need)."""
+    interleaved schedule whole chunk groups, at least one; for DualPipeV at least 2·pp, which they need)."""
     par = plan.parallelism
     m = par.num_microbatches
     if m <= limit:
         return m
-    if par.schedule == "interleaved":
-        return max(par.pp, limit // par.pp * par.pp)
+    group = plan_group(plan)
+    if group is not None:
+        return max(group, limit // group * group)
     if par.schedule == "dualpipev":  # torch's ScheduleDualPipeV needs at least 2·pp
         return max(2 * par.pp, limit)
     return limit
 
 
 def simulate_plan(plan: Plan, max_microbatches: int = 16) -> Timeline:
-    par, engine = plan.parallelism, ENGINES.get(plan.prediction.engine)
-    return simulate(stage_times(plan), microbatches=drawn_microbatches(plan, max_microbatches),
-                    schedule=par.schedule, virtual_stages=par.virtual_stages,
-                    all_warmup_at_pp=engine.all_warmup_at_pp if engine is not None else True)
+    par = plan.parallelism
+    drawn = drawn_microbatches(plan, max_microbatches)
+    group = plan_group(plan)  # the plan's own groups: the drawn ones are its first whole groups
+    return simulate(stage_times(plan), microbatches=drawn, schedule=par.schedule, virtual_stages=par.virtual_stages,
+                    group=min(group, drawn) if group is not None else None)
 
 
 def plan_figure(plan: Plan, max_microbatches: int = 16) -> Figure:

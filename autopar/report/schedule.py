@@ -6,12 +6,13 @@ Orders on stage s of p, with m micro-batches (the ops a stage runs, in the order
 - 1F1B / PipeDream-Flush (Narayanan et al. 2021 §2.2.1): min(p − 1 − s, m) warm-up forwards, then one
   forward and one backward alternately, then the remaining backwards (cool-down).
 - Interleaved 1F1B with v model chunks per stage (Narayanan et al. 2021 §2.2.2; Megatron's
-  ``forward_backward_pipelining_with_interleaving``): stage s holds chunks s, s + p, …, s + (v − 1)·p;
-  it runs (p − 1 − s)·2 + (v − 1)·p warm-up forwards (every forward when m = p, as Megatron does; not as
-  torch.distributed.pipelining's ScheduleInterleaved1F1B: ``all_warmup_at_pp``), then alternates. Its k-th
-  forward is on local chunk (k // p) mod v, its k-th backward on local chunk v − 1 − (k // p) mod v, each for
-  micro-batch (k // (p·v))·p + k mod p: groups of p micro-batches go through one chunk after the other.
-
+  ``forward_backward_pipelining_with_interleaving``, torch.distributed.pipelining's ScheduleInterleaved1F1B): stage s
+  holds chunks s, s + p, …, s + (v − 1)·p and takes the micro-batches in groups of N (p by default; the engine's
+  grouping, cost_models.rules.microbatch_group): each group goes through one chunk after the other, its k-th
+  forward on the local chunk of entry k of Megatron's schedule table (``get_schedule_table``: a group's
+  micro-batches on chunk 0, then on chunk 1, …; the last group holds what is left), its k-th backward on the same
+  entry's chunk counted from the last. It runs min((p − 1 − s)·2 + (v − 1)·N, m·v) warm-up forwards, then
+  alternates.
 Times: an op starts once its stage is free and its input has arrived — the forward of micro-batch i on
 chunk c after its forward on chunk c − 1, the backward on chunk c after the backward on chunk c + 1, the
 last chunk's backward after its own forward. Sends are asynchronous; each op's duration includes its
@@ -31,6 +32,8 @@ from typing import Literal, Sequence
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.report.dualpipev import dualpipev_order
+from cost_models.engines import ENGINES
+from cost_models.rules import microbatch_group
 
 OpKind = Literal["F", "B", "I", "W"]
 
@@ -101,10 +104,25 @@ class Timeline:
         return sum(self.idle_s(s) for s in range(self.stages)) / total if total > 0 else 0.0
 
 
+def group_rule(plan: Plan) -> str:
+    """How the plan's engine groups the interleaved schedule's micro-batches (rules.MICROBATCH_GROUPS; Megatron-Core's
+    where the plan names no engine autopar knows)."""
+    engine = ENGINES.get(plan.prediction.engine)
+    return engine.microbatch_groups if engine is not None else "megatron"
+
+
+def plan_group(plan: Plan) -> int | None:
+    """The interleaved plan's micro-batches per chunk group as its engine runs them (rules.microbatch_group)."""
+    par = plan.parallelism
+    if par.schedule != "interleaved":
+        return None
+    return microbatch_group(par.num_microbatches, par.pp, group_rule(plan))
+
+
 def stage_orders(schedule: str, stages: int, microbatches: int, virtual_stages: int = 1,
-                 all_warmup_at_pp: bool = True) -> list[list[tuple[OpKind, int, int]]]:
-    """Per stage, the (kind, micro-batch, global chunk) ops it runs, in order; ``all_warmup_at_pp``: the
-    interleaved schedule runs every forward first when m = p (Megatron's; torch.distributed.pipelining's does not)."""
+                 group: int | None = None) -> list[list[tuple[OpKind, int, int]]]:
+    """Per stage, the (kind, micro-batch, global chunk) ops it runs, in order; ``group``: the interleaved schedule's
+    micro-batches per chunk group (p by default)."""
     p, m, v = stages, microbatches, virtual_stages
     if p < 1 or m < 1 or v < 1:
         raise AutoparError(f"a pipeline needs ≥ 1 stage, micro-batch and chunk (got pp {p}, m {m}, v {v})")
@@ -126,24 +144,34 @@ def stage_orders(schedule: str, stages: int, microbatches: int, virtual_stages: 
                 order += [("F", warmup + i, s), ("B", i, s)]
             order += [("B", i, s) for i in range(m - warmup, m)]
         elif schedule == "interleaved":
-            order = _interleaved_order(s, p, m, v, all_warmup_at_pp)
+            order = _interleaved_order(s, p, m, v, group or p)
         else:
             raise AutoparError(f"unknown pipeline schedule {schedule!r}: choose 1f1b, gpipe, interleaved or dualpipev")
         orders.append(order)
     return orders
 
 
-def _interleaved_order(s: int, p: int, m: int, v: int, all_warmup_at_pp: bool) -> list[tuple[OpKind, int, int]]:
-    if m % p:
-        raise AutoparError(f"the interleaved schedule needs the micro-batches ({m}) to be a multiple of pp ({p})")
+def schedule_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, local chunk) of each forward in order: Megatron-Core's ``get_schedule_table``
+    (megatron/core/pipeline_parallel/schedules.py), whose last group takes the micro-batches left."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, m, group):
+        last = m if first + group >= m else first + group
+        table += [(mb, chunk) for chunk in range(v) for mb in range(first, last)]
+    return table
+
+
+def _interleaved_order(s: int, p: int, m: int, v: int, group: int) -> list[tuple[OpKind, int, int]]:
+    if group < p or group > m or 0 < m % group < p:
+        raise AutoparError(f"the interleaved schedule needs groups of pp ({p}) to m ({m}) micro-batches whose last "
+                           f"one is empty or at least pp, not groups of {group}")
+    table = schedule_table(m, v, group)
     total = m * v
-    warmup = total if m == p and all_warmup_at_pp else min((p - 1 - s) * 2 + (v - 1) * p, total)
+    warmup = min((p - 1 - s) * 2 + (v - 1) * group, total)
 
     def op(kind: OpKind, k: int) -> tuple[OpKind, int, int]:
-        local = (k // p) % v
-        if kind == "B":
-            local = v - 1 - local
-        return kind, (k // (p * v)) * p + k % p, local * p + s
+        mb, local = table[k]
+        return kind, mb, (v - 1 - local if kind == "B" else local) * p + s
 
     order = [op("F", k) for k in range(warmup)]
     for i in range(total - warmup):
@@ -152,11 +180,11 @@ def _interleaved_order(s: int, p: int, m: int, v: int, all_warmup_at_pp: bool) -
 
 
 def simulate(times: Sequence[StageTimes], *, microbatches: int, schedule: str = "1f1b",
-             virtual_stages: int = 1, all_warmup_at_pp: bool = True) -> Timeline:
+             virtual_stages: int = 1, group: int | None = None) -> Timeline:
     """Run the schedule's per-stage orders as early as their inputs allow (list scheduling)."""
     p, v = len(times), virtual_stages
     chunks = p * v
-    orders = [deque(order) for order in stage_orders(schedule, p, microbatches, v, all_warmup_at_pp)]
+    orders = [deque(order) for order in stage_orders(schedule, p, microbatches, v, group)]
     ends: dict[tuple[OpKind, int, int], float] = {}
     free = [0.0] * p
     ops: list[Op] = []

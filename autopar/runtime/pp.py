@@ -47,6 +47,7 @@ from torch.distributed.pipelining.schedules import (
 from autopar.errors import AutoparError
 from autopar.plan import LayerAssignment, RunPlan
 from autopar.runtime.mesh import Meshes
+from cost_models.rules import group_rule_text, microbatch_group
 
 _SIDE = -1  # a node computed from inputs/constants only: recomputed where needed
 
@@ -174,11 +175,22 @@ def _split_traced(model: nn.Module, layers: tuple[LayerAssignment, ...], chunks:
     return out
 
 
+def check_groups(spec: RunPlan) -> None:
+    """An interleaved plan whose micro-batches torch's ScheduleInterleaved1F1B cannot group (a plan made for Megatron-
+    Core's groups, rules.microbatch_group): one line."""
+    p = spec.parallelism
+    if p.schedule == "interleaved" and microbatch_group(p.num_microbatches, p.pp, "torch") is None:
+        raise AutoparError(f"the runtime's interleaved schedule (torch's ScheduleInterleaved1F1B) needs "
+                           f"{group_rule_text('torch', p.pp)}, not {p.num_microbatches}; re-plan with --engine autopar "
+                           "or another --global-batch-size")
+
+
 def check_launch(spec: RunPlan, source: str) -> None:
     """Before torchrun: a pipelined plan's model splits into its chunks (on meta: the trace, or a Hugging Face
     model's forward once); one line if it does not, not one per rank."""
     if spec.num_chunks == 1:
         return
+    check_groups(spec)
     from autopar.capture import load_spec
     from autopar.runtime.cp import split_after_glue
     from autopar.runtime.init import build_meta

@@ -28,7 +28,7 @@ def brute_force(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_p
     best: StepEstimate | None = None
     gpn = min(gpus_per_node, gpus)
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=gpn, global_batch_size=global_batch_size, pins=pins,
-                             zero_stages=hw.zero_stages, schedules=hw.schedules):
+                             zero_stages=hw.zero_stages, schedules=hw.schedules, groups=hw.microbatch_groups):
         est = choice_optimum(cost, replace(cfg, gpus_per_node=gpus_per_node), modes, gpn)
         if est is not None and (best is None or est.step_time_s < best.step_time_s):
             best = est

@@ -332,12 +332,12 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
                  allow_cross_node_tp=allow_cross_node_tp)
     families = [(state.lower_bound.family(family_templates(profile, family, **space), global_batch_size),  # type: ignore[arg-type]
                  partial(outer_choices, profile, family=family, zero_stages=hw.zero_stages,
-                         schedules=hw.schedules, **space))
+                         schedules=hw.schedules, groups=hw.microbatch_groups, **space))
                 for family in context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                                allow_cross_node_tp=allow_cross_node_tp)]
     try:
         choices = outer_choices(profile, defer_families=True, zero_stages=hw.zero_stages, schedules=hw.schedules,
-                                **space)  # type: ignore[arg-type]
+                                groups=hw.microbatch_groups, **space)  # type: ignore[arg-type]
         queue = _Queue(state.lower_bound, choices, families,  # type: ignore[arg-type]
                        stop=state.should_stop)
     except _Stopped:

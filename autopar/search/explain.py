@@ -27,7 +27,7 @@ def least_memory(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_
     frugal = replace(pins, recompute=pins.recompute or "full")
     for cfg in outer_choices(profile, gpus=gpus, gpus_per_node=min(gpus_per_node, gpus),
                              global_batch_size=global_batch_size, pins=frugal, zero_stages=hw.zero_stages,
-                             schedules=hw.schedules):
+                             schedules=hw.schedules, groups=hw.microbatch_groups):
         if cfg.zero_stage != (max(hw.zero_stages) if cfg.grad_replicas > 1 else 0) and pins.zero_stage is None:
             continue
         if cfg.micro_batch_size != 1 and pins.micro_batch_size is None:
@@ -119,6 +119,17 @@ def _elsewhere_text(profile: ModelProfile, other: Elsewhere, *, gpus: int, gpus_
             f"{count} GPUs ({need / GIB:.1f} GiB per GPU: {where})")
 
 
+SCHEDULE_RULES = {"interleaved": "interleaving needs pp ≥ 2 and at least pp micro-batches (under torch's schedule, a "
+                                 "count that its m // pp rounds divide)",
+                  "dualpipev": "DualPipeV needs pp ≥ 2 and at least 2·pp micro-batches"}
+
+
+def _schedule_rule(schedule: str | None) -> str:
+    """The micro-batch rule of the pinned schedule, or of every schedule that has one."""
+    rule = SCHEDULE_RULES.get(schedule or "")
+    return rule if rule else "; ".join(SCHEDULE_RULES.values())
+
+
 def _pins_text(pins: Pins) -> str:
     return " ".join(flag(name, value) for name, value in pins.given().items())
 
@@ -142,6 +153,6 @@ def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node:
     pinned = _pins_text(pins)
     if pinned:
         return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch_size} "
-                "(degrees multiply to the GPU count, the batch divides by micro-batch × dp, interleaving needs "
-                "pp ≥ 2 and micro-batches a multiple of pp); relax a pin")
+                f"(degrees multiply to the GPU count, the batch divides by micro-batch × dp, "
+                f"{_schedule_rule(pins.given().get('schedule'))}); relax a pin")
     return f"no valid configuration of {gpus} GPUs for global batch {global_batch_size}"

@@ -29,7 +29,7 @@ from cost_models.config import ZERO_STAGES, Pins, default, quick_config, shards_
 from cost_models.decisions import declarations
 from cost_models.fp8 import fp8_blocks
 from cost_models.hardware import COMMON_SCHEDULES
-from cost_models.rules import model_experts
+from cost_models.rules import microbatch_group, model_experts
 
 MAX_VIRTUAL_STAGES = 8  # interleaved 1F1B: model chunks per device searched (Megatron runs use 2–8)
 
@@ -132,12 +132,13 @@ def _sp_choices(tp: int, pins: Pins) -> list[bool]:
 def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
                   allow_cross_node_tp: bool = False, family: tuple[int, int] | None = None,
                   defer_families: bool = False, zero_stages: tuple[int, ...] = ZERO_STAGES,
-                  schedules: tuple[str, ...] = COMMON_SCHEDULES) -> Iterator[ParallelConfig]:
+                  schedules: tuple[str, ...] = COMMON_SCHEDULES, groups: str = "pp") -> Iterator[ParallelConfig]:
     """Every outer choice, as the cost model's configuration (cuts and per-layer options left to the inner
     model: Megatron's even split, no recomputation), with the attention kernel the model runs. ``family``: only
     that (tp, cp) family's; ``defer_families``: leave out the families context_families names; ``zero_stages``:
     the ZeRO stages the engine runs (HardwareProfile.zero_stages; a pinned stage is searched whatever it is);
-    ``schedules``: the pipeline schedules it runs (HardwareProfile.schedules)."""
+    ``schedules``: the pipeline schedules it runs (HardwareProfile.schedules); ``groups``: how its interleaved schedule
+    groups the micro-batches (HardwareProfile.microbatch_groups)."""
     n_layers = len(profile.layers)
     deferred = set(context_families(profile, gpus=gpus, gpus_per_node=gpus_per_node, pins=pins,
                                     allow_cross_node_tp=allow_cross_node_tp)) if defer_families else set()
@@ -155,7 +156,7 @@ def outer_choices(profile: ModelProfile, *, gpus: int, gpus_per_node: int, globa
                 if zero == 2 and m > 1 and pins.zero_stage is None and 1 in zero_stages:
                     continue  # accumulating, ZeRO-2 is ZeRO-1 in every term (memory.accumulates_unsharded)
                 for sp in _sp_choices(tp, pins):
-                    for schedule, v in _schedules(pp, m, n_layers, pins, schedules):
+                    for schedule, v in _schedules(pp, m, n_layers, pins, schedules, groups):
                         for offload in ((False, True) if pins.offload_activations is None else (pins.offload_activations,)):
                             for ep, etp in experts:
                                 cfg = quick_config(
@@ -202,8 +203,8 @@ def choice_key(cfg: ParallelConfig) -> tuple:
             cfg.schedule, cfg.virtual_stages, cfg.offload_activations, cfg.ep, cfg.expert_tp, cfg.cp, cfg.cp_comm)
 
 
-def _schedules(pp: int, m: int, n_layers: int, pins: Pins,
-               schedules: tuple[str, ...] = COMMON_SCHEDULES) -> Iterator[tuple[str, int]]:
+def _schedules(pp: int, m: int, n_layers: int, pins: Pins, schedules: tuple[str, ...] = COMMON_SCHEDULES,
+               groups: str = "pp") -> Iterator[tuple[str, int]]:
     if pp == 1:
         if pins.schedule in (None, "1f1b", "gpipe") and pins.virtual_stages in (None, 1):
             yield (pins.schedule or "1f1b"), 1
@@ -212,7 +213,7 @@ def _schedules(pp: int, m: int, n_layers: int, pins: Pins,
         yield "1f1b", 1
     if pins.schedule == "gpipe" and pins.virtual_stages in (None, 1):
         yield "gpipe", 1
-    if pins.schedule in (None, "interleaved") and m % pp == 0:
+    if pins.schedule in (None, "interleaved") and microbatch_group(m, pp, groups) is not None:
         for v in range(2, min(MAX_VIRTUAL_STAGES, n_layers // pp) + 1):
             if pins.virtual_stages in (None, v):
                 yield "interleaved", v

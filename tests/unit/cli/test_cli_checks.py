@@ -89,6 +89,15 @@ def test_a_gpu_count_no_split_can_use_says_which_rule(profile: str) -> None:
     pinned = one_line_error("solve", profile, "--gpus", "64", "--tp", "4", "--pp", "4", "--dp", "4",
                             "--micro-batch-size", "3", "--global-batch-size", "512")
     assert "the pins --tp 4 --pp 4 --dp 4 --micro-batch-size 3 leave no valid configuration of 64 GPUs" in pinned
+    assert "interleaving needs" in pinned and "DualPipeV needs" in pinned  # no schedule pinned: both rules
+
+
+def test_a_pinned_dualpipev_with_too_few_micro_batches_names_its_own_rule(profile: str) -> None:
+    """pp 4 × dp 2 of 8 GPUs with a global batch of 8 gives 4 micro-batches; DualPipeV needs 2·pp = 8."""
+    line = one_line_error("solve", profile, "--gpus", "8", "--pp", "4", "--dp", "2", "--schedule", "dualpipev",
+                          "--global-batch-size", "8")
+    assert "leave no valid configuration of 8 GPUs for global batch 8" in line
+    assert "DualPipeV needs pp ≥ 2 and at least 2·pp micro-batches" in line and "interleaving" not in line
 
 
 def test_sweep_tells_divisibility_from_memory(profile: str) -> None:

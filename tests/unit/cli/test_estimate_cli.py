@@ -69,3 +69,14 @@ def test_estimate_says_when_it_does_not_fit() -> None:
     assert result.exit_code == 2
     assert json.loads(result.stdout)["prediction"]["fits"] is False
     assert result.stderr.startswith("error: does not fit: stage 0 needs") and "a100-40gb has 40.0 GiB" in result.stderr
+
+
+def test_dualpipev_takes_its_two_chunks_per_device_unless_told_otherwise() -> None:
+    """--schedule dualpipev alone runs the two chunks per device it needs; an explicit other count is refused."""
+    result = invoke("--gpus", "4", "--pp", "2", "--schedule", "dualpipev", "--global-batch-size", "16", "--json")
+    assert result.exit_code == 0, result.output
+    par = json.loads(result.stdout)["parallelism"]
+    assert (par["schedule"], par["virtual_stages"], par["pp"]) == ("dualpipev", 2, 2)
+    refused = invoke("--gpus", "4", "--pp", "2", "--schedule", "dualpipev", "--virtual-stages", "1",
+                     "--global-batch-size", "16")
+    assert refused.exit_code == 2 and "--virtual-stages 2" in refused.output

@@ -36,6 +36,7 @@ from cost_models.memory import (
 )
 from cost_models.pipeline import ideal_bubble_fraction, pipeline_time
 from cost_models.precision import PRECISIONS, default_precision
+from cost_models.rules import microbatch_group
 from helpers.builders import ROUND_HW, layer, model
 
 HW = hardware_from_dict(ROUND_HW)
@@ -295,15 +296,33 @@ def test_microbatches_in_flight() -> None:
     assert microbatches_in_flight(3, pp=4, num_microbatches=8, schedule="gpipe") == 8
     # Megatron interleaved warm-up on stage 0: (4−0−1)·2 + (2−1)·4 = 10 chunk forwards, +1, half a stage each
     assert microbatches_in_flight(0, pp=4, num_microbatches=8, schedule="interleaved", virtual_stages=2) == 5.5
-    # m = p: Megatron runs every forward first, torch.distributed.pipelining warms up as for any m (the last stage
-    # (2−1)·4 + 0 = 4 chunk forwards, +1: 2.5 stages' worth, the first capped at all 8 chunks)
-    megatron = [microbatches_in_flight(s, pp=4, num_microbatches=4, schedule="interleaved", virtual_stages=2)
-                for s in range(4)]
-    torch_ = [microbatches_in_flight(s, pp=4, num_microbatches=4, schedule="interleaved", virtual_stages=2,
-                                     all_warmup_at_pp=False) for s in range(4)]
-    assert megatron == [4, 4, 4, 4] and torch_ == [4, 4, 3.5, 2.5]
-    assert ENGINES["megatron"].on(load_hardware("h100-80gb")).all_warmup_at_pp
-    assert not any(ENGINES[e].on(load_hardware("h100-80gb")).all_warmup_at_pp for e in ENGINES if e != "megatron")
+    # m = p: every engine warms up as for any m, capped at all m·v chunk forwards (Megatron-Core since 0.10 has no
+    # all-forwards-first case of its own): the last stage (2−1)·4 + 0 = 4 chunk forwards, +1: 2.5 stages' worth
+    assert [microbatches_in_flight(s, pp=4, num_microbatches=4, schedule="interleaved", virtual_stages=2)
+            for s in range(4)] == [4, 4, 3.5, 2.5]
+    # groups of N = 6 micro-batches (10 on 4 stages under Megatron-Core: 10 mod 4 = 2 < 4, 10 mod 5 = 0 is the first
+    # group it takes): (4−0−1)·2 + (2−1)·5 = 11 chunk forwards, +1, on stage 0
+    assert microbatches_in_flight(0, pp=4, num_microbatches=10, schedule="interleaved", virtual_stages=2,
+                                  group=microbatch_group(10, 4, "megatron")) == 6
+    assert {e: ENGINES[e].on(load_hardware("h100-80gb")).microbatch_groups for e in ENGINES} == \
+        {"megatron": "megatron", "torchtitan": "torch", "autopar": "torch", "deepspeed": "pp"}
+
+
+def test_microbatch_groups_are_the_engines() -> None:
+    """Megatron-Core's docstring example (pp 2, m 5: groups of 3, the last of 2 ≥ pp), DeepSeek-V3's 120 micro-batches
+    on 16 stages (groups of 20; torch's 7 rounds do not divide 120), and m a multiple of pp, which every rule groups
+    by pp."""
+    assert microbatch_group(5, 2, "megatron") == 3 and microbatch_group(5, 2, "torch") is None
+    assert microbatch_group(120, 16, "megatron") == 20 and microbatch_group(120, 16, "torch") is None
+    assert microbatch_group(120, 16, "pp") is None and microbatch_group(24, 16, "torch") == 24
+    for rule in ("megatron", "torch", "pp"):
+        assert microbatch_group(32, 8, rule) == 8 and microbatch_group(7, 8, rule) is None
+    for m in range(8, 200):  # Megatron's rule: a group in [pp, m] whose last group is empty or at least pp
+        n = microbatch_group(m, 8, "megatron")
+        assert n is not None and 8 <= n <= m and (m % n == 0 or m % n >= 8)
+        assert all(0 < m % k < 8 for k in range(8, n))  # the smallest
+        t = microbatch_group(m, 8, "torch")
+        assert (t is not None) == (m % (m // 8) == 0) and (t is None or t * (m // 8) == m)
 
 
 # -- pipeline ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from autopar.report.plan_summary import bottleneck, layer_range
 from autopar.report.schedule import StageTimes, Timeline, simulate
 from autopar.search import solve
 from cost_models.memory import microbatches_in_flight
+from cost_models.rules import microbatch_group
 from helpers import ROOT
 from helpers.screen import assert_nothing_cut
 
@@ -105,7 +106,8 @@ def test_suggestions_follow_the_numbers(plans: dict) -> None:
 # -- schedule simulator ----------------------------------------------------------------------------------
 
 CASES = [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("1f1b", 3, 2, 1), ("1f1b", 1, 3, 1), ("interleaved", 2, 4, 2),
-         ("interleaved", 4, 8, 3), ("interleaved", 4, 4, 2)]
+         ("interleaved", 4, 8, 3), ("interleaved", 4, 4, 2), ("interleaved", 2, 5, 2), ("interleaved", 4, 10, 2),
+         ("interleaved", 3, 7, 3)]
 
 
 def uneven(p: int) -> list[StageTimes]:
@@ -115,7 +117,8 @@ def uneven(p: int) -> list[StageTimes]:
 
 @pytest.mark.parametrize("schedule,p,m,v", CASES)
 def test_schedule_runs_every_op_once_in_dependency_order(schedule: str, p: int, m: int, v: int) -> None:
-    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v)
+    group = microbatch_group(m, p, "megatron") if schedule == "interleaved" else None
+    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v, group=group)
     ops = {(op.kind, op.microbatch, op.chunk): op for op in t.ops}
     assert len(ops) == len(t.ops) == 2 * m * p * v
     last = p * v - 1
@@ -135,18 +138,31 @@ def test_schedule_runs_every_op_once_in_dependency_order(schedule: str, p: int, 
             assert op.parts[0][1] == op.start and op.parts[-1][2] == pytest.approx(op.end)
 
 
-@pytest.mark.parametrize("all_warmup", [True, False])  # Megatron's interleaved warm-up at m = p, or torch's
+@pytest.mark.parametrize("rule", ["megatron", "torch"])  # how the engine groups the interleaved micro-batches
 @pytest.mark.parametrize("schedule,p,m,v", CASES)
-def test_schedule_peak_in_flight_matches_the_memory_model(schedule: str, p: int, m: int, v: int,
-                                                          all_warmup: bool) -> None:
-    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v, all_warmup_at_pp=all_warmup)
+def test_schedule_peak_in_flight_matches_the_memory_model(schedule: str, p: int, m: int, v: int, rule: str) -> None:
+    group = microbatch_group(m, p, rule) if schedule == "interleaved" else None
+    if schedule == "interleaved" and group is None:
+        pytest.skip(f"{rule} does not group {m} micro-batches on {p} stages")
+    t = simulate(uneven(p), microbatches=m, schedule=schedule, virtual_stages=v, group=group)
     for s in range(p):
         alive = peak = 0
         for op in t.stage_ops(s):
             alive += 1 if op.kind == "F" else -1
             peak = max(peak, alive)
         assert peak / v == pytest.approx(microbatches_in_flight(s, pp=p, num_microbatches=m, schedule=schedule,
-                                                                virtual_stages=v, all_warmup_at_pp=all_warmup))
+                                                                virtual_stages=v, group=group))
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 10, 2), (4, 13, 2), (2, 5, 2), (8, 12, 3), (16, 120, 2)])
+def test_interleaved_groups_keep_the_bubble(p: int, m: int, v: int) -> None:
+    """Equal stages with no communication: m·(f + b) + (p − 1)·(f + b)/v for every group the engine may take
+    (Megatron-Core's smallest, 20 for 120 micro-batches on 16 stages), as the cost model prices the interleaved
+    schedule whatever its groups."""
+    f, b = 1.0, 2.0
+    group = microbatch_group(m, p, "megatron")
+    t = simulate([StageTimes(f, b)] * p, microbatches=m, schedule="interleaved", virtual_stages=v, group=group)
+    assert t.makespan_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
 
 
 @pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (4, 4), (4, 9), (8, 16)])
@@ -170,8 +186,10 @@ def test_interleaving_shrinks_the_bubble(p: int, m: int, v: int) -> None:
 def test_bad_schedule_is_an_error() -> None:
     from autopar.errors import AutoparError
 
-    with pytest.raises(AutoparError, match="multiple of pp"):
-        simulate([StageTimes(1, 2)] * 4, microbatches=6, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(AutoparError, match="last one is empty or at least pp, not groups of 4"):
+        simulate([StageTimes(1, 2)] * 4, microbatches=6, schedule="interleaved", virtual_stages=2)  # 6 mod 4 = 2
+    with pytest.raises(AutoparError, match="not groups of 7"):
+        simulate([StageTimes(1, 2)] * 4, microbatches=6, schedule="interleaved", virtual_stages=2, group=7)
 
 
 # -- plot ------------------------------------------------------------------------------------------------
@@ -263,3 +281,22 @@ def test_an_fp8_plan_says_what_runs_in_fp8_and_what_stays_in_bf16() -> None:
     blocks = sum(layer.name.startswith("h.") for layer in plan.layers)
     assert line == f"fp8 tensorwise: {blocks - 2} blocks' linears; bf16: attention, head, 1+1 end blocks"
     assert len(line) <= 80
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "interleaved"])
+def test_a_rank_of_several_chunks_lists_each_chunks_layers(schedule: str) -> None:
+    """pp 2 × 2 chunks of the 4-block GPT: rank 0 runs chunks 0 and 3 under DualPipeV's V, 0 and 2 interleaved;
+    its row names both ranges and counts them together."""
+    from autopar.report.plan_summary import device_layers
+
+    plan = estimate(GPT, overrides=SMALL, seq_len=256, gpus=2, pp=2, virtual_stages=2, schedule=schedule,
+                    global_batch_size=8)
+    for stage in plan.prediction.stages:
+        chunks = plan.chunks_of_rank(stage.stage)
+        assert chunks == ([stage.stage, 3 - stage.stage] if schedule == "dualpipev" else [stage.stage, stage.stage + 2])
+        label = device_layers(plan, stage)
+        firsts = [plan.layers_of_chunk(c)[0].name for c in chunks]
+        assert label.count(" + ") == 1 and all(name in label for name in firsts), label
+        assert label.endswith(f"({stage.num_layers})")
+    first = device_layers(plan, plan.prediction.stages[0])
+    assert first.startswith("wte") and ("lm_head" in first) == (schedule == "dualpipev")

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import ROOT
 from helpers import hf_families as hf
 
 
@@ -94,28 +95,36 @@ def test_a_mask_other_than_causal_and_a_window_is_refused() -> None:
 
 
 def test_eager_attention_outside_transformers_interface_is_refused(tmp_path) -> None:  # noqa: ANN001
-    """Falcon loaded eager computes attention op by op in its own forward, where neither autopar_cp nor the SDPA
-    mode reaches: cp is refused (it had trained wrong)."""
-    import json
-
+    """A model computing attention op by op in its own forward, where neither autopar_cp nor the SDPA mode reaches
+    (Falcon loaded eager did, before transformers routed its eager kernel through the attention interface, and
+    trained wrong under cp): cp is refused. The example GPT with its SDPA call written out as softmax(QKᵀ)V."""
     from autopar.capture import capture_model
     from autopar.runtime.support import unsupported
-    from helpers import solved_plans as sp
 
-    source, overrides = sp.MODELS["hf/falcon-7b"]
-    config = json.loads((hf.ROOT / source).read_text()) | {"attn_implementation": "eager"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    profile = capture_model(str(tmp_path / "config.json"), overrides, seq_len=hf.SEQ, dtype="fp32")
-    assert profile.attention_impl == "eager"
-    assert "never calls it (eager attention)" in unsupported(profile)["cp"]
+    source = (ROOT / "examples" / "gpt.py").read_text()
+    sdpa = """        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+"""
+    eager = """        scores = (q @ k.transpose(-2, -1)) / self.head_dim ** 0.5
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        y = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v
+"""
+    assert sdpa in source
+    (tmp_path / "eager_gpt.py").write_text(source.replace(sdpa, eager))
+    profile = capture_model(str(tmp_path / "eager_gpt.py"), {"n_layer": "2", "n_embd": "64", "n_head": "4"},
+                            seq_len=32, dtype="fp32")
+    refused = unsupported(profile)["cp"]
+    assert "scaled_dot_product_attention" in refused and "(eager attention)" in refused
 
 
 def test_falcons_local_causal_mask_is_replaced_by_the_sequences(group) -> None:  # noqa: ANN001
-    """Falcon calls SDPA itself with the mask it always builds, which under cp is the causal mask of the local
+    """Falcon called SDPA itself with the mask it always builds, which under cp is the causal mask of the local
     tokens (positions 0 .. T/cp - 1 of the split sequence): ContextParallel.attend recognises it and attends under
-    the sequence's causal mask, so the logits under cp (a 1-rank group: the two chunks) equal the model's own."""
+    the sequence's causal mask. transformers 5 routes Falcon's attention through its attention interface, which
+    autopar_cp takes, and the local mask never reaches SDPA. Either way the logits under cp (a 1-rank group: the two
+    chunks) equal the model's own."""
     from autopar.capture import load_spec
-    from autopar.runtime import cp
+    from autopar.runtime import cp, hf_attention
 
     source, overrides = hf.FAMILIES["falcon"]
     spec = load_spec(str(hf.ROOT / source), overrides)
@@ -125,6 +134,7 @@ def test_falcons_local_causal_mask_is_replaced_by_the_sequences(group) -> None: 
     tokens = spec.example_inputs(2, hf.SEQ)[0]
     with torch.no_grad():
         whole = model(tokens)
+    interface = hf_attention.check(model)  # before apply_cp routes it
     run = cp.ContextParallel(1, 0, group, spec.loss_fn)
     blocks = model.hf.transformer.h
     cp.apply_cp(blocks, [type("Layer", (), {"name": name, "units": (name,)}) for name, _ in blocks.named_children()], run)
@@ -137,7 +147,10 @@ def test_falcons_local_causal_mask_is_replaced_by_the_sequences(group) -> None: 
             routed = model(local, positions=positions)
     finally:
         cp.local_causal = original
-    assert seen == [True] * len(blocks)  # every layer's SDPA call passed the local causal mask
+    if interface:  # transformers' interface: autopar_cp attends under the sequence's positions
+        assert seen == []
+    else:
+        assert seen == [True] * len(blocks)  # every layer's SDPA call passed the local causal mask
     torch.testing.assert_close(routed, whole, rtol=1e-5, atol=1e-5)
 
 

@@ -48,7 +48,8 @@ def test_the_family_bound_is_below_every_plan_of_the_family(seed):
     checked = 0
     for family in context_families(profile, gpus=gpus, gpus_per_node=gpn, pins=pins):
         least = bound.family(family_templates(profile, family, **space), batch)
-        for cfg in outer_choices(profile, family=family, schedules=hw.schedules, **space):
+        for cfg in outer_choices(profile, family=family, schedules=hw.schedules, groups=hw.microbatch_groups,
+                                 **space):
             for mode in MODES:
                 modes = tuple(mode if lp.kind == "block" else "none" for lp in profile.layers)
                 plan = replace(cfg, stage_layers=stage_layer_counts(profile.layers, cfg.chunks), layer_recompute=modes)
