@@ -127,7 +127,7 @@ class ParallelConfig:
         records=(EXPERTS,), searched=False)
     moe_overlap: bool = decision(False, help="hide the experts' all-to-alls behind another micro-batch's compute "
                                              "(Megatron-Core --overlap-moe-expert-parallel-comm)",
-                                 records=(EXPERTS,), searched=False)
+                                 records=(EXPERTS, PIPELINE), searched=False)  # PIPELINE: its extra warm-up forward
     moe_grouped_gemm: bool | None = decision(
         None, help="run each GPU's routed experts as one grouped GEMM per projection (Megatron-Core "
                    "--moe-grouped-gemm, torchtitan's grouped experts), not a loop of per-expert GEMMs; default: the "

@@ -193,7 +193,7 @@ def remat_peak_bytes(layer: LayerLike, *, b: int, tp: int, sequence_parallel: bo
 
 
 def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedule: str,
-                           virtual_stages: int = 1, group: int | None = None) -> float:
+                           virtual_stages: int = 1, group: int | None = None, extra_warmup: int = 0) -> float:
     """How many micro-batches' worth of one device's activations are alive at its peak.
 
     GPipe: all m forwards precede the backwards. 1F1B (PipeDream-Flush): stage s runs p − s warm-up
@@ -202,7 +202,9 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
     Core's ``get_pp_rank_microbatches`` (megatron/core/pipeline_parallel/schedules.py, whose warm-up of every
     forward when m = p is the cap since Megatron-Core 0.10) and torch.distributed.pipelining's
     ScheduleInterleaved1F1B (``_get_warmup_ops`` with N its micro-batches per round) alike; each chunk holds 1/v of
-    the device's layers, so the count is returned in units of whole devices (divided by v). DualPipeV: every
+    the device's layers, so the count is returned in units of whole devices (divided by v); ``extra_warmup``: chunk
+    forwards the engine adds (Megatron-Core one under --overlap-moe-expert-parallel-comm, so that every 1F1B step
+    pairs independent passes: get_pp_rank_microbatches). DualPipeV: every
     device holds 2·p + 1 chunk micro-batches at its peak, half a device's layers each (the DualPipe README's
     "PP + 1" for PP = 2·p chunks; torch's ScheduleDualPipeV: 2·p − s − 1 forwards of its first chunk and s + 1 of
     its second before the first backward, then each backward's weight pass waits for the next forward), so
@@ -214,7 +216,7 @@ def microbatches_in_flight(stage: int, *, pp: int, num_microbatches: int, schedu
         return min(2 * pp + 1, 2 * m) / 2
     if schedule == "interleaved" and virtual_stages > 1:
         v = virtual_stages
-        warmup = (pp - stage - 1) * 2 + (v - 1) * (group or pp)
+        warmup = (pp - stage - 1) * 2 + (v - 1) * (group or pp) + extra_warmup
         return min(warmup + 1, m * v) / v
     return float(min(pp - stage, m))
 

@@ -86,23 +86,30 @@ def microbatch_group(num_microbatches: int, pp: int, rule: str = "pp") -> int | 
     """The micro-batches per chunk group of the interleaved schedule under ``rule`` (MICROBATCH_GROUPS), or None
     where the rule admits no group for m micro-batches on pp devices."""
     m = num_microbatches
-    if pp < 2 or m < pp:
+    if pp < 2 or m < pp:  # autopar's floor for every rule (torch's schedule would run fewer, in one round)
         return None
     if rule == "megatron":
-        return next(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)  # n = m always qualifies
+        return next(n for n in range(pp, m + 1) if megatron_group(m, pp, n))  # n = m always qualifies
     if rule == "torch":
         rounds = max(1, m // pp)
         return m // rounds if m % rounds == 0 else None
     return pp if m % pp == 0 else None
 
 
-def group_rule_text(rule: str, pp: int) -> str:
-    """What the rule asks of the micro-batches, for an error message."""
+def megatron_group(m: int, pp: int, group: int) -> bool:
+    """Megatron-Core's check of a group of ``group`` micro-batches: within [pp, m], and a last group of none or at
+    least pp (fewer would stall the pipeline: forward_backward_pipelining_with_interleaving)."""
+    return pp <= group <= m and (m % group == 0 or m % group >= pp)
+
+
+def group_rule_text(rule: str, pp: int | None = None) -> str:
+    """What the rule asks of the micro-batches, for an error message (``pp`` None: in words)."""
+    p = f"pp ({pp})" if pp is not None else "pp"
     if rule == "megatron":
-        return f"at least pp ({pp}) micro-batches"
+        return f"at least {p} micro-batches"
     if rule == "torch":
-        return f"micro-batches m ≥ pp ({pp}) that max(1, m // {pp}) divides"
-    return f"micro-batches a multiple of pp ({pp})"
+        return f"micro-batches m ≥ {p} that max(1, m // {pp or 'pp'}) divides"
+    return f"micro-batches a multiple of {p}"
 
 
 GROUPS_BY = {"megatron": "Megatron-Core's", "torch": "torch.distributed.pipelining's ScheduleInterleaved1F1B",

@@ -453,10 +453,13 @@ class CostModel:
 
 def device_in_flight(cfg: ParallelConfig, d: int, hw: HardwareProfile) -> float:
     """Micro-batches of activations device d holds at its peak under ``cfg`` (memory.py: the schedule's
-    warm-up as the engine's pipeline runs it, and only the ones in transfer when activations are offloaded)."""
+    warm-up as the engine's pipeline runs it, one chunk forward more under the interleaved schedule where the experts'
+    all-to-alls are asked to overlap, as Megatron-Core runs them: conservative where it refuses the overlap, as
+    experts.overlap_refusal prices it, and only the ones in transfer when activations are offloaded)."""
     n = microbatches_in_flight(d, pp=cfg.pp, num_microbatches=cfg.num_microbatches, schedule=cfg.schedule,
                                virtual_stages=cfg.virtual_stages,
-                               group=microbatch_group(cfg.num_microbatches, cfg.pp, hw.microbatch_groups))
+                               group=microbatch_group(cfg.num_microbatches, cfg.pp, hw.microbatch_groups),
+                               extra_warmup=int(cfg.moe_overlap))
     return offload_resident(n) if cfg.offload_activations else n
 
 

@@ -52,8 +52,8 @@ def export_command(
         typer.echo(f"warning: the header's prediction is the plan's, for the {plan.prediction.engine} engine; "
                    f"{target} runs {engine}: to price it for {engine}, {err}", err=True)
     except AutoparError as err:
-        typer.echo(f"warning: the plan's prediction is for the {plan.prediction.engine} engine; pricing it for "
-                   f"{engine} needs its model: {err}", err=True)
+        typer.echo(f"warning: the plan's prediction is for the {plan.prediction.engine} engine; it could not be priced "
+                   f"for {engine}: {err}", err=True)
     try:
         result = export(plan, to)
     except AutoparError as err:

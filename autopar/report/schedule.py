@@ -33,7 +33,7 @@ from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.report.dualpipev import dualpipev_order
 from cost_models.engines import ENGINES
-from cost_models.rules import microbatch_group
+from cost_models.rules import megatron_group, microbatch_group
 
 OpKind = Literal["F", "B", "I", "W"]
 
@@ -162,7 +162,7 @@ def schedule_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
 
 
 def _interleaved_order(s: int, p: int, m: int, v: int, group: int) -> list[tuple[OpKind, int, int]]:
-    if group < p or group > m or 0 < m % group < p:
+    if not megatron_group(m, p, group):
         raise AutoparError(f"the interleaved schedule needs groups of pp ({p}) to m ({m}) micro-batches whose last "
                            f"one is empty or at least pp, not groups of {group}")
     table = schedule_table(m, v, group)

@@ -346,7 +346,7 @@ def _search(profile: ModelProfile, hw: HardwareProfile, *, gpus: int, gpus_per_n
     if not queue.heap:
         raise NoValidConfiguration(explain_no_configuration(
             profile, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size, pins=pins,
-            allow_cross_node_tp=allow_cross_node_tp))
+            allow_cross_node_tp=allow_cross_node_tp, groups=hw.microbatch_groups))
     greedy = _greedy_incumbent(state, queue) if top_k == 1 else None
     first = None
     if greedy is not None:  # refine the incumbent's own choice first: its non-uniform optimum prunes the rest

@@ -14,6 +14,7 @@ from autopar.profile import ModelProfile
 from autopar.search.space import Pins, degrees, outer_choices
 from cost_models import ConfigError, CostModel, HardwareProfile
 from cost_models.config import flag
+from cost_models.rules import GROUPS_BY, group_rule_text
 
 GIB = 2**30
 
@@ -67,7 +68,8 @@ def explain_infeasible(profile: ModelProfile, hw: HardwareProfile, *, gpus: int,
                         cost=cost)
     if here is None:
         raise NoValidConfiguration(explain_no_configuration(profile, gpus=gpus, gpus_per_node=gpus_per_node,
-                                                            global_batch_size=global_batch_size, pins=pins))
+                                                            global_batch_size=global_batch_size, pins=pins,
+                                                            groups=hw.microbatch_groups))
     need, where = here
     fixes = [f"at least {need / GIB:.1f} GiB per GPU ({where})"]
     more = fewest_gpus(profile, hw, gpus=gpus, gpus_per_node=gpus_per_node, global_batch_size=global_batch_size,
@@ -119,15 +121,12 @@ def _elsewhere_text(profile: ModelProfile, other: Elsewhere, *, gpus: int, gpus_
             f"{count} GPUs ({need / GIB:.1f} GiB per GPU: {where})")
 
 
-SCHEDULE_RULES = {"interleaved": "interleaving needs pp ≥ 2 and at least pp micro-batches (under torch's schedule, a "
-                                 "count that its m // pp rounds divide)",
-                  "dualpipev": "DualPipeV needs pp ≥ 2 and at least 2·pp micro-batches"}
-
-
-def _schedule_rule(schedule: str | None) -> str:
-    """The micro-batch rule of the pinned schedule, or of every schedule that has one."""
-    rule = SCHEDULE_RULES.get(schedule or "")
-    return rule if rule else "; ".join(SCHEDULE_RULES.values())
+def _schedule_rule(schedule: str | None, groups: str) -> str:
+    """The micro-batch rule of the pinned schedule, or of every schedule that has one; the interleaved one as the
+    engine groups its micro-batches (rules.microbatch_group)."""
+    rules = {"interleaved": f"interleaving needs pp ≥ 2 and {group_rule_text(groups)} ({GROUPS_BY[groups]})",
+             "dualpipev": "DualPipeV needs pp ≥ 2 and at least 2·pp micro-batches"}
+    return rules.get(schedule or "") or "; ".join(rules.values())
 
 
 def _pins_text(pins: Pins) -> str:
@@ -135,7 +134,7 @@ def _pins_text(pins: Pins) -> str:
 
 
 def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node: int, global_batch_size: int, pins: Pins,
-                             allow_cross_node_tp: bool = False) -> str:
+                             allow_cross_node_tp: bool = False, groups: str = "pp") -> str:
     """Why no outer choice exists: the data-parallel degrees the GPU count allows (tp inside a node and dividing
     the model's heads, cp splitting the sequence into 2·cp chunks, pp at most its layers) all fail to divide the
     global batch, or the pins rule out the rest. Pins are named only when some were given."""
@@ -154,5 +153,5 @@ def explain_no_configuration(profile: ModelProfile, *, gpus: int, gpus_per_node:
     if pinned:
         return (f"the pins {pinned} leave no valid configuration of {gpus} GPUs for global batch {global_batch_size} "
                 f"(degrees multiply to the GPU count, the batch divides by micro-batch × dp, "
-                f"{_schedule_rule(pins.given().get('schedule'))}); relax a pin")
+                f"{_schedule_rule(pins.given().get('schedule'), groups)}); relax a pin")
     return f"no valid configuration of {gpus} GPUs for global batch {global_batch_size}"

@@ -4,6 +4,8 @@ interleaved, torch's ScheduleInterleaved1F1B only where its rounds divide them. 
 search space, the exports and the runtime's refusal agree."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import autopar
@@ -12,9 +14,10 @@ from autopar.export import export
 from autopar.models import load_profile
 from autopar.plan import parse_run_plan
 from autopar.search import solve
-from cost_models import CostModel, ParallelConfig, load_hardware
+from cost_models import ConfigError, CostModel, ParallelConfig, load_hardware
 from cost_models.config import pins
 from cost_models.engines import ENGINES
+from cost_models.step import device_in_flight
 from helpers import ROOT
 
 GPT = dict(overrides={"n_layer": "8", "n_embd": "128", "n_head": "4"}, seq_len=256)
@@ -46,13 +49,30 @@ def test_torchs_engines_refuse_what_their_rounds_do_not_divide(gpt, engine: str)
 
 
 def test_the_engines_memory_is_the_rules(gpt) -> None:  # noqa: ANN001
-    """The cost model's in-flight count under each engine reads that engine's group (16 micro-batches on 4 stages:
-    groups of 4 for every rule)."""
-    cfg = ParallelConfig(tp=1, pp=4, dp=2, micro_batch_size=1, num_microbatches=16, schedule="interleaved",
+    """The cost model's in-flight count under each engine reads that engine's group: 10 micro-batches on 4 stages
+    run in groups of 5 under Megatron-Core and torch (2 rounds), which groups of pp cannot take (DeepSpeed)."""
+    cfg = ParallelConfig(tp=1, pp=4, dp=2, micro_batch_size=1, num_microbatches=10, schedule="interleaved",
                          virtual_stages=2, recompute="none")
     for name, engine in ENGINES.items():
-        est = CostModel(gpt, engine.on(load_hardware("h100-80gb"))).evaluate(cfg)
-        assert est.devices[0].microbatches_in_flight == (2 * 3 + 4 + 1) / 2, name
+        cost = CostModel(gpt, engine.on(load_hardware("h100-80gb")))
+        if engine.microbatch_groups == "pp":
+            with pytest.raises(ConfigError, match="micro-batches a multiple of pp"):
+                cost.evaluate(cfg)
+            continue
+        assert cost.evaluate(cfg).devices[0].microbatches_in_flight == (2 * 3 + 5 + 1) / 2, name
+
+
+def test_the_experts_overlap_warms_up_one_forward_more() -> None:
+    """Megatron-Core schedules one chunk forward more before the steady state under
+    --overlap-moe-expert-parallel-comm (get_pp_rank_microbatches), so that every 1F1B step pairs independent passes."""
+    hw = ENGINES["megatron"].on(load_hardware("h100-80gb"))
+    cfg = ParallelConfig(tp=1, pp=4, dp=2, micro_batch_size=1, num_microbatches=8, schedule="interleaved",
+                         virtual_stages=2, recompute="none")
+    plain = [device_in_flight(cfg, d, hw) for d in range(4)]
+    overlapped = [device_in_flight(replace(cfg, moe_overlap=True), d, hw) for d in range(4)]
+    assert plain == [5.5, 4.5, 3.5, 2.5] and overlapped == [6, 5, 4, 3]
+    one_f_one_b = replace(cfg, schedule="1f1b", virtual_stages=1)
+    assert device_in_flight(replace(one_f_one_b, moe_overlap=True), 0, hw) == device_in_flight(one_f_one_b, 0, hw)
 
 
 def test_solve_searches_megatrons_groups_and_not_torchs(gpt) -> None:  # noqa: ANN001
@@ -60,7 +80,8 @@ def test_solve_searches_megatrons_groups_and_not_torchs(gpt) -> None:  # noqa: A
                  gpu="h100-80gb", regret=False)
     plan = solve(gpt, engine="megatron", **space)
     assert plan.parallelism.schedule == "interleaved" and plan.parallelism.num_microbatches == 9
-    with pytest.raises(AutoparError, match="interleaving needs pp ≥ 2 and at least pp micro-batches"):
+    with pytest.raises(AutoparError, match=r"interleaving needs pp ≥ 2 and micro-batches m ≥ pp that max\(1, m // pp\) "
+                                           r"divides \(torch.distributed.pipelining's ScheduleInterleaved1F1B\)"):
         solve(gpt, engine="autopar", **space)
 
 

@@ -14,8 +14,9 @@ from autopar.plan import Plan
 from autopar.ranks import mesh_groups
 from autopar.report.explain import suggestions
 from autopar.report.plan_summary import bottleneck, layer_range
-from autopar.report.schedule import StageTimes, Timeline, simulate
+from autopar.report.schedule import StageTimes, Timeline, simulate, stage_orders
 from autopar.search import solve
+from cost_models.engines import ENGINES
 from cost_models.memory import microbatches_in_flight
 from cost_models.rules import microbatch_group
 from helpers import ROOT
@@ -94,7 +95,9 @@ def test_suggestions_follow_the_numbers(plans: dict) -> None:
         "breakdown_s": breakdown.model_copy(update={"bubble": 10 * step}), "step_time_s": 11 * step})})
     assert bottleneck(bubbly)[0] == "bubble"
     need = math.ceil((par.pp - 1) * 0.95 / 0.05 / par.virtual_stages)
-    need = -(-need // par.pp) * par.pp  # interleaved: a multiple of pp
+    if par.schedule == "interleaved":  # the least count from there that the plan's engine groups
+        groups = ENGINES[plan.prediction.engine].microbatch_groups
+        need = next(n for n in range(max(need, par.pp), 10 * need) if microbatch_group(n, par.pp, groups))
     assert any(f"{need} micro-batches (now {par.num_microbatches}" in tip for tip in suggestions(bubbly))
     synced = plan.model_copy(update={"prediction": plan.prediction.model_copy(update={
         "breakdown_s": breakdown.model_copy(update={"dp_comm": 10 * step}), "step_time_s": 11 * step})})
@@ -300,3 +303,27 @@ def test_a_rank_of_several_chunks_lists_each_chunks_layers(schedule: str) -> Non
         assert label.endswith(f"({stage.num_layers})")
     first = device_layers(plan, plan.prediction.stages[0])
     assert first.startswith("wte") and ("lm_head" in first) == (schedule == "dualpipev")
+
+
+def _torch_interleaved(rank: int, p: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """torch.distributed.pipelining's ScheduleInterleaved1F1B action list for one rank (its bubbles left out)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import _ComputationType as Step
+
+    schedule = object.__new__(ScheduleInterleaved1F1B)  # the order needs only these fields, not stages
+    rounds = max(1, m // p)
+    schedule.pp_group_size, schedule._n_microbatches, schedule.n_local_stages = p, m, v
+    schedule.microbatches_per_round = m // rounds
+    kind = {Step.FORWARD: "F", Step.FULL_BACKWARD: "B"}
+    return [(kind[a.computation_type], a.microbatch_index, a.stage_index)
+            for a in schedule._calculate_single_rank_operations(rank) if a is not None]
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 6, 3), (4, 8, 2), (4, 10, 2), (4, 12, 3), (3, 9, 2), (8, 24, 2)])
+def test_the_interleaved_order_is_torchs(p: int, m: int, v: int) -> None:
+    """The simulator's interleaved order, in the groups torch's rounds make (10 on 4 stages: 2 rounds of 5), is torch's
+    own action list on every rank."""
+    group = microbatch_group(m, p, "torch")
+    assert group is not None
+    for s, order in enumerate(stage_orders("interleaved", p, m, v, group)):
+        assert order == _torch_interleaved(s, p, m, v)
