@@ -19,6 +19,7 @@ from cost_models import machine
 from cost_models.errors import ConfigError
 from cost_models.hardware_file import HardwareFile, check_hardware_file
 from cost_models.model import DTYPES
+from cost_models.rules import MICROBATCH_GROUPS
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_HARDWARE = "h100-80gb"  # what `--gpu` means when it is left out, in every command and function
@@ -203,6 +204,10 @@ class HardwareProfile:
     def __post_init__(self) -> None:
         if not self.domain_gpus:
             object.__setattr__(self, "domain_gpus", self.gpus_per_node)
+        if self.microbatch_groups not in MICROBATCH_GROUPS:
+            raise ConfigError(f"microbatch_groups {self.microbatch_groups!r}: choose one of "
+                              f"{', '.join(MICROBATCH_GROUPS)} (how the engine groups the interleaved schedule's "
+                              "micro-batches)")
 
     def gemm_table(self, dtype: str) -> EfficiencyTable:
         """The GEMM efficiency table of ``dtype``'s tensor cores (fp8 has its own where the profile gives one)."""

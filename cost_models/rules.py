@@ -93,6 +93,8 @@ def microbatch_group(num_microbatches: int, pp: int, rule: str = "pp") -> int | 
     if rule == "torch":
         rounds = max(1, m // pp)
         return m // rounds if m % rounds == 0 else None
+    if rule != "pp":
+        raise ValueError(f"unknown micro-batch group rule {rule!r}: one of {MICROBATCH_GROUPS}")
     return pp if m % pp == 0 else None
 
 

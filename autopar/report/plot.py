@@ -47,9 +47,9 @@ def drawn_microbatches(plan: Plan, limit: int) -> int:
 def simulate_plan(plan: Plan, max_microbatches: int = 16) -> Timeline:
     par = plan.parallelism
     drawn = drawn_microbatches(plan, max_microbatches)
-    group = plan_group(plan)  # the plan's own groups: the drawn ones are its first whole groups
+    # the plan's own groups: the drawn micro-batches are its first whole groups, at least one (drawn_microbatches)
     return simulate(stage_times(plan), microbatches=drawn, schedule=par.schedule, virtual_stages=par.virtual_stages,
-                    group=min(group, drawn) if group is not None else None)
+                    group=plan_group(plan))
 
 
 def plan_figure(plan: Plan, max_microbatches: int = 16) -> Figure:

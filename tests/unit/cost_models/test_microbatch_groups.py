@@ -105,3 +105,16 @@ def test_the_runtime_refuses_groups_torch_cannot_run(gpt) -> None:  # noqa: ANN0
         check_groups(parse_run_plan(autopar.estimate(gpt, engine="megatron", **NINE).model_dump(mode="json")))
     check_groups(parse_run_plan(autopar.estimate(gpt, engine="megatron", **{**NINE, "global_batch_size": 20})
                                 .model_dump(mode="json")))
+
+
+def test_an_unknown_group_rule_is_refused_not_read_as_pp() -> None:
+    """A rule no engine runs is an error where it is declared (an engine's profile) and where it is read; before,
+    any name but megatron and torch priced pp's groups."""
+    from cost_models.rules import microbatch_group
+
+    h100 = load_hardware("h100-80gb")
+    with pytest.raises(ConfigError, match="microbatch_groups 'megatorn': choose one of megatron, torch, pp"):
+        replace(h100, microbatch_groups="megatorn")
+    with pytest.raises(ValueError, match="unknown micro-batch group rule 'megatorn'"):
+        microbatch_group(8, 4, "megatorn")
+    assert [microbatch_group(8, 4, rule) for rule in ("megatron", "torch", "pp")] == [4, 4, 4]
