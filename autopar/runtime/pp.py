@@ -196,6 +196,11 @@ def check_launch(spec: RunPlan, source: str) -> None:
     from autopar.runtime.init import build_meta
 
     loaded = load_spec(source, spec.model.overrides)
+    if spec.parallelism.schedule == "dualpipev":
+        try:
+            check_dualpipev_inputs(loaded, spec.model.seq_len)
+        except AutoparError as err:
+            raise AutoparError(f"{err}; re-plan with --schedule 1f1b") from None
     model = build_meta(loaded.build)
     whole = spec.parallelism.cp > 1 and split_after_glue(model)  # as the ranks trace it
     try:
@@ -203,6 +208,17 @@ def check_launch(spec: RunPlan, source: str) -> None:
                     micro_batch=micro_batch_of(loaded.example_inputs, spec, whole=whole))
     except AutoparError as err:
         raise AutoparError(f"{err}; re-plan with --pp 1") from None
+
+
+def check_dualpipev_inputs(loaded: Any, seq_len: int) -> None:
+    """DualPipeV on a model of one input only (what solve notes, autopar.runtime.support, and launch repeats before
+    torchrun for a plan written by hand): T5 at pp 2 failed in a weight pass, its encoder output read by every
+    decoder chunk; a model of several inputs (an encoder-decoder, LLaVA's pixels) is refused."""
+    inputs = loaded.example_inputs(1, seq_len)
+    if len(inputs) > 1:
+        raise AutoparError(f"the model takes {len(inputs)} inputs (an encoder-decoder's source and target, an image "
+                           "with its labels or its text): torch's DualPipeV splits each backward into input and weight "
+                           "passes, which fail where a second input flows past the pipeline chunks")
 
 
 def _trace(model: nn.Module, units: set[str], positions: bool) -> torch.fx.Graph:

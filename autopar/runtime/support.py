@@ -193,8 +193,6 @@ def _expert_tp(profile: Any, loaded: Any, model: Any) -> None:
 def _dualpipev(profile: Any, loaded: Any, model: Any) -> None:
     """DualPipeV (autopar.runtime.pp) on a model of one input: T5 at pp 2 failed in a weight pass, its encoder output
     read by every decoder chunk; a model of several inputs (an encoder-decoder, LLaVA's pixels) is refused."""
-    inputs = loaded.example_inputs(1, profile.seq_len)
-    if len(inputs) > 1:
-        raise AutoparError(f"the model takes {len(inputs)} inputs (an encoder-decoder's source and target, an image "
-                           "with its labels or its text): torch's DualPipeV splits each backward into input and weight "
-                           "passes, which fail where a second input flows past the pipeline chunks")
+    from autopar.runtime.pp import check_dualpipev_inputs
+
+    check_dualpipev_inputs(loaded, profile.seq_len)

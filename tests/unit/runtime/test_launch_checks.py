@@ -154,6 +154,25 @@ def test_token_data_needs_a_model_of_token_ids(tmp_path: Path) -> None:
         preflight(parse_run_plan(raw), source, RunOptions(data=str(_tokens(tmp_path, 8 * 16))))
 
 
+def test_dualpipev_on_a_model_of_two_inputs_is_refused_before_torchrun() -> None:
+    """solve and estimate keep DualPipeV off a model of several inputs (autopar.runtime.support); a plan written by
+    hand reaches launch, which says so in one line before torchrun (on the ranks T5 failed in a weight pass)."""
+    from autopar.capture import capture_model
+    from autopar.runtime.launch import RunOptions, preflight
+
+    source = str(ROOT / "examples" / "encdec.py")
+    overrides = {"n_enc_layer": "2", "n_dec_layer": "2", "d_model": "32", "n_head": "4", "vocab_size": "64"}
+    profile = capture_model(source, overrides, batch_size=1, seq_len=16)
+    names = [layer.name for layer in profile.layers]
+    chunk = [min(3, i * 4 // len(names)) for i in range(len(names))]
+    raw = {**plan("gpt", pp=2, mb=1, m=4, schedule="dualpipev", v=2),
+           "model": {"source": source, "overrides": overrides, "seq_len": 16, "dtype": "fp32"},
+           "layers": [{"name": n, "stage": c, "tp": 1} for n, c in zip(names, chunk)]}
+    with pytest.raises(AutoparError, match=r"^the model takes 2 inputs .* torch's DualPipeV splits each backward .*; "
+                                           r"re-plan with --schedule 1f1b$"):
+        preflight(parse_run_plan(raw), source, RunOptions())
+
+
 def test_each_data_parallel_rank_reads_its_slice_of_the_global_batch(tmp_path: Path) -> None:
     from autopar.runtime.data import TokenFile
 
