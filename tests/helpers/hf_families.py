@@ -106,12 +106,14 @@ def layer_names(family: str) -> tuple[str, ...]:
 def plan(family: str, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
          mb: int = 2, m: int = 2, zero: int = 0, sp_: bool = False, schedule: str = "1f1b", v: int = 1,
          recompute: str = "none", sizes: list[int] | None = None) -> dict[str, Any]:
-    """A plan dict as the solver emits it, layers split as evenly as the chunks allow (or ``sizes`` layers each)."""
+    """A plan dict as the solver emits it, layers split as evenly as the chunks allow (or ``sizes`` layers each; a
+    size of -1: the layers the others leave)."""
     source, overrides = FAMILIES[family]
     names = layer_names(family)
     chunks = pp * v
     base, extra = divmod(len(names), chunks)
     sizes = sizes or [base + (1 if c < extra else 0) for c in range(chunks)]
+    sizes = [len(names) - sum(n for n in sizes if n > 0) if n == -1 else n for n in sizes]
     stages = [c for c, size in enumerate(sizes) for _ in range(size)]
     return {"world_size": tp * pp * dp * cp,
             "model": {"source": source, "overrides": dict(overrides), "seq_len": SEQ_OF.get(family, SEQ), "dtype": "fp32"},
@@ -144,7 +146,7 @@ def shape_kwargs(world: int, family: str) -> dict[str, dict[str, Any]]:
             out |= {"tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, etp=1, sp_=True), "tp2_dp2_ep2": dict(tp=2, dp=2, ep=2, etp=1),
                     "tp2_dp2_ep2_etp2_sp": dict(tp=2, dp=2, ep=2, etp=2, sp_=True)}
         if family in ("llama", "qwen3moe"):  # a rank whose chunk holds the rotary table alone: buffers, no parameters
-            out["pp4_rotary_alone"] = dict(pp=4, m=4, mb=1, sizes=[1, 1, 1, len(layer_names(family)) - 3])
+            out["pp4_rotary_alone"] = dict(pp=4, m=4, mb=1, sizes=[1, 1, 1, -1])
         return out
     if world == 8:  # each pipeline schedule with tp + SP and with dp or cp; the experts over ep inside a stage
         out = {"pp2_tp2_dp2_sp": dict(pp=2, tp=2, dp=2, sp_=True, m=2, mb=1),
@@ -172,7 +174,12 @@ def features(kwargs: dict[str, Any]) -> set[str]:
 
 def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """``{family/shape: plan}`` of one torchrun job: the shapes whose features the family runs (``REFUSED``)."""
-    return {f"{family}/{name}": plan(family, **kwargs)
+    return {name: plan(name.split("/")[0], **kwargs) for name, kwargs in _shape_kwargs(world, families).items()}
+
+
+def _shape_kwargs(world: int, families: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``{family/shape: plan keywords}`` of ``shapes``, named without capturing a model (``plan`` does)."""
+    return {f"{family}/{name}": kwargs
             for family in (families or list(FAMILIES)) for name, kwargs in shape_kwargs(world, family).items()
             if not features(kwargs) & set(REFUSED.get(family, {})) and name in ONLY.get(family, {name})}
 
@@ -194,9 +201,20 @@ ALL = os.environ.get("AUTOPAR_HF_ALL") == "1"
 
 
 def job_shapes(world: int) -> dict[str, dict[str, Any]]:
-    """The shapes tests/integration/test_hf_plans.py runs on ``world`` ranks (on 2, 4 and 8)."""
+    """The shapes tests/integration/test_hf_plans.py runs on ``world`` ranks (on 2, 4 and 8), as plans: each family
+    captured (seconds each; tests/helpers/runtime_jobs.py, when a job runs)."""
+    return {name: plan(name.split("/")[0], **kwargs) for name, kwargs in _job_kwargs(world).items()}
+
+
+def job_shape_names(world: int) -> list[str]:
+    """The names of ``job_shapes``, without capturing a model: what the tests are parametrized by, so that
+    collecting them (every pytest run, the fast loop's too, on every xdist worker) captures nothing."""
+    return list(_job_kwargs(world))
+
+
+def _job_kwargs(world: int) -> dict[str, dict[str, Any]]:
     if world not in FAMILIES_AT:
         return {}
-    found = shapes(world, None if ALL else FAMILIES_AT[world])
-    return {name: plan for name, plan in found.items()
+    found = _shape_kwargs(world, None if ALL else FAMILIES_AT[world])
+    return {name: kwargs for name, kwargs in found.items()
             if ALL or ((world not in ONLY_AT or name in ONLY_AT[world]) and name not in SKIP_AT.get(world, ()))}

@@ -28,7 +28,7 @@ TOLERANCE = 1e-5  # fp32: another order of the same sums (losses near 4: 1 ulp =
 pytestmark = [pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("AUTOPAR_SKIP_DIST") == "1", reason="AUTOPAR_SKIP_DIST=1")]
 
-CASES = [(world, name) for world in (2, 4, 8) for name in hf.job_shapes(world)]
+CASES = [(world, name) for world in (2, 4, 8) for name in hf.job_shape_names(world)]
 
 
 @pytest.mark.parametrize("world,shape", CASES, ids=[f"w{w}-{n}" for w, n in CASES])
