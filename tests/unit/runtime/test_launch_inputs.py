@@ -33,15 +33,6 @@ def plan_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def exported_once() -> None:
-    """One torch.export of the example model in this process, in set-up: a process's first export pays for
-    initialising TorchDynamo (seconds of CPU on a slow machine), which is not what the tests here measure."""
-    from autopar.runtime.train import model_layers
-
-    model_layers(parse_run_plan(plan("gpt", dp=2)), GPT)
-
-
 @pytest.fixture()
 def no_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if launch got as far as starting torchrun."""
