@@ -110,7 +110,7 @@ class CheckMarks:
 
         marks = {m.name for m in item.iter_markers()}
         if not self.warmed and not marks & {"slow", "dist"}:
-            type(self).warmed = True
+            self.warmed = True  # one plugin per process (each pytest-xdist worker its own)
             self.warm_up()
         commands: list[list[str]] = []
         original = subprocess.Popen.__init__

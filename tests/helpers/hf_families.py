@@ -174,7 +174,12 @@ def features(kwargs: dict[str, Any]) -> set[str]:
 
 def shapes(world: int, families: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """``{family/shape: plan}`` of one torchrun job: the shapes whose features the family runs (``REFUSED``)."""
-    return {name: plan(name.split("/")[0], **kwargs) for name, kwargs in _shape_kwargs(world, families).items()}
+    return _plans(_shape_kwargs(world, families))
+
+
+def _plans(kwargs_by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{family/shape: plan}`` of ``{family/shape: plan keywords}`` (each family captured once: ``profile``)."""
+    return {name: plan(name.split("/")[0], **kwargs) for name, kwargs in kwargs_by_name.items()}
 
 
 def _shape_kwargs(world: int, families: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -203,7 +208,7 @@ ALL = os.environ.get("AUTOPAR_HF_ALL") == "1"
 def job_shapes(world: int) -> dict[str, dict[str, Any]]:
     """The shapes tests/integration/test_hf_plans.py runs on ``world`` ranks (on 2, 4 and 8), as plans: each family
     captured (seconds each; tests/helpers/runtime_jobs.py, when a job runs)."""
-    return {name: plan(name.split("/")[0], **kwargs) for name, kwargs in _job_kwargs(world).items()}
+    return _plans(_job_kwargs(world))
 
 
 def job_shape_names(world: int) -> list[str]:
