@@ -36,7 +36,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
                               compile_=choices.get("compile"))
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain, whole_nodes=False)
     try:
-        profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype)
+        profile = load_profile(profile_or_source, overrides=overrides, seq_len=seq_len, dtype=dtype,
+                               mtp_layers=choices.get("mtp_layers") or 0)
         given = {name: value for name, value in choices.items() if value is not None}
         if given.get("schedule") == "dualpipev":  # its two chunks per device: the only virtual-stage count it runs
             given.setdefault("virtual_stages", 2)

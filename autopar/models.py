@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from autopar.errors import AutoparError, ModelNotNamed
+from autopar.mtp import with_mtp
 from autopar.profile import ModelProfile
 
 if TYPE_CHECKING:
@@ -21,8 +22,14 @@ if TYPE_CHECKING:
 
 
 def load_profile(source: str | Path | ModelProfile, *, overrides: Mapping[str, str] | None = None,
-                 seq_len: int | None = None, dtype: str = "bf16") -> ModelProfile:
-    """A ModelProfile from an object, a saved profile JSON, or a model source capture can trace."""
+                 seq_len: int | None = None, dtype: str = "bf16", mtp_layers: int = 0) -> ModelProfile:
+    """A ModelProfile from an object, a saved profile JSON, or a model source capture can trace; with
+    ``mtp_layers`` multi-token prediction layers added (autopar/mtp.py)."""
+    return with_mtp(_load(source, overrides=overrides, seq_len=seq_len, dtype=dtype), mtp_layers or 0)
+
+
+def _load(source: str | Path | ModelProfile, *, overrides: Mapping[str, str] | None, seq_len: int | None,
+          dtype: str) -> ModelProfile:
     if isinstance(source, ModelProfile):
         profile = source
     else:
@@ -102,7 +109,7 @@ class PlanModel:
                 source = model_source(self.spec, self.model, self.trusted, self.plan_path)
                 model = self.spec.model
                 self._profile = load_profile(source, overrides=model.overrides, seq_len=model.seq_len,
-                                             dtype=model.dtype)
+                                             dtype=model.dtype, mtp_layers=self.spec.parallelism.mtp_layers)
             except AutoparError as err:
                 self._error = err
         if self._error is not None:

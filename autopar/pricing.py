@@ -32,6 +32,7 @@ from cost_models.compiled import check_compile, uncompiled_blocks
 from cost_models.engines import DEFAULT_ENGINE, FP8_RUNNERS, load_engine
 from cost_models.fp8 import check_recipe, fp8_blocks
 from cost_models.hardware import GIB
+from cost_models.model import decoder_blocks
 from cost_models.partition import chunk_ranges, stage_layer_counts
 
 
@@ -102,8 +103,9 @@ def config_of(plan: RunPlan, profile: ModelProfile) -> ParallelConfig:
 
 
 def experts_of(profile: ModelProfile) -> ExpertsRef | None:
-    """The model's experts for the plan (the first MoE layer's: the cost model prices each layer's own)."""
-    blocks = [layer for layer in profile.layers if layer.kind == "block"]
+    """The model's experts for the plan (the first MoE layer's: the cost model prices each layer's own); moe_blocks
+    over the model's own blocks (an MTP layer is not one of the decoder's)."""
+    blocks = [profile.layers[i] for i in decoder_blocks(profile.layers)]
     moe = next((layer.moe for layer in blocks if layer.moe), None)
     if moe is None:
         return None

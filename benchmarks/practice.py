@@ -13,7 +13,8 @@ The published plans and their sources:
 - Qwen3-235B-A22B, 256 H100: TP2, PP8, VP4, EP32, GBS 2048, recompute of moe_act and layernorm, the flex
   dispatcher with the all-to-all overlapped (Megatron-LM's MoE recipe);
 - DeepSeek-V3, 1024 H100: TP2, PP8, VP4, EP64, GBS 8192, recompute of mla_up_proj and mlp, the flex dispatcher
-  (Megatron-Bridge's model verification card);
+  and one multi-token prediction layer (Megatron-Bridge's model verification card); solve trains the MTP layer too
+  (the job's objective, not a choice of the plan: --mtp-layers 1);
 - Mixtral 8x22B, 128 H100: TP2, PP4, VP14, CP2, EP8, SP, GBS 512 (NeMo 2's recipe
   nemo/collections/llm/recipes/mixtral_8x22b.py, trainer defaults on 16 nodes).
 The runs behind the first three are in tests/helpers/published_moe_runs.py with their sources.
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from autopar import estimate, solve  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.models import load_profile  # noqa: E402
+from cost_models.config import Pins  # noqa: E402
 
 HF = ROOT / "examples" / "hf"
 Q30 = dict(tp=1, pp=1, ep=8, etp=1, zero_stage=1, recompute="none", moe_dispatcher="flex")
@@ -42,7 +44,7 @@ JOBS = [  # (name, model, gpus, global batch, the published plan's decisions)
           recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_dispatcher="flex", moe_overlap=True)),
     ("DeepSeek-V3 on 1024 H100", "deepseek-v3", 1024, 8192,
      dict(tp=2, pp=8, virtual_stages=4, ep=64, etp=1, zero_stage=1, sequence_parallel=True, schedule="interleaved",
-          recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_dispatcher="flex")),
+          recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_dispatcher="flex", mtp_layers=1)),
     ("Mixtral 8x22B on 128 H100", "mixtral-8x22b-v0.1", 128, 512,
      dict(tp=2, pp=4, virtual_stages=14, cp=2, ep=8, etp=1, zero_stage=1, sequence_parallel=True,
           schedule="interleaved", recompute="none")),
@@ -80,7 +82,8 @@ def main() -> None:
             print(f"  published  cannot be priced: {err}")
         started = time.perf_counter()
         try:
-            plan = solve(profile, gpus=gpus, global_batch_size=batch, regret=False, **COMMON)
+            plan = solve(profile, gpus=gpus, global_batch_size=batch, regret=False,
+                         pins=Pins(mtp_layers=published.get("mtp_layers", 0)), **COMMON)
             print(row("solve", plan, gpus, f" · solved in {time.perf_counter() - started:.1f} s"))
         except AutoparError as err:
             print(f"  solve      {err}")

@@ -33,10 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "helpers")]
 
 import published_moe_runs as published  # noqa: E402
+from published_run import SEARCHED, layout_blocks, rank_balanced_chunks  # noqa: E402
 
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.estimate import estimate  # noqa: E402
 from autopar.models import load_profile  # noqa: E402
+from autopar.mtp import with_mtp  # noqa: E402
+from autopar.search import solve  # noqa: E402
+from cost_models.config import Pins  # noqa: E402
+from cost_models.model import decoder_blocks  # noqa: E402
 
 _PROFILES: dict = {}
 TERMS = {"compute": "compute", "tp_comm": "tp", "ep_comm": "ep", "cp_comm": "cp", "pp_comm": "pp",
@@ -63,14 +68,40 @@ def hardware_of(run: published.PublishedRun, folder: Path) -> dict:
     return {"hardware_file": path}
 
 
-def choices_of(run: published.PublishedRun, profile) -> dict:  # noqa: ANN001 - a ModelProfile
-    """The run's decisions for estimate(); torchtitan's selective op AC as every other block recomputed."""
+def choices_of(run: published.PublishedRun, profile, folder: Path) -> dict:  # noqa: ANN001 - a ModelProfile
+    """The run's decisions for estimate(); torchtitan's selective op AC as every other block recomputed; a run's
+    Megatron-Core pipeline layout as the same decoder layers per pipeline rank (rank_balanced_chunks), one its
+    source does not give (SEARCHED) as the cut autopar's search picks for its degrees (searched_layout)."""
     out = run.estimate_choices()
+    if run.layout == SEARCHED:
+        out["stage_layers"] = searched_layout(run, profile, out, folder)
+    elif run.layout:
+        out["stage_layers"] = stage_layers(with_mtp(profile, run.mtp_layers).layers, run.layout, run.pp)
     if run.recompute == "alternate":
         blocks = iter(range(len(profile.layers)))
         out["layer_recompute"] = tuple(("full" if next(blocks) % 2 == 0 else "none") if layer.kind == "block"
                                        else "none" for layer in profile.layers)
     return out
+
+
+def stage_layers(layers, layout: str, pp: int) -> tuple[int, ...]:  # noqa: ANN001 - a profile's layers
+    """Profile layers per chunk: the layout's decoder layers per rank, spread evenly over each rank's chunks; what
+    comes before the first block on the first chunk, what follows the last (MTP layers, norm, head) on the last."""
+    blocks = rank_balanced_chunks(layout_blocks(layout), pp)
+    own = decoder_blocks(layers)
+    counts = list(blocks)
+    counts[0] += own[0]
+    counts[-1] += len(layers) - 1 - own[-1]
+    return tuple(counts)
+
+
+def searched_layout(run: published.PublishedRun, profile, choices: dict, folder: Path) -> tuple[int, ...]:  # noqa: ANN001
+    """Layers per pipeline stage of the best plan autopar's search finds with every decision of ``choices`` pinned:
+    a layout its framework chose and its source does not give (DeepSeek's HAI-LLM balances its stages, the report
+    says, not how), taken as the balanced one, not the even split Megatron-LM makes by default."""
+    plan = solve(profile, gpus=run.gpus, gpus_per_node=8, global_batch_size=run.global_batch, engine=run.engine,
+                 regret=False, pins=Pins(**choices), **hardware_of(run, folder))
+    return tuple(sum(1 for layer in plan.layers if layer.stage == s) for s in range(run.pp))
 
 
 def price(run: published.PublishedRun, folder: Path) -> dict:
@@ -82,7 +113,7 @@ def price(run: published.PublishedRun, folder: Path) -> dict:
     profile = profile_of(run)
     try:
         plan = estimate(profile, gpus=run.gpus, gpus_per_node=8, global_batch_size=run.global_batch,
-                        engine=run.engine, **hardware_of(run, folder), **choices_of(run, profile))
+                        engine=run.engine, **hardware_of(run, folder), **choices_of(run, profile, folder))
     except AutoparError as err:
         return {**row, "error": str(err)}
     pred = plan.prediction

@@ -33,7 +33,7 @@ from cost_models.engines import data_parallel_engines
 from cost_models.errors import ConfigError
 from cost_models.fp8 import Fp8Recipe
 from cost_models.memory import accumulates_unsharded
-from cost_models.model import ModelLike, is_tp_sharded
+from cost_models.model import ModelLike, is_tp_sharded, mtp_depth
 from cost_models.partition import chunk_blocks, interleaved_balance
 from cost_models.precision import PRECISIONS, Precision, default_precision
 from cost_models.recompute import check_modules
@@ -154,6 +154,12 @@ class ParallelConfig:
                                                   "values: all_gather (Llama 3; what autopar launch runs) or ring "
                                                   "(passed around, overlapped with attention: Megatron's p2p)",
                                records=(LAYER,), searched=False)
+    # Multi-token prediction (autopar/mtp.py): each MTP layer adds a transformer layer like the model's last, its
+    # projection of [hidden; next token's embedding] and the output head once more, all on the last pipeline chunk.
+    mtp_layers: int = decision(0, help="multi-token prediction layers trained beside the model (DeepSeek-V3; "
+                                       "Megatron-Core --mtp-num-layers): each a transformer layer like the model's "
+                                       "last, its projection and the output head again, on the last pipeline stage",
+                               records=(LAYOUT,), minimum=0, maximum=8, searched=False, metavar="N")
     # -- the cluster and the engine (not the plan's parallelism: its cluster, or the hardware profile's) -----------
     # The GPUs of one fast domain (NVLink / NVSwitch, xGMI), the unit groups are placed in and priced by: the node on
     # an HGX board, 72 GPUs of 4-GPU nodes on a GB200 NVL72 (hardware.HardwareProfile.domain_gpus; comm.py).
@@ -265,6 +271,10 @@ class ParallelConfig:
         """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
         self.check()
         check_context(self.cp, seq_len=model.seq_len)
+        if mtp_depth(model.layers) != self.mtp_layers:
+            raise ConfigError(f"the configuration trains {self.mtp_layers} MTP layers and the model's profile holds "
+                              f"{mtp_depth(model.layers)}; load the profile with mtp_layers={self.mtp_layers} "
+                              "(autopar.models.load_profile)")
         n_layers = len(model.layers)
         if self.chunks > n_layers:
             raise ConfigError(f"pp × virtual stages = {self.chunks} exceeds the model's {n_layers} layers; "

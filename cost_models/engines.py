@@ -75,6 +75,7 @@ class Engine:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the ZeRO stages it runs, which solve searches
     schedules: tuple[str, ...] = COMMON_SCHEDULES  # the pipeline schedules it runs
     microbatch_groups: str = "pp"  # how its interleaved schedule groups a chunk's micro-batches (rules.microbatch_group)
+    mtp_without: tuple[str, ...] | None = None  # it trains MTP layers with these degrees at 1 (None: no MTP)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def on(self, hw: HardwareProfile) -> HardwareProfile:
@@ -90,7 +91,7 @@ class Engine:
                        grad_reduce_overlap=self.dp_overlap, param_gather_overlap=self.param_gather_overlap,
                        grouped_experts=self.grouped_experts, fused_elementwise=self.fused_elementwise,
                        compiles=self.compiles, grad_buckets=self.grad_buckets, zero_stages=self.zero_stages,
-                       microbatch_groups=self.microbatch_groups, schedules=self.schedules,
+                       microbatch_groups=self.microbatch_groups, schedules=self.schedules, mtp_without=self.mtp_without,
                        zero3_comm_overlap=round(hw.zero3_overlap * self.zero3_overlap, 3))
 
     def _kernels(self, hw: HardwareProfile) -> HardwareProfile:
@@ -117,8 +118,10 @@ ENGINES: dict[str, Engine] = {
         "megatron", "Megatron-LM / Megatron-Core (NeMo): fused kernels, gradients reduced after the backward",
         compute=1.06, dp_overlap=1.0, param_gather_overlap=True, attention="cudnn", grouped_experts=True,
         fused_elementwise=True, kernel_masks=True, fused_sinks=True,
-        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", microbatch_groups="megatron",
+        fp8_library=TRANSFORMER_ENGINE, grad_buckets="megatron", microbatch_groups="megatron", mtp_without=(),
         sources={
+            "mtp_without": "Megatron-Core trains MTP layers (--mtp-num-layers) beside every parallelism, on the last "
+                           "pipeline stage (megatron/core/transformer/multi_token_prediction.py)",
             "microbatch_groups": "Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage "
                                  "(megatron/core/model_parallel_config.py, microbatch_group_size_per_vp_stage, default "
                                  "pp; forward_backward_pipelining_with_interleaving refuses a group outside [pp, m] or "
@@ -151,7 +154,10 @@ ENGINES: dict[str, Engine] = {
         "torchtitan", "torchtitan: FSDP2, DTensor tensor parallelism, torch.distributed.pipelining",
         compute=1.04, zero3_copies="per_parameter", grouped_experts=True, kernel_masks=True, fused_sinks=True,
         compiles=True, zero_stages=(0, 3), schedules=TORCH_SCHEDULES, microbatch_groups="torch",
+        mtp_without=("pp", "cp"),
         sources={
+            "mtp_without": "torchtitan's DeepSeek-V3 MTP (torchtitan/models/deepseek_v3/MTP.md: 'explicitly rejects CP "
+                           "and PP when MTP is enabled')",
             "microbatch_groups": TORCH_GROUPS,
             "schedules": "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules, "
                          "DualPipeV among them (torchtitan/distributed/pipeline_parallel.py)",
@@ -184,6 +190,7 @@ ENGINES: dict[str, Engine] = {
         compute=0.98, zero3_copies="per_parameter", autocast=True, fp8_library=TORCHAO_FLOAT8,
         schedules=TORCH_SCHEDULES, microbatch_groups="torch",
         sources={
+            "mtp_without": "none: the runtime trains the model's own next-token loss (autopar/runtime/settings.py)",
             "microbatch_groups": TORCH_GROUPS,
             "schedules": "autopar/runtime/pp.py runs torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe, "
                          "ScheduleInterleaved1F1B and ScheduleDualPipeV",

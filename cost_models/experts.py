@@ -350,6 +350,13 @@ def overlap_refusal(*, ep: int, dispatcher: str, dtype: str, recompute: str, mod
     return None
 
 
+def pipeline_refuses_overlap(cfg: Any) -> bool:
+    """What of overlap_refusal the pipeline decides (pipelining without a virtual pipeline), which no record a
+    layer's cost is cached by holds: those caches add it to their keys (a MoE layer's cost priced with its
+    all-to-alls hidden under the interleaved schedule was reused for 1F1B's, exposed, at the same degrees)."""
+    return bool(cfg.moe_overlap) and cfg.pp > 1 and cfg.schedule != "interleaved"
+
+
 def _overlapped(fwd: float, bwd: float, dense: tuple[float, float], experts: tuple[float, float],
                 hw: HardwareProfile) -> tuple[float, float]:
     """The all-to-alls of one layer hidden behind another micro-batch's compute as Megatron-Core's

@@ -43,7 +43,13 @@ from typing import Any, Literal, Mapping, get_args
 from cost_models.compute import LayerCompute, _matmul_split, gemm_time, memory_time
 from cost_models.errors import ConfigError
 from cost_models.hardware import HardwareProfile
-from cost_models.model import attention_core_fwd_flops_per_sample, fwd_matmul_flops, is_tp_sharded
+from cost_models.model import (
+    attention_core_fwd_flops_per_sample,
+    decoder_blocks,
+    fwd_matmul_flops,
+    is_mtp,
+    is_tp_sharded,
+)
 from cost_models.precision import Precision
 
 Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "blockwise", "mxfp8"]
@@ -159,9 +165,12 @@ def check_recipe(name: str | None, hw: Any, runners: Mapping[str, str] | None = 
 
 def fp8_blocks(layers: Any, bf16_blocks: int) -> list[bool]:
     """Per layer: does it run its linears in FP8? Every block but the first and last ``bf16_blocks`` (Megatron's
-    --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16); embeddings, norms and the head never do."""
-    blocks = [i for i, layer in enumerate(layers) if layer.kind == "block"]
+    --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16); embeddings, norms and the head never do. An MTP
+    layer does, whatever the ends (Megatron-Core's MultiTokenPredictionLayer runs under the global FP8 context:
+    megatron/core/transformer/multi_token_prediction.py)."""
+    blocks = decoder_blocks(layers)
     fp8 = set(blocks[bf16_blocks:len(blocks) - bf16_blocks])
+    fp8 |= {i for i, layer in enumerate(layers) if layer.kind == "block" and is_mtp(layer)}
     return [i in fp8 for i in range(len(layers))]
 
 

@@ -248,6 +248,9 @@ class HardwareProfile:
     # --microbatch-group-size-per-virtual-pipeline-stage, torch's rounds, or pp only); set by cost_models.engines (a
     # profile on its own: pp only, which every engine runs).
     microbatch_groups: str = "pp"
+    # Multi-token prediction layers (ParallelConfig.mtp_layers) the engine trains: None not at all, else the degrees
+    # it must leave at 1 beside them; set by cost_models.engines (a profile on its own: any).
+    mtp_without: tuple[str, ...] | None = ()
 
     def flash(self) -> tuple[EfficiencyTable, float] | None:
         """The fused attention kernel the engine runs, where the profile prices it (None: at the GEMM tables)."""

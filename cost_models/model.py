@@ -59,6 +59,26 @@ class ModelLike(Protocol):
     layers: Sequence[LayerLike]
 
 
+# -- multi-token prediction (autopar/mtp.py adds its layers to a profile) -------------------------------------------
+MTP_PREFIX = "mtp."  # an MTP layer's name: mtp.K, the K-th prediction depth's transformer layer; mtp.K.head its logits
+
+
+def is_mtp(layer: LayerLike) -> bool:
+    """A layer multi-token prediction adds (autopar/mtp.py), not one of the model's own."""
+    return layer.name.startswith(MTP_PREFIX)
+
+
+def decoder_blocks(layers: Sequence[LayerLike]) -> list[int]:
+    """Indices of the model's own transformer blocks: what Megatron-LM splits over the model chunks (an MTP layer
+    rides on the last chunk on top of its share, as --mtp-num-layers places it)."""
+    return [i for i, layer in enumerate(layers) if layer.kind == "block" and not is_mtp(layer)]
+
+
+def mtp_depth(layers: Sequence[LayerLike]) -> int:
+    """The MTP layers a profile holds (0: trained without multi-token prediction)."""
+    return sum(1 for layer in layers if layer.kind == "block" and is_mtp(layer))
+
+
 # -- a layer's quantities at micro-batch b (whole layer, before any tensor-parallel split) -----------
 def fwd_flops(layer: LayerLike, b: float) -> float:
     return layer.fwd_flops_per_sample * b + layer.fwd_flops_fixed

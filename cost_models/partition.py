@@ -16,20 +16,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cost_models.model import LayerLike
+from cost_models.model import LayerLike, decoder_blocks, is_mtp
 
 
 def stage_layer_counts(layers: Sequence[LayerLike], chunks: int) -> tuple[int, ...]:
     """Layers per chunk, in order, summing to len(layers), no cut after a layer one chunk holds with the next
     (``off_held``)."""
     n = len(layers)
-    blocks = [i for i, layer in enumerate(layers) if layer.kind == "block"]
+    blocks = decoder_blocks(layers)
     if len(blocks) < chunks or blocks != list(range(blocks[0], blocks[-1] + 1)):
         return off_held(layers, _even(n, chunks))
     per_chunk = _even(len(blocks), chunks)
     counts = list(per_chunk)
     counts[0] += blocks[0]                 # embedding and anything before the first block
-    counts[-1] += n - 1 - blocks[-1]       # final norm, head, anything after the last block
+    counts[-1] += n - 1 - blocks[-1]       # MTP layers, final norm, head, anything after the last block
     return off_held(layers, tuple(counts))
 
 
@@ -61,18 +61,19 @@ def off_held(layers: Sequence[LayerLike], counts: tuple[int, ...]) -> tuple[int,
 
 
 def chunk_blocks(layers: Sequence[LayerLike], counts: Sequence[int]) -> list[int]:
-    """Blocks in each chunk of a layout (layers per chunk, in order)."""
+    """The model's own blocks in each chunk of a layout (layers per chunk, in order; MTP layers not counted)."""
     out, start = [], 0
     for c in counts:
-        out.append(sum(1 for layer in layers[start:start + c] if layer.kind == "block"))
+        out.append(sum(1 for layer in layers[start:start + c] if layer.kind == "block" and not is_mtp(layer)))
         start += c
     return out
 
 
 def interleaved_balance(layers: Sequence[LayerLike], chunks: int) -> tuple[int, int] | None:
     """(fewest, most) blocks a chunk may hold under the interleaved schedule: equal to one; None where the
-    model's blocks are fewer than the chunks or not contiguous (no even split exists: any layout goes)."""
-    blocks = [i for i, layer in enumerate(layers) if layer.kind == "block"]
+    model's blocks are fewer than the chunks or not contiguous (no even split exists: any layout goes). An MTP
+    layer is not counted: Megatron-LM places it on the last chunk on top of that chunk's share."""
+    blocks = decoder_blocks(layers)
     if len(blocks) < chunks or blocks != list(range(blocks[0], blocks[-1] + 1)):
         return None
     return len(blocks) // chunks, -(-len(blocks) // chunks)

@@ -24,7 +24,7 @@ from cost_models.config import ParallelConfig
 from cost_models.context import context_cost
 from cost_models.engines import FP8_RUNNERS, data_parallel_engines
 from cost_models.estimate import StepEstimate, breakdown, device_estimate
-from cost_models.experts import DenseView, expert_cost, imbalance_of, overlap_refusal
+from cost_models.experts import DenseView, expert_cost, imbalance_of, overlap_refusal, pipeline_refuses_overlap
 from cost_models.fp8 import (
     TRANSFORMER_ENGINE,
     check_recipe,
@@ -52,7 +52,7 @@ from cost_models.partition import chunk_ranges, stage_layer_counts
 from cost_models.pipeline import pipeline_time_of
 from cost_models.precision import Precision
 from cost_models.recompute import core_mode, repeated_collectives
-from cost_models.rules import check_engine_schedule, microbatch_group
+from cost_models.rules import check_engine_mtp, check_engine_schedule, microbatch_group
 from cost_models.step_work import layer_step_work, zero3_buffer_bytes
 
 
@@ -183,7 +183,8 @@ class CostModel:
         gpn = self.domain(cfg)
         devices = cfg.tp * cfg.grad_replicas
         whole = cfg.accumulates_unsharded
-        setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links, self.autocast(cfg))
+        setting = (cfg.layer_setting, cfg.step_setting, cfg.expert_shape, whole, links, self.autocast(cfg),
+                   pipeline_refuses_overlap(cfg))
         setting = self._settings.setdefault(setting, len(self._settings))  # hashed once, not once per layer
         fp8 = self.fp8_layers(cfg)
         for i, mode, t in entries:
@@ -424,6 +425,7 @@ class CostModel:
     def evaluate(self, cfg: ParallelConfig) -> StepEstimate:
         """Predicted time and memory of one training step under ``cfg`` (raises ConfigError if impossible)."""
         cfg.validate(self.model)
+        check_engine_mtp(cfg.mtp_layers, self.hw.mtp_without, pp=cfg.pp, cp=cfg.cp)
         if cfg.pp > 1:
             check_engine_schedule(cfg.schedule, self.hw.schedules, groups=self.hw.microbatch_groups,
                                   num_microbatches=cfg.num_microbatches, pp=cfg.pp)

@@ -16,6 +16,9 @@ expressible split nearest to it (fewest layers moved between ranks) and a warnin
 does not divide run in Megatron-Core's groups (``--microbatch-group-size-per-virtual-pipeline-stage``, the smallest
 group it accepts: cost_models.rules.microbatch_group, as the cost model prices the warm-up).
 
+Multi-token prediction: ``--mtp-num-layers`` (Megatron-Core builds them on the last pipeline stage, beside its
+decoder layers, as the plan places them; validate_args needs rope or no position embedding, a model argument).
+
 Recomputation: all blocks full → ``--recompute-method uniform --recompute-num-layers 1`` (every layer's
 input is kept, the rest recomputed, as the cost model assumes); full on the same number k of blocks in
 every chunk → ``--recompute-method block --recompute-num-layers k`` (which blocks of a chunk recompute
@@ -84,7 +87,7 @@ VERSIONS = {"0.16": "Megatron-LM core_v0.16.1 (megatron/training/arguments.py: p
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"}) | OVERLAP_READS
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks", "mtp_layers"}) | OVERLAP_READS
 
 # Megatron-FSDP's sharding strategy for each ZeRO stage it runs (ZeRO-1 is the distributed optimizer).
 _FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -141,6 +144,8 @@ def export(plan: Plan, dialect: str = "0.16") -> Export:
     layers = num_blocks(plan)
     if layers is not None:
         args.append(("--num-layers", layers))
+    if par.mtp_layers:  # on the last pipeline stage, beside its decoder layers (multi_token_prediction.py)
+        args.append(("--mtp-num-layers", par.mtp_layers))
     args += _pipeline_args(plan, warnings)
     args += [("--micro-batch-size", par.micro_batch_size), ("--global-batch-size", par.global_batch_size),
              ("--seq-length", plan.model.seq_len)]
@@ -278,10 +283,11 @@ def megatron_pipeline(plan: Plan, target: str, warnings: list[str]) -> PipelineL
                         "chunks (each needs at least one); exported without a layer split")
     elif split is not None and not split.exact:
         chunks = "" if virtual == 1 else f" (per chunk {counts})"
-        layout = "" if virtual > 1 else (  # E: embedding, t: transformer layer, L: loss; | between stages
+        layout = "" if virtual > 1 else (  # E: embedding, t: transformer layer, m: MTP layer, L: loss; | between stages
             f" (Megatron-Core's {'--pipeline-model-parallel-layout' if target == TARGET else 'pipeline_model_parallel_layout'} "
             + "|".join(
-                ("E" if r == 0 else "") + "t" * n + ("L" if r == par.pp - 1 else "") for r, n in enumerate(counts))
+                ("E" if r == 0 else "") + "t" * n + ("m" * par.mtp_layers + "L" if r == par.pp - 1 else "")
+                for r, n in enumerate(counts))
             + " would express it exactly)")
         warnings.append(f"{target} cannot express the plan's stage cut with first/last-stage layer counts: "
                         f"transformer layers per pipeline rank {rank_counts(counts, par.pp)}{chunks}; exported as "

@@ -14,7 +14,7 @@ own (Llama 3 8B's recipe sets context_parallel_size 2):
   uneven first / last stages (``num_layers_in_first_pipeline_stage`` / ``..._last_...``; other cuts get the nearest
   such split, warned), recomputation (``recompute_granularity`` / ``recompute_method`` / ``recompute_num_layers``, as
   Megatron-LM), activation offload (``cpu_offloading``: not with pipelining or recomputation, warned), the experts
-  (export/experts.py), ``seq_length`` and the launch-only decisions (export/overlap.py: ``moe_token_dispatcher_type``,
+  (export/experts.py), ``mtp_num_layers`` (multi-token prediction), ``seq_length`` and the launch-only decisions (export/overlap.py: ``moe_token_dispatcher_type``,
   ``overlap_moe_expert_parallel_comm``, ``tp_comm_overlap``, ``recompute_modules``);
 - ``train``: ``micro_batch_size``, ``global_batch_size`` (micro-batches per step = global / (micro × dp));
 - ``ddp`` and ``optimizer``: ZeRO-1 the distributed optimizer, ZeRO-2/3 Megatron-FSDP
@@ -61,10 +61,11 @@ VERSIONS = {"bridge": "Megatron-Bridge 0.3.1 (ConfigContainer: process_config_wi
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks"}) | OVERLAP_READS
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks", "mtp_layers"}) | OVERLAP_READS
 # NeMo 2.4's YAML passes TransformerConfig fields through (the dispatcher, the experts' overlap, the recomputed
-# modules); its data-parallel and userbuffers overlaps are its own optimizer's and trainer's settings, not written.
-READS_2_4 = READS - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
+# modules); its data-parallel and userbuffers overlaps are its own optimizer's and trainer's settings, not written, and
+# its MegatronGPTModel builds no MTP layers (warned).
+READS_2_4 = READS - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "mtp_layers"}
 _DEGREES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
             "cp": "context_parallel_size", "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
 _SHARDING = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
@@ -92,6 +93,8 @@ def export(plan: Plan, dialect: str = "bridge") -> Export:
                   "sequence_parallel": sequence_parallel, "seq_length": plan.model.seq_len})
     if par.cp > 1:
         model["cp_comm_type"] = CP_COMM_TYPES[par.cp_comm]
+    if par.mtp_layers:  # GPTModelProvider.mtp_num_layers (a TransformerConfig field)
+        model["mtp_num_layers"] = par.mtp_layers
     recompute = megatron_recompute(plan, TARGET)
     if recompute.warning:
         warnings.append(recompute.warning)

@@ -5,7 +5,8 @@ before torchrun (the plan was made for another engine: export it to that engine 
 - gradients are reduced during the backward (DDP's buckets, FSDP2's reduce-scatters);
 - tensor-parallel collectives run between the GEMMs (DTensor), never overlapped inside them;
 - selective recomputation re-runs the attention core only (autopar/runtime/ac.py);
-- the blocks run eagerly (a plan priced under torch.compile is for torchtitan: export it).
+- the blocks run eagerly (a plan priced under torch.compile is for torchtitan: export it);
+- the model trains on its own next-token loss: no multi-token prediction layers (a plan with them is Megatron-Core's).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ RUNS = {
     "tp_comm_overlap": ((False,), "does not overlap tensor-parallel collectives with the GEMMs"),
     "recompute_modules": ((None, ("core_attn",)), "recomputes the attention core only under selective recomputation"),
     "compile": ((False,), "runs the blocks eagerly, without torch.compile"),
+    "mtp_layers": ((0,), "trains no multi-token prediction layers"),
 }
 
 

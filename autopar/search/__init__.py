@@ -29,7 +29,7 @@ from cost_models.config import Pins, flag
 from cost_models.engines import DEFAULT_ENGINE, Engine, load_engine
 from cost_models.estimate import StepEstimate
 from cost_models.hardware import DEFAULT_HARDWARE
-from cost_models.rules import check_engine_schedule, model_experts
+from cost_models.rules import check_engine_mtp, check_engine_schedule, model_experts
 
 __all__ = ["Budget", "Pins", "solve", "solve_top_k"]
 OVERRUN_SLACK_S = 0.5  # past the limit by less than this, a solve is on time (the last steps' bookkeeping)
@@ -68,8 +68,9 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
         raise AutoparError("--gpus, --gpus-per-node, --gpus-per-domain and --top-k must be positive")
     raw, hw = priced_hardware(gpu, hardware_file, dtype=dtype, engine=engine, fp8=pins.fp8, compile_=pins.compile)
     check_schedule_pin(pins, hw, engine)
+    pins, mtp_limits = mtp_pins(pins, hw, engine)
     node, domain = cluster_shape(raw, gpus, gpus_per_node, gpus_per_domain)
-    profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype)
+    profile = load_profile(model, overrides=overrides, seq_len=seq_len, dtype=dtype, mtp_layers=pins.mtp_layers or 0)
     parts.append(("reading the model" if isinstance(model, ModelProfile) or is_saved(model) else "tracing the model",
                   budget.elapsed() - sum(t for _, t in parts)))
     check_expert_pins(profile, pins)
@@ -101,7 +102,7 @@ def solve_top_k(model: str | Path | ModelProfile, *, gpus: int, k: int = 1, gpus
                            elsewhere=other_engine(given, pins, gpu, hardware_file, dtype))
     if result.first_plan_s is not None:
         parts.append(("the search until its first plan", result.first_plan_s - sum(t for _, t in parts)))
-    notes = [*limits, *budget_notes(budget, parts, regret and spreads[0].regret_s is None)]
+    notes = [*mtp_limits, *limits, *budget_notes(budget, parts, regret and spreads[0].regret_s is None)]
 
     def at_ep(ep: int) -> StepEstimate | None:  # the best plan with the experts at ep (why.expert_note)
         found = run(hw, budget, fixed=dataclasses.replace(pins, ep=ep))
@@ -175,6 +176,26 @@ def check_schedule_pin(pins: Pins, hw: HardwareProfile, engine: str) -> None:
             check_engine_schedule(pins.schedule, hw.schedules)
         except ConfigError as err:
             raise AutoparError(f"--schedule {pins.schedule} --engine {engine}: {err}") from None
+
+
+def mtp_pins(pins: Pins, hw: HardwareProfile, engine: str) -> tuple[Pins, list[str]]:
+    """--mtp-layers under an engine that trains MTP layers only with some degrees at 1 (torchtitan: pp and cp): those
+    pinned to 1, with a note; a one-line error where the engine trains none or the user pinned such a degree."""
+    if not pins.mtp_layers:
+        return pins, []
+    try:
+        check_engine_mtp(pins.mtp_layers, hw.mtp_without)
+    except ConfigError as err:
+        raise AutoparError(f"--mtp-layers {pins.mtp_layers} --engine {engine}: {err}") from None
+    without = hw.mtp_without or ()
+    for name in without:
+        if getattr(pins, name) not in (None, 1):
+            raise AutoparError(f"{flag(name, getattr(pins, name))} --mtp-layers {pins.mtp_layers}: --engine {engine} "
+                               f"trains MTP layers only with {name} 1; drop one, or plan for --engine megatron")
+    fixed = {name: 1 for name in without if getattr(pins, name) is None}
+    note = (f"searched with {' and '.join(f'{n} 1' for n in fixed)}: --engine {engine} trains MTP layers without "
+            "them")
+    return dataclasses.replace(pins, **fixed), [note] if fixed else []
 
 
 def check_expert_pins(profile: ModelProfile, pins: Pins) -> None:

@@ -39,6 +39,7 @@ from cost_models.composition import (
     traffic_floor,
     unhidden,
 )
+from cost_models.experts import pipeline_refuses_overlap
 from cost_models.layer_cost import layer_row
 from cost_models.memory import accumulates_unsharded
 from cost_models.partition import interleaved_balance
@@ -100,7 +101,8 @@ class LowerBound:
         its options are shared by every (ep, etp) of a setting."""
         cost = self.cost
         layer = cost.model.layers[i]
-        key = (i, self._setting_key(cfg), cfg.expert_shape if getattr(layer, "moe", None) else None)
+        key = (i, self._setting_key(cfg),
+               (cfg.expert_shape, pipeline_refuses_overlap(cfg)) if getattr(layer, "moe", None) else None)
         opts = self._layers.get(key)
         if opts is None:
             costs = cost.option_costs(cfg, self._choices(cfg, i))
@@ -130,8 +132,8 @@ class LowerBound:
                 self.cost.autocast(cfg))
 
     def _options_key(self, cfg: ParallelConfig) -> tuple:
-        """What every layer's rows on the first stage depend on: the setting and the experts' shape."""
-        return self._setting_key(cfg), cfg.expert_shape
+        """What every layer's rows on the first stage depend on: the setting and the experts' shape and overlap."""
+        return self._setting_key(cfg), cfg.expert_shape, pipeline_refuses_overlap(cfg)
 
     def _memory_limits(self, cfg: ParallelConfig) -> tuple[tuple[float, float], tuple[float, float]]:
         """Two necessary conditions on the layers' memory, each a knapsack (micro-batches in flight, capacity).
@@ -209,7 +211,8 @@ class LowerBound:
         so it does not depend on dp or the ZeRO stage and the few settings it does depend on serve every
         choice. What each outer choice gets first; ``cheap`` is at least as high (its rows add the step work
         to these, which only adds time)."""
-        key = (cfg.layer_setting, cfg.expert_shape, self._degrees(cfg), self.cost.autocast(cfg))
+        key = (cfg.layer_setting, cfg.expert_shape, self._degrees(cfg), self.cost.autocast(cfg),
+               pipeline_refuses_overlap(cfg))
         per_microbatch = self._coarse.get(key)
         if per_microbatch is None:
             cost, layers = self.cost, self.cost.model.layers

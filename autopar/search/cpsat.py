@@ -35,6 +35,7 @@ from cost_models.composition import (
 )
 from cost_models.config import RECOMPUTE_MODES
 from cost_models.layer_cost import layer_largest, layer_row
+from cost_models.model import is_mtp
 from cost_models.partition import forbidden_cuts, interleaved_balance
 
 MODES = RECOMPUTE_MODES  # from least to most recomputation
@@ -152,10 +153,10 @@ class InnerModel:
         for c in range(self.C):  # chunks are non-empty and in order
             model.add(self.cuts[c + 1].position >= self.cuts[c].position + 1)
         balance = interleaved_balance(layers, self.C) if cfg.balanced_chunks else None
-        if balance is not None:  # chunks hold equal numbers of blocks, to one (partition.py)
+        if balance is not None:  # chunks hold equal numbers of the model's blocks, to one (partition.py)
+            own = [table for j, table in tab.count_prefix.items() if not is_mtp(layers[tab.rep[j]])]
             for c in range(self.C):
-                model.add_linear_constraint(sum(self._span(table, [c]) for table in tab.count_prefix.values()),
-                                            *balance)
+                model.add_linear_constraint(sum(self._span(table, [c]) for table in own), *balance)
         # counts[d, j, option]: how many blocks of type j on device d take that option (the rest: the base)
         self.counts: dict[tuple[int, str, tuple[int, str]], cp_model.IntVar] = {}
         self.symmetric: list[tuple[int, int]] = []  # pairs of chunks kept in size order (break_symmetry)

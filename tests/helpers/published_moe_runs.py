@@ -50,6 +50,7 @@ from published_run import (
     HF,
     MCORE_RECIPES,
     NEMO_2407,
+    SEARCHED,
     PublishedRun,
     _tflops,
     hardware_profile_dict,
@@ -121,11 +122,12 @@ MEGATRON_BRIDGE_CARDS = [
                "pretrain_performance.H100; recipe src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py "
                "deepseek_v3_pretrain_1024gpu_h100_bf16_config (base: recipes/deepseek/h100/deepseek_v3.py)",
         zero=1, sequence_parallel=True, recompute="modules", recompute_modules=("mla_up_proj", "mlp"),
-        dispatcher="flex-hybridep", routing="forced",
+        dispatcher="flex-hybridep", routing="forced", mtp_layers=1, layout="Et|(tt|)*30mL",
         features=("MTP 1 layer", "pipeline layout Et|(tt|)*30mL", "precision-aware optimizer (bf16 moments)",
                   "overlap_param_gather_with_optimizer_step", "overlap_grad_reduce off"),
-        missing=("per-module recompute", "dispatcher: HybridEP", "MTP layer", "uneven pipeline layout",
-                 "bf16 Adam moments"),
+        missing=("per-module recompute", "dispatcher: HybridEP", "MTP layer",
+                 "uneven pipeline layout (its last chunk the MTP layer and loss alone: priced with the same decoder "
+                 "layers per pipeline rank, 7, 8 × 6 and 6, two to a chunk where they go)", "bf16 Adam moments"),
         notes=("GBS 16384 and the layout from the card's expected_result (TP2/PP8/VP4/CP1/EP64/ETP1, GBS/MBS "
                "16384/1); dispatcher: the base recipe's flex/HybridEP",),
     ),
@@ -213,11 +215,13 @@ MEGATRON_BRIDGE_SUMMARY = [
                f"scripts/performance/configs/deepseek/workload_base_configs.py@{BRIDGE_V0_2_0} "
                "DEEPSEEK_V3_H100_BASE_CONFIG",
         sequence_parallel=True, recompute="modules", recompute_modules=("mla_up_proj", "mlp"),
-        precision="fp8-blockwise", dispatcher="flex-deepep", routing="forced",
-        features=("EP A2A overlap", "MTP 1 layer"),
-        missing=("FP8", "per-module recompute", "dispatcher: DeepEP", "EP A2A overlap", "MTP layer"),
+        precision="fp8-blockwise", dispatcher="flex-deepep", routing="forced", mtp_layers=1, layout="Et|(tt|)*30mL",
+        features=("EP A2A overlap", "MTP 1 layer", "pipeline layout Et|(tt|)*30mL"),
+        missing=("FP8", "per-module recompute", "dispatcher: DeepEP", "EP A2A overlap", "MTP layer",
+                 "uneven pipeline layout (priced with the same decoder layers per pipeline rank)"),
         notes=("the 25.09 recipe is not tagged; DEEPSEEK_V3_H100_BASE_CONFIG of the next release (v0.2.0) has the "
-               "same degrees and batch, and its recompute modules and dispatcher are used",
+               "same degrees and batch, and its recompute modules, dispatcher and pipeline layout (its "
+               "deepseek_v3 pretrain configs pass layout 'Et|(tt|)*30mL') are used",
                "FP8 128×128 weight / 1×128 activation blocks (the table's footnote)")),
     PublishedRun(
         "Llama 3.1 405B, 1024 H100, TP8 PP8 CP2 VP8, 8K, FP8-CS (Bridge 26.04.01)", model="llama-3.1-405b",
@@ -313,7 +317,8 @@ DEEPSEEK_REPORTS = [
         "§3.2 (2048 H800; 16-way PP, 64-way EP over 8 nodes, ZeRO-1 DP, DualPipe; recompute of RMSNorm and MLA "
         "up-projections), §3.3 (FP8 mixed precision), §4.2 (sequence 4K, batch ramped 3072 → 15360)",
         zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"),
-        dispatcher="custom node-deduplicated all-to-all", routing="aux-free", precision="fp8-blockwise",
+        dispatcher="custom node-deduplicated all-to-all", routing="aux-free", precision="fp8-blockwise", mtp_layers=1,
+        layout=SEARCHED,
         features=("DualPipe", "node-limited routing (4 nodes)", "MTP 1 layer", "warp-specialised all-to-all kernels"),
         missing=("FP8", "H800 (NVLink 400 GB/s variant)", "DualPipe (its schedule, bubble and all-to-all overlap: "
                  "Megatron-Core's EP A2A overlap, its nearest, needs a virtual pipeline; with 2 chunks per rank in "
@@ -322,7 +327,9 @@ DEEPSEEK_REPORTS = [
                  "per-module recompute",
                  "whole-run average", "DeepSeek's own FP8 GEMMs (priced as Transformer Engine's blockwise)"),
         notes=("a whole-run average (includes the batch ramp and any restarts), not one step",
-               "micro-batch not stated: 1 assumed; batch: the final 15360", "engine: HAI-LLM priced as megatron")),
+               "micro-batch not stated: 1 assumed; batch: the final 15360", "engine: HAI-LLM priced as megatron",
+               "layout not stated (DualPipe puts the embedding and the output head on one rank, §3.2.1): the stage "
+               "cut autopar's search picks for these degrees")),
     PublishedRun(
         "DeepSeek-V2, H800, PP16 EP8, whole pre-training (report)", model="deepseek-v2", seq=4096, gpus=1024,
         global_batch=9216, micro_batch=1, tp=1, pp=16, ep=8, etp=1, engine="megatron", hardware="h800-80gb",
@@ -332,13 +339,14 @@ DEEPSEEK_REPORTS = [
                "and 'Training and Inference Efficiency' (172.8K GPU hours per trillion tokens), §3.1.2 (sequence 4K, "
                "batch ramped 2304 → 9216)",
         zero=1, recompute="modules", recompute_modules=("layernorm", "mla_up_proj"), dispatcher="custom all-to-all",
-        routing="aux-loss",
+        routing="aux-loss", layout=SEARCHED,
         features=("zero-bubble pipeline", "device-limited routing (3 devices)"),
         missing=("H800 (NVLink 400 GB/s variant)", "zero-bubble pipeline", "device-limited routing",
                  "per-module recompute", "whole-run average"),
         notes=("the report does not give the GPU count: 1024 assumed (dp 64)", "a whole-run average",
                "micro-batch not stated: 1 assumed; batch: the final 9216; precision not stated: BF16 assumed "
                "(FP8 training came with V3)", "engine: HAI-LLM priced as megatron",
+               "layout not stated: the stage cut autopar's search picks for these degrees",
                "recomputation not stated; the run fit in 80 GB, which without any it would not (123.6 GiB priced): "
                "the RMSNorm and MLA up-projection recomputation the V3 report (§3.2.3) describes for the same "
                "framework assumed (79.0 GiB priced)")),

@@ -6,6 +6,7 @@ published_dense_runs.py (dense long-context and large runs: torchtitan, NeMo). P
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ class PublishedRun:
     precision: str = "bf16"
     cp_comm: str = "ring"            # Megatron-Core's default cp_comm_type p2p; torchtitan's allgather rotation
     grouped_gemm: bool | None = None  # the experts as one grouped GEMM (--moe-grouped-gemm); None: the engine's
+    mtp_layers: int = 0              # multi-token prediction layers trained beside the model (--mtp-num-layers)
+    layout: str = ""                 # Megatron-Core's --pipeline-model-parallel-layout, where the run gives one;
+    #                                  SEARCHED where its framework balanced the stages and the source does not say how
     features: tuple[str, ...] = ()   # what else ran: overlaps, CUDA graphs, compile, ...
     missing: tuple[str, ...] = ()    # decisions autopar cannot express yet (the row is flagged)
     memory_gib: float | None = None
@@ -122,6 +126,8 @@ class PublishedRun:
             out["tp_comm_overlap"] = True
         if "torch.compile" in listed:
             out["compile"] = True
+        if self.mtp_layers:
+            out["mtp_layers"] = self.mtp_layers
         if self.fp8:
             out["fp8"] = FP8_RECIPES.get(self.precision) or FP8_NEAREST[self.precision]
         if self.moe:
@@ -150,6 +156,30 @@ class PublishedRun:
         return tuple(out)
 
 
+SEARCHED = "searched"  # PublishedRun.layout: the cut autopar's search picks for the run's degrees
+
+
+def layout_blocks(layout: str) -> list[int]:
+    """Decoder layers per model chunk of a Megatron-Core pipeline layout (``--pipeline-model-parallel-layout``,
+    megatron/core/transformer/pipeline_parallel_layer_layout.py: chunks split by '|', 't' a decoder layer, 'E' the
+    embedding, 'm' an MTP layer, 'L' the loss, '(...)*n' a repeat): "Et|(tt|)*30mL" → [1, 2 × 30, 0]."""
+    expanded = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout)
+    return [chunk.count("t") for chunk in expanded.split("|")]
+
+
+def rank_balanced_chunks(blocks: list[int], pp: int) -> list[int]:
+    """The same decoder layers per pipeline rank as ``blocks`` (chunk c on rank c mod pp), each rank's spread over its
+    chunks as evenly as they go (the larger counts first): what the interleaved schedule's equal-chunks rule
+    (cost_models/partition.interleaved_balance) can express of an uneven layout."""
+    chunks, per_rank = len(blocks), [sum(blocks[r::pp]) for r in range(pp)]
+    out = [0] * chunks
+    for r, total in enumerate(per_rank):
+        mine = list(range(r, chunks, pp))
+        for k, c in enumerate(mine):
+            out[c] = total // len(mine) + (1 if k < total % len(mine) else 0)
+    return out
+
+
 # FP8 recipes as autopar's fp8 decision (cost_models/fp8.py): Transformer Engine's current scaling and torchao's
 # tensorwise float8 scale per tensor; NeMo's FP8 of 2024 is Transformer Engine's delayed scaling; blockwise scaling
 # (DeepSeek-V3's 1×128 / 128×128 tiles) is Transformer Engine's Float8BlockScaling. DeepSeek's own framework (the
@@ -161,7 +191,7 @@ FP8_NEAREST: dict[str, str] = {}
 
 # What ``missing`` lists that autopar now expresses (estimate_choices maps each).
 EXPRESSED = ("dispatcher: HybridEP", "dispatcher: DeepEP", "EP A2A overlap", "DP overlap", "TP comm overlap",
-             "per-module recompute", "node-limited routing", "device-limited routing", "torch.compile")
+             "per-module recompute", "node-limited routing", "device-limited routing", "torch.compile", "MTP layer")
 
 
 # -- hardware that is not a built-in profile: the built-in profile with the source's own figures --------------------

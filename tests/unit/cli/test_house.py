@@ -14,7 +14,7 @@ LAYERS = [
     {"cost_models"},
     {"autopar.errors", "autopar.files", "autopar.ranks"},
     {"autopar.profile", "autopar.plan"},
-    {"autopar.capture", "autopar.models", "autopar.pricing"},
+    {"autopar.capture", "autopar.models", "autopar.mtp", "autopar.pricing"},
     {"autopar.runtime", "autopar.search", "autopar.export"},
     {"autopar.estimate", "autopar.sweep", "autopar.cluster_choice", "autopar.calibrate", "autopar.report"},
     {"autopar.commands", "autopar.cli", "autopar.__main__", "autopar"},

@@ -45,6 +45,7 @@ CHANGES = {
     "tp_comm_overlap": ("gpt", {**BASE, "sequence_parallel": True}, {"tp_comm_overlap": True}),
     "recompute_modules": ("gpt", {**BASE, "recompute": "selective"}, {"recompute_modules": ("core_attn", "mlp")}),
     "compile": ("gpt", {**BASE, "engine": "torchtitan"}, {"compile": True}),
+    "mtp_layers": ("moe", {**BASE, "engine": "megatron"}, {"mtp_layers": 1}),
 }
 MODELS = {"gpt": (EX / "gpt.py", GPT), "moe": (EX / "moe.py", MOE)}
 
