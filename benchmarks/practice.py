@@ -13,8 +13,9 @@ The published plans and their sources:
 - Qwen3-235B-A22B, 256 H100: TP2, PP8, VP4, EP32, GBS 2048, recompute of moe_act and layernorm, the flex
   dispatcher with the all-to-all overlapped (Megatron-LM's MoE recipe);
 - DeepSeek-V3, 1024 H100: TP2, PP8, VP4, EP64, GBS 8192, recompute of mla_up_proj and mlp, the flex dispatcher
-  and one multi-token prediction layer (Megatron-Bridge's model verification card); solve trains the MTP layer too
-  (the job's objective, not a choice of the plan: --mtp-layers 1);
+  and one multi-token prediction layer in the layout "Et|(tt|)*30mL" (Megatron-Bridge's model verification card;
+  priced with the same decoder layers per pipeline rank: benchmarks/published.py stage_layers); solve trains the MTP
+  layer too (the job's objective, not a choice of the plan: --mtp-layers 1);
 - Mixtral 8x22B, 128 H100: TP2, PP4, VP14, CP2, EP8, SP, GBS 512 (NeMo 2's recipe
   nemo/collections/llm/recipes/mixtral_8x22b.py, trainer defaults on 16 nodes).
 The runs behind the first three are in tests/helpers/published_moe_runs.py with their sources.
@@ -29,9 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from published import stage_layers  # noqa: E402 - benchmarks/published.py
+
 from autopar import estimate, solve  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.models import load_profile  # noqa: E402
+from autopar.mtp import with_mtp  # noqa: E402
 from cost_models.config import Pins  # noqa: E402
 
 HF = ROOT / "examples" / "hf"
@@ -44,7 +48,8 @@ JOBS = [  # (name, model, gpus, global batch, the published plan's decisions)
           recompute="selective", recompute_modules=("moe_act", "layernorm"), moe_dispatcher="flex", moe_overlap=True)),
     ("DeepSeek-V3 on 1024 H100", "deepseek-v3", 1024, 8192,
      dict(tp=2, pp=8, virtual_stages=4, ep=64, etp=1, zero_stage=1, sequence_parallel=True, schedule="interleaved",
-          recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_dispatcher="flex", mtp_layers=1)),
+          recompute="selective", recompute_modules=("mla_up_proj", "mlp"), moe_dispatcher="flex", mtp_layers=1,
+          layout="Et|(tt|)*30mL")),
     ("Mixtral 8x22B on 128 H100", "mixtral-8x22b-v0.1", 128, 512,
      dict(tp=2, pp=4, virtual_stages=14, cp=2, ep=8, etp=1, zero_stage=1, sequence_parallel=True,
           schedule="interleaved", recompute="none")),
@@ -76,8 +81,13 @@ def main() -> None:
             continue
         profile = load_profile(str(HF / f"{model}.json"), seq_len=4096, dtype="bf16")
         print(f"{name}, seq 4096, global batch {batch} (megatron engine, BF16)")
+        decisions = dict(published)
+        layout = decisions.pop("layout", None)
+        if layout:  # the recipe's Megatron-Core layout, as the same decoder layers per pipeline rank
+            layers = with_mtp(profile, decisions.get("mtp_layers", 0)).layers
+            decisions["stage_layers"] = stage_layers(layers, layout, decisions["pp"])
         try:
-            print(row("published", estimate(profile, gpus=gpus, global_batch_size=batch, **COMMON, **published), gpus))
+            print(row("published", estimate(profile, gpus=gpus, global_batch_size=batch, **COMMON, **decisions), gpus))
         except AutoparError as err:
             print(f"  published  cannot be priced: {err}")
         started = time.perf_counter()
