@@ -14,6 +14,7 @@ from cost_models import ConfigError, CostModel, make_config
 from cost_models.config import default
 from cost_models.engines import DEFAULT_ENGINE, load_engine
 from cost_models.hardware import DEFAULT_HARDWARE
+from cost_models.rules import check_engine_mtp
 
 
 def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_per_node: int | None = None,
@@ -45,6 +46,8 @@ def estimate(profile_or_source: str | Path | ModelProfile, *, gpus: int, gpus_pe
         batch = global_batch_size if global_batch_size is not None else (
             profile.global_batch or degrees["micro_batch_size"] * gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"]))
         given["attention_kernel"] = attention_kernel(profile, given.get("attention_kernel", default("attention_kernel")))
+        check_engine_mtp(given.get("mtp_layers", 0), hw.mtp_without, f"--engine {engine}",
+                         pp=degrees["pp"], cp=degrees["cp"])
         cfg = make_config(gpus, global_batch_size=batch, gpus_per_node=min(domain, gpus), **given)
         result = CostModel(profile, hw).evaluate(cfg)
         spread = assess(profile, result.config, scenarios(raw, load_engine(engine)), None, None)

@@ -11,9 +11,12 @@ the first stage's (its embedding group).
 
 ``with_mtp(profile, n)`` adds, after the model's last block, n layers ``mtp.K`` (kind block): a copy of that
 block plus the two norms, the projection and the final norm (2·d² + 3·d parameters, 4·d² FLOPs a token; the
-embedding lookup's gather, a copy of a row per token, is left out), using the embedding's weights as a tied copy;
-and after the head n layers ``mtp.K.head``: the head's work again on its own weights (no parameters of its own).
-No pipeline cut is allowed after an MTP layer, the final norm or the head, so they share the last chunk.
+embedding lookup's gather, a copy of a row per token, is left out), the first of them using the embedding's weights
+as a tied copy (one for every depth, as Megatron-Core builds one embedding on that stage; a model that ties its
+head to the embedding holds a second there, the head's own, as Megatron-Core allocates the output layer's weight
+off the first stage); and after the head n layers ``mtp.K.head``: the head's work again on its own weights (no
+parameters of their own). No pipeline cut is allowed after an MTP layer, the final norm or a head, so they all
+share the last chunk.
 
 Assumed, where Megatron-Core does a little more: the projection is sharded with the block under tensor
 parallelism and the all-gather of its output (one hidden-width gather per token, as a sequence-parallel norm
@@ -49,12 +52,13 @@ def with_mtp(profile: ModelProfile, layers: int) -> ModelProfile:
                            "prediction needs; drop --mtp-layers")
     last, head = profile.layers[blocks[-1]], profile.layers[heads[-1]]
     embedding = next((layer for layer in profile.layers if layer.kind == "embedding"), None)
-    mtp = [_mtp_block(profile, last, k, embedding.params if embedding else 0) for k in range(layers)]
+    # one embedding on the last stage serves every depth (Megatron-Core's GPTModel builds it where mtp_process)
+    mtp = [_mtp_block(profile, last, k, embedding.params if embedding and k == 0 else 0) for k in range(layers)]
     outputs = [head.model_copy(update={"name": f"{MTP_PREFIX}{k}.head", "block_id": f"{head.block_id}|mtp-head",
                                        "params": 0, "tied_params": 0, "param_bytes": 0}) for k in range(layers)]
     before, after = profile.layers[:blocks[-1] + 1], profile.layers[blocks[-1] + 1:]
-    held_together = [layer.model_copy(update={"pipeline_cut_after": False}) for layer in [*mtp, *after]]
-    ordered = [*before, *held_together, *outputs]
+    tail = [*mtp, *after, *outputs]
+    ordered = [*before, *(layer.model_copy(update={"pipeline_cut_after": False}) for layer in tail[:-1]), tail[-1]]
     added = sum(layer.params for layer in mtp)
     out = profile.model_copy(update={
         "layers": [layer.model_copy(update={"index": i}) for i, layer in enumerate(ordered)],

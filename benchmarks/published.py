@@ -78,9 +78,10 @@ def choices_of(run: published.PublishedRun, profile, folder: Path) -> dict:  # n
     elif run.layout:
         out["stage_layers"] = stage_layers(with_mtp(profile, run.mtp_layers).layers, run.layout, run.pp)
     if run.recompute == "alternate":
-        blocks = iter(range(len(profile.layers)))
+        layers = with_mtp(profile, run.mtp_layers).layers
+        blocks = iter(range(len(layers)))
         out["layer_recompute"] = tuple(("full" if next(blocks) % 2 == 0 else "none") if layer.kind == "block"
-                                       else "none" for layer in profile.layers)
+                                       else "none" for layer in layers)
     return out
 
 

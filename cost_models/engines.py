@@ -156,8 +156,9 @@ ENGINES: dict[str, Engine] = {
         compiles=True, zero_stages=(0, 3), schedules=TORCH_SCHEDULES, microbatch_groups="torch",
         mtp_without=("pp", "cp"),
         sources={
-            "mtp_without": "torchtitan's DeepSeek-V3 MTP (torchtitan/models/deepseek_v3/MTP.md: 'explicitly rejects CP "
-                           "and PP when MTP is enabled')",
+            "mtp_without": "torchtitan's DeepSeek-V3 MTP, on its main branch since commit f59c215e8 (2026-08-11; no "
+                           "release has it yet): torchtitan/models/deepseek_v3/MTP.md, 'explicitly rejects CP and PP "
+                           "when MTP is enabled'",
             "microbatch_groups": TORCH_GROUPS,
             "schedules": "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules, "
                          "DualPipeV among them (torchtitan/distributed/pipeline_parallel.py)",

@@ -159,18 +159,20 @@ def check_engine_schedule(schedule: str, runs: tuple[str, ...], *, groups: str =
                           f"{num_microbatches}; change --global-batch-size or --micro-batch-size, or use --schedule 1f1b")
 
 
-def check_engine_mtp(mtp_layers: int, without: tuple[str, ...] | None, **degrees: int) -> None:
+def check_engine_mtp(mtp_layers: int, without: tuple[str, ...] | None, engine: str = "this engine",
+                     **degrees: int) -> None:
     """MTP layers the engine trains (HardwareProfile.mtp_without: None none; else the degrees it leaves at 1 beside
     them, as torchtitan does pipeline and context parallelism)."""
     if not mtp_layers:
         return
     if without is None:
-        raise ConfigError("this engine trains no multi-token prediction layers; drop --mtp-layers, or plan them "
-                          "for --engine megatron")
+        raise ConfigError(f"{engine} trains no multi-token prediction layers; drop --mtp-layers, or plan them for "
+                          "--engine megatron")
     refused = [f"{name} {degrees[name]}" for name in without if degrees.get(name, 1) > 1]
     if refused:
-        raise ConfigError(f"this engine trains MTP layers only with {' and '.join(f'{n} 1' for n in without)}, not "
-                          f"{', '.join(refused)}; set them to 1, or plan for --engine megatron")
+        raise ConfigError(f"{engine} trains MTP layers only with {' and '.join(f'{n} 1' for n in without)}, not "
+                          f"{', '.join(refused)}; pass {' '.join(f'--{n} 1' for n in without)}, or plan for "
+                          "--engine megatron")
 
 
 def check_sequence_parallel(sequence_parallel: bool, *, tp: int) -> None:

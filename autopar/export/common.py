@@ -11,6 +11,7 @@ which of these apply to them.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from autopar.plan import Plan
 from cost_models import ParallelConfig
 from cost_models.composition import chunk_device
 from cost_models.decisions import declarations
+from cost_models.model import MTP_PREFIX
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 
@@ -43,6 +45,8 @@ def block_indices(plan: Plan) -> list[int]:
     """Indices into plan.layers of the transformer blocks (the largest group of numbered layers)."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, layer in enumerate(plan.layers):
+        if layer.name.startswith(MTP_PREFIX):  # multi-token prediction's layers are not the decoder's
+            continue
         match = _NUMBERED.match(layer.name)
         if match:
             groups[match.group(1)].append(i)
@@ -269,7 +273,31 @@ class Recompute:
 def megatron_recompute(plan: Plan, target: str) -> Recompute:
     """The plan's per-block recomputation as Megatron / NeMo express it (one granularity for the whole
     model; with "full", the same number of checkpointed blocks in every chunk). A per-block mix they
-    cannot express becomes the closest setting that recomputes at least as much (so it still fits)."""
+    cannot express becomes the closest setting that recomputes at least as much (so it still fits). An MTP
+    layer takes what Megatron-Core gives it under those flags (mtp_recompute_warning)."""
+    out = _decoder_recompute(plan, target)
+    warning = mtp_recompute_warning(plan, out, target)
+    if warning is None:
+        return out
+    return dataclasses.replace(out, warning="; ".join(w for w in (out.warning, warning) if w))
+
+
+def mtp_recompute_warning(plan: Plan, out: Recompute, target: str) -> str | None:
+    """Megatron-Core recomputes an MTP layer as the flags say for the decoder's, but for the block method, which it
+    does not apply to MTP layers (megatron/core/transformer/multi_token_prediction.py): a warning where the plan's
+    MTP layers recompute otherwise."""
+    applied = {None: "none", "selective": "selective"}.get(out.granularity) or \
+        ("full" if out.method == "uniform" else "none")
+    planned = Counter(layer.recompute for layer in plan.layers
+                      if layer.name.startswith(MTP_PREFIX) and not layer.name.endswith(".head"))
+    if not planned or set(planned) == {applied}:
+        return None
+    mix = ", ".join(f"{n} {mode}" for mode, n in sorted(planned.items()))
+    return (f"{target} recomputes the MTP layers as '{applied}' under these flags, but the plan has {mix}; a "
+            "different run than planned (time and memory of the last stage)")
+
+
+def _decoder_recompute(plan: Plan, target: str) -> Recompute:
     blocks = block_indices(plan)
     modes = {plan.layers[i].recompute for i in blocks} if blocks else {plan.parallelism.recompute}
     if modes == {"none"}:
@@ -326,6 +354,8 @@ def summary(plan: Plan) -> str:
         parts.append(par.schedule + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else ""))
     if par.offload_activations:
         parts.append("activation offload")
+    if par.mtp_layers:
+        parts.append(f"{par.mtp_layers} MTP layer(s)")
     return (f"autopar plan for {plan.model.name} (seq {plan.model.seq_len}, {plan.parallelism.precision}) on "
             f"{plan.world_size} GPUs: " + ", ".join(parts) +
             f"; predicted step {plan.prediction.step_time_s:.3g} s under the {plan.prediction.engine} engine")

@@ -77,7 +77,7 @@ VERSIONS = {"0.3": "torchtitan 0.3.0 (ConfigManager.parse_args of the overrides)
 # the plan sets gets common.unexpressed's warning.
 READS = frozenset({"tp", "pp", "dp", "micro_batch_size", "num_microbatches", "zero_stage", "recompute",
                    "sequence_parallel", "schedule", "virtual_stages", "offload_activations", "precision", "ep",
-                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks", "compile"})
+                   "etp", "cp", "cp_comm", "fp8", "fp8_bf16_blocks", "compile", "mtp_layers"})
 SCHEDULE_CLASSES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "dualpipev": "DualPipeV"}
 _DEGREES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
             "ep": "expert_parallel_degree"}
@@ -92,6 +92,11 @@ MODULE_NAMES = {"0.3": TargetNames("tok_embeddings", "layers.{}", "norm", "lm_he
 
 def export(plan: Plan, dialect: str = "0.3") -> Export:
     warnings = unexpressed(plan, TARGET, READS)
+    if plan.parallelism.mtp_layers:
+        warnings.append(f"{TARGET} {dialect} has no multi-token prediction; torchtitan's main branch "
+                        f"builds the plan's {plan.parallelism.mtp_layers} MTP layer(s) from DeepSeek-V3's model "
+                        "registry (num_mtp_layers, commit f59c215e8, without pipeline or context parallelism), not "
+                        "from a setting this file can carry: pick such a --config, or the run has none")
     sections = _sections(plan, dialect, warnings)
     if dialect == "0.2":
         checkpoint = _checkpoint_0_2(plan, warnings)
@@ -113,8 +118,9 @@ def _layers_line(plan: Plan) -> list[str]:
     blocks = len(block_indices(plan))
     if not blocks:
         return []
-    return [f"# model: {blocks} transformer layers (layers.0 … layers.{blocks - 1}); the model's config must have "
-            "as many"]
+    mtp = plan.parallelism.mtp_layers
+    return [f"# model: {blocks} transformer layers (layers.0 … layers.{blocks - 1})"
+            + (f" and {mtp} MTP layer(s)" if mtp else "") + "; the model's config must have as many"]
 
 
 def _sections(plan: Plan, dialect: str, warnings: list[str]) -> dict[str, dict[str, Any]]:

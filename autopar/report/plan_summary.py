@@ -61,7 +61,8 @@ def configuration(plan: Plan) -> str:
             f"{par.num_microbatches} = global batch {par.global_batch_size}\n{context}{experts}{fp8_summary(plan)}"
             f"ZeRO-{par.zero_stage} · SP {'on' if par.sequence_parallel else 'off'} · {schedule_text(par)} · "
             f"offload {'on' if par.offload_activations else 'off'} · {recompute_summary(plan)}"
-            + (" · torch.compile" if par.compile else ""))
+            + (" · torch.compile" if par.compile else "")
+            + (f" · MTP {par.mtp_layers} (last stage)" if par.mtp_layers else ""))
 
 
 def layer_range(first: str, last: str, count: int) -> str:

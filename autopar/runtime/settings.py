@@ -33,6 +33,13 @@ def check_settings(spec: RunPlan | Plan) -> None:
         value = getattr(spec.parallelism, name)
         if value not in runs:
             shown = ",".join(value) if isinstance(value, tuple) else value
-            raise AutoparError(f"the plan sets {name} {shown}, but autopar's runtime {what}; re-plan for autopar's "
-                               "runtime (autopar solve --engine autopar) or export the plan to the engine it was "
-                               f"made for (autopar export --to {EXPORT_TO.get(name, 'megatron')})")
+            replan = "without --mtp-layers " if name == "mtp_layers" else ""
+            raise AutoparError(f"the plan sets {name} {shown}, but autopar's runtime {what}; re-plan {replan}for "
+                               "autopar's runtime (autopar solve --engine autopar) or export the plan to the engine "
+                               f"it was made for (autopar export --to {_made_for(spec, name)})")
+
+
+def _made_for(spec: RunPlan | Plan, name: str) -> str:
+    """The export target of the engine the plan was priced for, where it is one; else the setting's usual one."""
+    engine = getattr(getattr(spec, "prediction", None), "engine", None)
+    return engine if engine in ("megatron", "torchtitan", "deepspeed") else EXPORT_TO.get(name, "megatron")

@@ -184,9 +184,9 @@ def mtp_pins(pins: Pins, hw: HardwareProfile, engine: str) -> tuple[Pins, list[s
     if not pins.mtp_layers:
         return pins, []
     try:
-        check_engine_mtp(pins.mtp_layers, hw.mtp_without)
+        check_engine_mtp(pins.mtp_layers, hw.mtp_without, f"--engine {engine}")
     except ConfigError as err:
-        raise AutoparError(f"--mtp-layers {pins.mtp_layers} --engine {engine}: {err}") from None
+        raise AutoparError(f"--mtp-layers {pins.mtp_layers}: {err}") from None
     without = hw.mtp_without or ()
     for name in without:
         if getattr(pins, name) not in (None, 1):

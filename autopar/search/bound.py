@@ -42,6 +42,7 @@ from cost_models.composition import (
 from cost_models.experts import pipeline_refuses_overlap
 from cost_models.layer_cost import layer_row
 from cost_models.memory import accumulates_unsharded
+from cost_models.model import is_mtp
 from cost_models.partition import interleaved_balance
 from cost_models.pipeline import pipeline_total
 from cost_models.step import device_in_flight
@@ -307,7 +308,10 @@ class LowerBound:
         if key not in self._slowest:
             layers = self.cost.model.layers
             ids = list(self._rep)
-            distinct = Layers([(layers[self._rep[b]].kind, n, opts) for b, (n, opts) in zip(ids, self.options(cfg))],
+            # an MTP layer rides on the last chunk beside the blocks the equal-chunks rule counts: left out of the
+            # placement like the other non-block layers (it only adds time and memory)
+            distinct = Layers([("other" if is_mtp(layers[self._rep[b]]) else layers[self._rep[b]].kind, n, opts)
+                               for b, (n, opts) in zip(ids, self.options(cfg))],
                               ids.index(layers[0].block_id), ids.index(layers[-1].block_id), self._times)
             balance = interleaved_balance(layers, cfg.chunks) if cfg.balanced_chunks else None
             v = cfg.virtual_stages

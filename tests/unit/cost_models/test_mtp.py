@@ -49,6 +49,16 @@ def test_the_mtp_layer_follows_the_last_block_and_rides_with_the_head(profile):
         with_mtp(with_one, 2)
 
 
+def test_every_depth_rides_on_the_last_chunk_and_shares_one_embedding(profile):
+    with_two = with_mtp(profile, 2)
+    names = [layer.name for layer in with_two.layers]
+    last = decoder_blocks(profile.layers)[-1]
+    assert names[last + 1:last + 3] == ["mtp.0", "mtp.1"] and names[-2:] == ["mtp.0.head", "mtp.1.head"]
+    assert forbidden_cuts(with_two.layers) == set(range(last + 2, len(names)))  # nothing cut off the heads either
+    assert [layer.tied_params for layer in with_two.layers[last + 1:last + 3]] == [profile.layers[0].params, 0]
+    assert mtp_depth(with_two.layers) == 2
+
+
 @pytest.mark.slow  # a capture at 4096 tokens
 def test_an_mtp_layer_costs_what_megatron_core_counts():
     """Megatron-Core's FLOP count (training.py num_floating_point_operations) adds an MTP layer as one more MoE block,
@@ -68,12 +78,10 @@ def test_the_last_stage_holds_the_mtp_layer_and_the_embedding_copy(profile):
     assert plan.parallelism.mtp_layers == 1
     assert [layer.stage for layer in plan.layers if layer.name.startswith("mtp.")] == [1, 1]
     first, last = plan.prediction.stages
-    block = next(layer for layer in profile.layers if layer.name == profile.layers[decoder_blocks(profile.layers)[-1]].name)
     grew = last.params_per_gpu - without.prediction.stages[1].params_per_gpu
     # the MTP layer's own weights (its experts sharded over ep) and the embedding's copy; the first stage unchanged
     assert grew > profile.layers[0].params and first.params_per_gpu == without.prediction.stages[0].params_per_gpu
     assert last.time_per_microbatch_s > without.prediction.stages[1].time_per_microbatch_s
-    assert block.moe is not None
     one_stage = autopar.estimate(profile, **{**PLAN, "pp": 1}, mtp_layers=1)  # the embedding on the same GPU: no copy
     plain = autopar.estimate(profile, **{**PLAN, "pp": 1})
     assert one_stage.prediction.stages[0].params_per_gpu - plain.prediction.stages[0].params_per_gpu < grew
@@ -98,9 +106,9 @@ def test_a_profile_and_a_configuration_that_disagree_are_refused(profile):
 
 
 def test_only_engines_that_train_mtp_layers_price_them(profile):
-    with pytest.raises(AutoparError, match="trains no multi-token prediction"):
+    with pytest.raises(AutoparError, match="--engine autopar trains no multi-token prediction"):
         autopar.estimate(profile, **{**PLAN, "engine": "autopar"}, mtp_layers=1)
-    with pytest.raises(AutoparError, match="only with pp 1 and cp 1, not pp 2"):
+    with pytest.raises(AutoparError, match="only with pp 1 and cp 1, not pp 2; pass --pp 1 --cp 1"):
         autopar.estimate(profile, **{**PLAN, "engine": "torchtitan", "zero_stage": 3}, mtp_layers=1)
     with pytest.raises(AutoparError, match="--engine autopar"):
         solve(profile, gpus=8, gpu="a100-80gb", global_batch_size=16, pins=Pins(mtp_layers=1), regret=False)
@@ -109,10 +117,21 @@ def test_only_engines_that_train_mtp_layers_price_them(profile):
               pins=Pins(mtp_layers=1, pp=2), regret=False)
 
 
+def test_the_interleaved_schedule_is_searched_beside_an_mtp_layer(profile):
+    """The search's lower bound places the model's blocks by the equal-chunks rule, which does not count the MTP
+    layer: counted among them, no interleaved choice could hold it and none was ever returned."""
+    plan = solve(profile, gpus=8, gpu="a100-80gb", engine="megatron", global_batch_size=32, regret=False,
+                 pins=Pins(pp=2, schedule="interleaved", virtual_stages=2, mtp_layers=1), time_limit_s=30)
+    assert (plan.parallelism.schedule, plan.parallelism.mtp_layers) == ("interleaved", 1)
+    last_chunk = plan.parallelism.pp * plan.parallelism.virtual_stages - 1  # a layer's stage is its model chunk
+    assert {layer.stage for layer in plan.layers if layer.name.startswith("mtp.")} == {last_chunk}
+
+
 def test_torchtitan_plans_are_searched_without_pipelining_and_launch_refuses_them(profile):
     plan = solve(profile, gpus=8, gpu="a100-80gb", engine="torchtitan", global_batch_size=16,
                  pins=Pins(mtp_layers=1), regret=False, time_limit_s=30)
     assert (plan.parallelism.pp, plan.parallelism.cp, plan.parallelism.mtp_layers) == (1, 1, 1)
     assert any("searched with pp 1 and cp 1" in note for note in plan.notes)
-    with pytest.raises(AutoparError, match="trains no multi-token prediction layers"):
+    with pytest.raises(AutoparError, match="trains no multi-token prediction layers; re-plan without --mtp-layers .*"
+                                           r"autopar export --to torchtitan\)"):
         check_settings(plan)

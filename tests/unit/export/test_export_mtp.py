@@ -54,7 +54,38 @@ def test_megatron_bridge_sets_the_transformer_config_field(plan):
     assert model["mtp_num_layers"] == 1 and "mtp_num_layers" in {f.name for f in fields(TransformerConfig)}
 
 
-@pytest.mark.parametrize("target", sorted(set(EXPORTERS) - {"megatron", "nemo"}))
+@pytest.mark.parametrize("target", sorted(set(EXPORTERS) - {"megatron", "nemo", "torchtitan"}))
 def test_a_target_without_the_setting_warns(plan, target):
     assert any("the plan's mtp_layers 1" in w for w in export(plan, target).warnings)
     assert any("the plan's mtp_layers 1" in w for w in export(plan, "nemo@2.4").warnings)
+
+
+def test_torchtitan_says_where_its_mtp_layers_come_from(plan):
+    out = export(plan, "torchtitan")
+    assert any("has no multi-token prediction" in w and "num_mtp_layers" in w for w in out.warnings)
+    assert "4 transformer layers (layers.0 … layers.3) and 1 MTP layer(s)" in out.text
+
+
+def test_the_decoder_count_leaves_the_mtp_layers_out(plan):
+    """More MTP layers than decoder layers: the numbered group that is the decoder's is still the decoder's."""
+    many = plan.model_copy(update={
+        "parallelism": plan.parallelism.model_copy(update={"mtp_layers": 5}),
+        "layers": [*plan.layers[:-1], *(plan.layers[-1].model_copy(update={"name": f"mtp.{k}"}) for k in range(5)),
+                   plan.layers[-1]]})
+    words = export(many, "megatron").text.split()
+    assert words[words.index("--num-layers") + 1] == "4" and words[words.index("--mtp-num-layers") + 1] == "5"
+
+
+def test_an_mtp_layer_recomputed_otherwise_than_megatron_would_is_warned(plan):
+    def with_modes(decoder: str, mtp: str):
+        layers = [layer.model_copy(update={"recompute": mtp if layer.name == "mtp.0" else
+                                           decoder if layer.name.startswith("layers.") else layer.recompute})
+                  for layer in plan.layers]
+        return plan.model_copy(update={"layers": layers})
+
+    def warned(p):
+        return [w for w in export(p, "megatron").warnings if "recomputes the MTP layers" in w]
+
+    assert not warned(with_modes("full", "full")) and not warned(with_modes("none", "none"))
+    assert not warned(with_modes("selective", "selective"))
+    assert warned(with_modes("selective", "none")) and warned(with_modes("none", "full"))
