@@ -76,18 +76,13 @@ def _mtp_block(profile: ModelProfile, last: LayerProfile, k: int, embedding_para
     own = 2 * d * d + NORMS * d
     tokens = profile.seq_len
     gemm = 2.0 * (2 * d) * d * tokens  # [h; e] (2·d) × M_k (d) per token
-    update = {
-        "name": f"{MTP_PREFIX}{k}", "block_id": f"{last.block_id}|mtp", "params": last.params + own,
-        "tied_params": embedding_params, "param_bytes": last.param_bytes + own * nbytes,
-        "fwd_flops_per_sample": last.fwd_flops_per_sample + gemm,
-        "fwd_matmul_flops_per_sample": last.fwd_matmul_flops_per_sample + gemm,
-        "fwd_memory_bytes_per_sample": last.fwd_memory_bytes_per_sample + TRAFFIC_PER_D * d * nbytes * tokens,
-        "saved_bytes_per_sample": last.saved_bytes_per_sample + SAVED_PER_D * d * nbytes * tokens,
-    }
-    if last.fwd_fused_memory_bytes_per_sample is not None:
-        update["fwd_fused_memory_bytes_per_sample"] = (last.fwd_fused_memory_bytes_per_sample
-                                                       + TRAFFIC_PER_D * d * nbytes * tokens)
-    if last.autocast_saved_bytes_per_sample is not None:
-        update["autocast_saved_bytes_per_sample"] = (last.autocast_saved_bytes_per_sample
-                                                     + SAVED_PER_D * d * nbytes * tokens)
-    return last.model_copy(update=update)
+    added = {"fwd_flops_per_sample": gemm, "fwd_matmul_flops_per_sample": gemm,
+             "fwd_memory_bytes_per_sample": TRAFFIC_PER_D * d * nbytes * tokens,
+             "fwd_fused_memory_bytes_per_sample": TRAFFIC_PER_D * d * nbytes * tokens,
+             "saved_bytes_per_sample": SAVED_PER_D * d * nbytes * tokens,
+             "autocast_saved_bytes_per_sample": SAVED_PER_D * d * nbytes * tokens}
+    update = {name: getattr(last, name) + extra for name, extra in added.items()
+              if getattr(last, name) is not None}  # a figure the capture did not measure stays unmeasured
+    return last.model_copy(update={**update, "name": f"{MTP_PREFIX}{k}", "block_id": f"{last.block_id}|mtp",
+                                   "params": last.params + own, "tied_params": embedding_params,
+                                   "param_bytes": last.param_bytes + own * nbytes})

@@ -271,9 +271,10 @@ class ParallelConfig:
         """Raise ConfigError (one line, what to change) if this configuration cannot run ``model``."""
         self.check()
         check_context(self.cp, seq_len=model.seq_len)
-        if mtp_depth(model.layers) != self.mtp_layers:
+        held = mtp_depth(model.layers)
+        if held != self.mtp_layers:
             raise ConfigError(f"the configuration trains {self.mtp_layers} MTP layers and the model's profile holds "
-                              f"{mtp_depth(model.layers)}; load the profile with mtp_layers={self.mtp_layers} "
+                              f"{held}; load the profile with mtp_layers={self.mtp_layers} "
                               "(autopar.models.load_profile)")
         n_layers = len(model.layers)
         if self.chunks > n_layers:

@@ -344,7 +344,7 @@ def overlap_refusal(*, ep: int, dispatcher: str, dtype: str, recompute: str, mod
     for reason, refused in (("ep 1", ep == 1), ("the allgather dispatcher", dispatcher == "allgather"),
                             ("fp32", dtype == "fp32"), ("full recomputation", recompute == "full"),
                             ("the moe module recomputed", "moe" in chosen),
-                            ("pipelining without a virtual pipeline", pp > 1 and not interleaved)):
+                            ("pipelining without a virtual pipeline", _refused_by_pipeline(pp, interleaved))):
         if refused:
             return reason
     return None
@@ -354,7 +354,12 @@ def pipeline_refuses_overlap(cfg: Any) -> bool:
     """What of overlap_refusal the pipeline decides (pipelining without a virtual pipeline), which no record a
     layer's cost is cached by holds: those caches add it to their keys (a MoE layer's cost priced with its
     all-to-alls hidden under the interleaved schedule was reused for 1F1B's, exposed, at the same degrees)."""
-    return bool(cfg.moe_overlap) and cfg.pp > 1 and cfg.schedule != "interleaved"
+    return bool(cfg.moe_overlap) and _refused_by_pipeline(cfg.pp, cfg.schedule == "interleaved")
+
+
+def _refused_by_pipeline(pp: int, interleaved: bool) -> bool:
+    """Megatron-Core's TransformerConfig refuses the experts' overlap when pipelining without a virtual pipeline."""
+    return pp > 1 and not interleaved
 
 
 def _overlapped(fwd: float, bwd: float, dense: tuple[float, float], experts: tuple[float, float],

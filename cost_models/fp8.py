@@ -47,8 +47,8 @@ from cost_models.model import (
     attention_core_fwd_flops_per_sample,
     decoder_blocks,
     fwd_matmul_flops,
-    is_mtp,
     is_tp_sharded,
+    mtp_blocks,
 )
 from cost_models.precision import Precision
 
@@ -170,7 +170,7 @@ def fp8_blocks(layers: Any, bf16_blocks: int) -> list[bool]:
     megatron/core/transformer/multi_token_prediction.py)."""
     blocks = decoder_blocks(layers)
     fp8 = set(blocks[bf16_blocks:len(blocks) - bf16_blocks])
-    fp8 |= {i for i, layer in enumerate(layers) if layer.kind == "block" and is_mtp(layer)}
+    fp8 |= set(mtp_blocks(layers))
     return [i in fp8 for i in range(len(layers))]
 
 

@@ -68,15 +68,25 @@ def is_mtp(layer: LayerLike) -> bool:
     return layer.name.startswith(MTP_PREFIX)
 
 
+def is_decoder_block(layer: LayerLike) -> bool:
+    """One of the model's own transformer blocks: what Megatron-LM splits over the model chunks (an MTP layer rides
+    on the last chunk on top of its share, as --mtp-num-layers places it)."""
+    return layer.kind == "block" and not is_mtp(layer)
+
+
 def decoder_blocks(layers: Sequence[LayerLike]) -> list[int]:
-    """Indices of the model's own transformer blocks: what Megatron-LM splits over the model chunks (an MTP layer
-    rides on the last chunk on top of its share, as --mtp-num-layers places it)."""
-    return [i for i, layer in enumerate(layers) if layer.kind == "block" and not is_mtp(layer)]
+    """Indices of the model's own transformer blocks (is_decoder_block)."""
+    return [i for i, layer in enumerate(layers) if is_decoder_block(layer)]
+
+
+def mtp_blocks(layers: Sequence[LayerLike]) -> list[int]:
+    """Indices of the MTP layers a profile holds (autopar/mtp.py's mtp.K; none: trained without them)."""
+    return [i for i, layer in enumerate(layers) if layer.kind == "block" and is_mtp(layer)]
 
 
 def mtp_depth(layers: Sequence[LayerLike]) -> int:
     """The MTP layers a profile holds (0: trained without multi-token prediction)."""
-    return sum(1 for layer in layers if layer.kind == "block" and is_mtp(layer))
+    return len(mtp_blocks(layers))
 
 
 # -- a layer's quantities at micro-batch b (whole layer, before any tensor-parallel split) -----------

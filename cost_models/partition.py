@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cost_models.model import LayerLike, decoder_blocks, is_mtp
+from cost_models.model import LayerLike, decoder_blocks, is_decoder_block
 
 
 def stage_layer_counts(layers: Sequence[LayerLike], chunks: int) -> tuple[int, ...]:
@@ -64,7 +64,7 @@ def chunk_blocks(layers: Sequence[LayerLike], counts: Sequence[int]) -> list[int
     """The model's own blocks in each chunk of a layout (layers per chunk, in order; MTP layers not counted)."""
     out, start = [], 0
     for c in counts:
-        out.append(sum(1 for layer in layers[start:start + c] if layer.kind == "block" and not is_mtp(layer)))
+        out.append(sum(1 for layer in layers[start:start + c] if is_decoder_block(layer)))
         start += c
     return out
 

@@ -286,8 +286,10 @@ def mtp_recompute_warning(plan: Plan, out: Recompute, target: str) -> str | None
     """Megatron-Core recomputes an MTP layer as the flags say for the decoder's, but for the block method, which it
     does not apply to MTP layers (megatron/core/transformer/multi_token_prediction.py): a warning where the plan's
     MTP layers recompute otherwise."""
-    applied = {None: "none", "selective": "selective"}.get(out.granularity) or \
-        ("full" if out.method == "uniform" else "none")
+    if out.granularity == "full":
+        applied = "full" if out.method == "uniform" else "none"
+    else:
+        applied = out.granularity or "none"
     planned = Counter(layer.recompute for layer in plan.layers
                       if layer.name.startswith(MTP_PREFIX) and not layer.name.endswith(".head"))
     if not planned or set(planned) == {applied}:
